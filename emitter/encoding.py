@@ -1,0 +1,51 @@
+"""The JSON encoding of an ``EventBatch`` (schemas/goodput_event.proto, proto3 JSON mapping).
+
+The emitter keeps each recorded event as a small tuple, ``Record = (seq, time_us, kind, body)``,
+where ``kind`` is the name of the ``Event.kind`` oneof field and ``body`` its JSON object. This
+module turns records into the message payload without protobuf, so a training image needs no
+protobuf runtime for it; tests check every payload against the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from emitter.transports import Message
+
+#: Version of the event contract this emitter writes (``EventBatch.schema_version``).
+SCHEMA_VERSION = 1
+
+#: A recorded event: (seq, time_us, kind, body).
+Record = tuple[int, int, str, dict[str, Any]]
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def json_double(value: float) -> float | str:
+    """A double in proto3 JSON: non-finite values are the strings "NaN", "Infinity", "-Infinity"."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def encode_batch(run_id: str, attempt_id: str, records: list[Record]) -> Message:
+    """The message carrying ``records`` (non-empty, in seq order) of one attempt."""
+    events = [{"seq": seq, "time_us": time_us, kind: body} for seq, time_us, kind, body in records]
+    payload = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "events": events,
+    }
+    return Message(
+        run_id=run_id,
+        attempt_id=attempt_id,
+        first_seq=records[0][0],
+        last_seq=records[-1][0],
+        event_time_us=max(record[1] for record in records),
+        data=_ENCODER.encode(payload).encode("utf-8"),
+    )

@@ -1,0 +1,518 @@
+"""``GoodputRecorder``: a drop-in for ``ml_goodput_measurement``'s recorder that emits events.
+
+Every ``record_*`` method of the reference's ``GoodputRecorder`` and ``ElasticGoodputRecorder``
+is here with the same name and arguments. Instead of writing Cloud Logging entries, each call
+appends one event to an in-memory queue and returns in microseconds; a background thread sends
+batches to the destination (see ``emitter.worker``). Caller mistakes (a naive datetime, a
+negative step, a wrong type) raise ``ValueError`` at the call; transport and disk problems never
+raise: they are logged and counted in ``stats``.
+
+One recorder instance is one attempt of the run: a new process start, a new attempt id.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime
+import logging
+import math
+import operator
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from emitter import testing
+from emitter.encoding import json_double
+from emitter.settings import EmitterSettings, destination_from_env
+from emitter.spool import Spool
+from emitter.transports import Transport, transport_for
+from emitter.worker import BatchWorker, EmitterStats
+
+__version__ = "0.1.0"
+
+_LOG = logging.getLogger("emitter")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_MICROSECOND = datetime.timedelta(microseconds=1)
+
+
+def _time_us(value: object, name: str) -> int:
+    if not isinstance(value, datetime.datetime):
+        raise ValueError(
+            f"{name} must be a timezone-aware datetime.datetime or None, got {type(value).__name__}"
+        )
+    if value.utcoffset() is None:
+        raise ValueError(
+            f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value!r}"
+        )
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _count(value: object, name: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got bool")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    return number
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)  # type: ignore[arg-type]  # numpy and jax scalars
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {type(value).__name__}") from None
+    return float(value)
+
+
+class GoodputRecorder:
+    """Records the goodput events of one attempt of a training run.
+
+    Example::
+
+        from emitter import GoodputRecorder   # was: from ml_goodput_measurement.goodput import ...
+
+        recorder = GoodputRecorder(
+            job_name="llama-70b-run-7",
+            logger_name="goodput_llama-70b-run-7",   # accepted for compatibility, unused
+            logging_enabled=jax.process_index() == 0,
+            destination="file:/var/log/goodput/events.jsonl",
+            accelerator_type="v5p", chip_count=512, run_group="llama-70b",
+        )
+        recorder.record_job_start_time()
+        for step in range(start_step, num_steps):
+            recorder.record_step_start_time(step)
+            ...
+        recorder.record_job_end_time()
+        recorder.close()
+
+    Args:
+        job_name: The run id. Every attempt (restart) of the run uses the same name.
+        logger_name: The reference's Cloud Logging log name; accepted and ignored.
+        logging_enabled: As in the reference: ``False`` (the default) makes every call a no-op,
+            so that only one process of a job (e.g. ``jax.process_index() == 0``) records.
+        cloud_logger: The reference's test hook; accepted and ignored.
+        destination: ``file:PATH`` (one JSON line per message) or ``projects/P/topics/T``;
+            defaults to ``$GOODPUT_DESTINATION``. Required when recording is enabled. An object
+            with the ``emitter.transports.Transport`` methods is used as it is.
+        configured_ideal_step_time: The ideal step time in seconds, if the user knows it.
+        run_group: Groups runs in fleet queries (an experiment, a team, a model family).
+        accelerator_type: E.g. ``"v5p"`` or ``"h100"``.
+        chip_count: Accelerator chips the attempt holds (weights fleet figures).
+        labels: Free-form string labels of the run.
+        location: Zone or region of the job (the Cloud Monitoring resource's location).
+        settings: Batching, spooling and retry settings (``EmitterSettings``).
+        background_grace_period_s: The reference's keyword; sets ``close_timeout_s``.
+        background_batch_size: The reference's keyword; sets ``max_batch_events``.
+        background_max_latency_s: The reference's keyword; sets ``max_latency_s``.
+
+    Raises:
+        ValueError: An argument is invalid, or recording is enabled with no destination.
+    """
+
+    def __init__(
+        self,
+        job_name: str,
+        logger_name: str | None = None,
+        logging_enabled: bool = False,
+        cloud_logger: object = None,
+        *,
+        destination: str | Transport | None = None,
+        configured_ideal_step_time: float | None = None,
+        run_group: str = "",
+        accelerator_type: str = "",
+        chip_count: int = 0,
+        labels: Mapping[str, str] | None = None,
+        location: str = "",
+        settings: EmitterSettings | None = None,
+        background_grace_period_s: float | None = None,
+        background_batch_size: int | None = None,
+        background_max_latency_s: float | None = None,
+    ) -> None:
+        self.job_name = _text(job_name, "job_name")
+        if not job_name:
+            raise ValueError("job_name must not be empty")
+        self.logger_name = logger_name
+        self._metadata = self._job_start_body(
+            configured_ideal_step_time, run_group, accelerator_type, chip_count, labels, location
+        )
+        settings = _with_reference_keywords(
+            settings or EmitterSettings(),
+            background_grace_period_s, background_batch_size, background_max_latency_s,
+        )
+        self.settings = settings
+        self._worker: BatchWorker | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._explicit_time = False
+        self._in_job = False
+        if not logging_enabled:
+            _LOG.debug("goodput recording is disabled in this process (logging_enabled=False)")
+            return
+
+        capture = testing.active_capture()
+        transport: Transport
+        if capture is not None:
+            transport = capture.transport()
+            self.destination = "memory:capture"
+        elif destination is not None and not isinstance(destination, str):
+            transport = destination
+            self.destination = repr(destination)
+        else:
+            resolved = destination or destination_from_env()
+            if resolved is None:
+                raise ValueError(
+                    "GoodputRecorder needs a destination when logging_enabled=True: pass "
+                    "destination='file:PATH' or 'projects/P/topics/T', or set $GOODPUT_DESTINATION"
+                )
+            transport = transport_for(resolved)
+            self.destination = resolved
+        self.attempt_id = uuid.uuid4().hex
+        start_ns = time.time_ns()
+        spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, start_ns,
+                      max_bytes=settings.max_spool_bytes,
+                      segment_bytes=settings.spool_segment_bytes)
+        self._worker = BatchWorker(self.job_name, self.attempt_id, transport, spool, settings,
+                                   heartbeat=self._automatic_heartbeat)
+        if capture is not None:
+            capture.attach(self)
+        atexit.register(self._exit_hook)
+        reference = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork_in_child(reference))
+
+    @staticmethod
+    def _job_start_body(
+        configured_ideal_step_time: float | None,
+        run_group: str,
+        accelerator_type: str,
+        chip_count: int,
+        labels: Mapping[str, str] | None,
+        location: str,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"emitter_version": __version__}
+        for name, value in (("run_group", run_group), ("accelerator_type", accelerator_type),
+                            ("location", location)):
+            if _text(value, name):
+                body[name] = value
+        if _count(chip_count, "chip_count"):
+            body["chip_count"] = int(chip_count)
+        if labels:
+            if not isinstance(labels, Mapping):
+                raise ValueError(f"labels must be a mapping of str to str, got {type(labels).__name__}")
+            body["labels"] = {_text(k, "label key"): _text(v, f"label {k!r}") for k, v in labels.items()}
+        if configured_ideal_step_time is not None:
+            ideal = _number(configured_ideal_step_time, "configured_ideal_step_time")
+            if not (math.isfinite(ideal) and ideal > 0):
+                raise ValueError(f"configured_ideal_step_time must be > 0, got {ideal}")
+            body["configured_ideal_step_time_s"] = ideal
+        return body
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _record(self, kind: str, when: object, name: str, body: dict[str, Any]) -> None:
+        if when is None:
+            time_us = time.time_ns() // 1000
+        else:
+            time_us = _time_us(when, name)
+            self._explicit_time = True
+        worker = self._worker
+        if worker is None:
+            return
+        if self._closed:
+            worker.count_dropped_after_close()
+            _LOG.warning("goodput recorder for %r is closed; dropping %s event", self.job_name, kind)
+            return
+        worker.put(time_us, kind, body)
+
+    def _automatic_heartbeat(self) -> None:
+        # Called from the worker thread while idle: only on the real clock, only mid-job.
+        if self._in_job and not self._explicit_time and not self._closed and self._worker:
+            self._worker.put(time.time_ns() // 1000, "heartbeat", {})
+
+    # -- the reference's API ----------------------------------------------------------------
+
+    def record_job_start_time(self, start_time: datetime.datetime | None = None) -> None:
+        """Records the start of this attempt, with the run's metadata."""
+        if self._worker is None:
+            return
+        self._record("job_start", start_time, "start_time", dict(self._metadata))
+        self._in_job = True
+
+    def record_job_end_time(self, end_time: datetime.datetime | None = None) -> None:
+        """Records the end of the run."""
+        if self._worker is None:
+            return
+        self._record("job_end", end_time, "end_time", {})
+        self._in_job = False
+
+    def record_step_start_time(self, step: int, start_time: datetime.datetime | None = None) -> None:
+        """Records the start of training step ``step``."""
+        if self._worker is None:
+            return
+        self._record("step_start", start_time, "start_time", {"step": _count(step, "step")})
+
+    def record_tpu_init_start_time(self, start_time: datetime.datetime | None = None) -> None:
+        """Records the start of accelerator initialization."""
+        if self._worker is not None:
+            self._record("tpu_init_start", start_time, "start_time", {})
+
+    def record_tpu_init_end_time(self, end_time: datetime.datetime | None = None) -> None:
+        """Records the end of accelerator initialization."""
+        if self._worker is not None:
+            self._record("tpu_init_end", end_time, "end_time", {})
+
+    def record_training_preparation_start_time(
+        self, start_time: datetime.datetime | None = None
+    ) -> None:
+        """Records the start of training preparation (model setup, checkpoint load)."""
+        if self._worker is not None:
+            self._record("training_prep_start", start_time, "start_time", {})
+
+    def record_training_preparation_end_time(
+        self, end_time: datetime.datetime | None = None
+    ) -> None:
+        """Records the end of training preparation."""
+        if self._worker is not None:
+            self._record("training_prep_end", end_time, "end_time", {})
+
+    def record_data_loading_start_time(self, start_time: datetime.datetime | None = None) -> None:
+        """Records the start of a data-loading span."""
+        if self._worker is not None:
+            self._record("data_loading_start", start_time, "start_time", {})
+
+    def record_data_loading_end_time(self, end_time: datetime.datetime | None = None) -> None:
+        """Records the end of a data-loading span."""
+        if self._worker is not None:
+            self._record("data_loading_end", end_time, "end_time", {})
+
+    def record_custom_badput_event_start_time(
+        self,
+        start_time: datetime.datetime | None = None,
+        custom_badput_event_type: str = "unknown",
+    ) -> None:
+        """Records the start of a user-defined badput event (e.g. an eval step)."""
+        if self._worker is not None:
+            body = {"badput_type": _text(custom_badput_event_type, "custom_badput_event_type")}
+            self._record("custom_badput_start", start_time, "start_time", body)
+
+    def record_custom_badput_event_end_time(
+        self,
+        end_time: datetime.datetime | None = None,
+        custom_badput_event_type: str = "unknown",
+    ) -> None:
+        """Records the end of a user-defined badput event."""
+        if self._worker is not None:
+            body = {"badput_type": _text(custom_badput_event_type, "custom_badput_event_type")}
+            self._record("custom_badput_end", end_time, "end_time", body)
+
+    def record_checkpoint_progress(self, step: int, checkpoint_start_time: object) -> None:
+        """Does nothing, as in the reference; use ``record_checkpoint_save`` instead."""
+
+    # -- the elastic recorder's API ---------------------------------------------------------
+
+    def record_elastic_slice_counts(
+        self,
+        active_slices: int,
+        total_slices: int,
+        available_slices: int,
+        timestamp: datetime.datetime | None = None,
+    ) -> None:
+        """Records the slice counts of an elastic job."""
+        if self._worker is not None:
+            body = {
+                "active_slices": _count(active_slices, "active_slices"),
+                "total_slices": _count(total_slices, "total_slices"),
+                "available_slices": _count(available_slices, "available_slices"),
+            }
+            self._record("elastic_slice_counts", timestamp, "timestamp", body)
+
+    def record_elastic_wait_start_time(
+        self, event_type: str, start_time: datetime.datetime | None = None
+    ) -> None:
+        """Records the start of an elastic wait (slice down or scale up)."""
+        if self._worker is not None:
+            body = {"event_type": _text(event_type, "event_type")}
+            self._record("elastic_wait_start", start_time, "start_time", body)
+
+    def record_elastic_wait_end_time(
+        self, event_type: str, end_time: datetime.datetime | None = None
+    ) -> None:
+        """Records the end of an elastic wait."""
+        if self._worker is not None:
+            body = {"event_type": _text(event_type, "event_type")}
+            self._record("elastic_wait_end", end_time, "end_time", body)
+
+    def record_elastic_reinit_start_time(self, start_time: datetime.datetime | None = None) -> None:
+        """Records the start of an elastic re-initialization."""
+        if self._worker is not None:
+            self._record("elastic_reinit_start", start_time, "start_time", {})
+
+    def record_elastic_reinit_end_time(self, end_time: datetime.datetime | None = None) -> None:
+        """Records the end of an elastic re-initialization."""
+        if self._worker is not None:
+            self._record("elastic_reinit_end", end_time, "end_time", {})
+
+    # -- beyond the reference ---------------------------------------------------------------
+
+    def record_checkpoint_save(
+        self,
+        step: int,
+        start_time: datetime.datetime,
+        end_time: datetime.datetime | None = None,
+        persistent: bool = True,
+    ) -> None:
+        """Records a checkpoint save that blocked training from ``start_time`` to ``end_time``.
+
+        Args:
+            step: The last step included in the checkpoint.
+            start_time: When training blocked.
+            end_time: When training resumed (``None``: now).
+            persistent: ``True`` for persistent storage, ``False`` for a local or in-memory tier.
+        """
+        if self._worker is not None:
+            body = {"step": _count(step, "step"),
+                    "blocking_s": self._blocking_s(start_time, end_time),
+                    "persistent": bool(persistent)}
+            self._record("checkpoint_save", start_time, "start_time", body)
+
+    def record_checkpoint_restore(
+        self,
+        step: int,
+        start_time: datetime.datetime,
+        end_time: datetime.datetime | None = None,
+    ) -> None:
+        """Records a checkpoint restore of ``step`` that ran from ``start_time`` to ``end_time``."""
+        if self._worker is not None:
+            body = {"step": _count(step, "step"),
+                    "blocking_s": self._blocking_s(start_time, end_time)}
+            self._record("checkpoint_restore", start_time, "start_time", body)
+
+    def record_heartbeat(self, time_: datetime.datetime | None = None) -> None:
+        """Records that the job is alive (automatic while idle on the real clock)."""
+        if self._worker is not None:
+            self._record("heartbeat", time_, "time_", {})
+
+    def record_model_metrics(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        step_time_s: float | None = None,
+        tokens_per_s: float | None = None,
+        samples_per_s: float | None = None,
+        mfu: float | None = None,
+        tflops_per_device: float | None = None,
+        time_: datetime.datetime | None = None,
+    ) -> None:
+        """Records the model metrics of one step; metrics left as ``None`` were not measured.
+
+        A non-finite loss (a diverged run) is recorded as it is.
+        """
+        if self._worker is None:
+            return
+        body: dict[str, Any] = {"step": _count(step, "step")}
+        for name, value in (("loss", loss), ("step_time_s", step_time_s),
+                            ("tokens_per_s", tokens_per_s), ("samples_per_s", samples_per_s),
+                            ("mfu", mfu), ("tflops_per_device", tflops_per_device)):
+            if value is not None:
+                body[name] = json_double(_number(value, name))
+        self._record("model_metrics", time_, "time_", body)
+
+    @staticmethod
+    def _blocking_s(start_time: object, end_time: object) -> float:
+        if start_time is None:
+            raise ValueError("start_time is required")
+        start = _time_us(start_time, "start_time")
+        end = time.time_ns() // 1000 if end_time is None else _time_us(end_time, "end_time")
+        if end < start:
+            raise ValueError(f"end_time is before start_time by {(start - end) / 1e6:.6f} s")
+        return (end - start) / 1e6
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> EmitterStats:
+        """Counters of this recorder: recorded, sent, spilled, dropped events and send errors."""
+        return self._worker.stats if self._worker is not None else EmitterStats()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every event recorded so far is delivered; False if ``timeout`` ran out."""
+        if self._worker is None:
+            return True
+        return self._worker.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Delivers what it can within ``timeout`` and stops; idempotent.
+
+        Events still undelivered at the deadline stay in the spool, and the next process of
+        the run sends them. Returns whether everything was delivered.
+        """
+        with self._close_lock:
+            if self._closed or self._worker is None:
+                return True
+            self._closed = True
+        atexit.unregister(self._exit_hook)
+        limit = self.settings.close_timeout_s if timeout is None else timeout
+        delivered = self._worker.close(limit)
+        stats = self._worker.stats
+        if stats.dropped:
+            _LOG.warning("goodput recorder for %r lost %d of %d events", self.job_name,
+                         stats.dropped, stats.recorded)
+        return delivered
+
+    def _exit_hook(self) -> None:
+        self.close()
+
+    def __enter__(self) -> GoodputRecorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _after_fork(self) -> None:
+        if self._worker is None or self._closed:
+            return
+        self._close_lock = threading.Lock()
+        self.attempt_id = uuid.uuid4().hex
+        self._worker.after_fork(self.attempt_id, time.time_ns())
+        self._in_job = False
+
+
+#: The reference's elastic recorder; every elastic method is on ``GoodputRecorder`` already.
+ElasticGoodputRecorder = GoodputRecorder
+
+
+def _after_fork_in_child(reference: weakref.ref[GoodputRecorder]) -> None:
+    recorder = reference()
+    if recorder is not None:
+        recorder._after_fork()
+
+
+def _with_reference_keywords(
+    settings: EmitterSettings,
+    grace_period_s: float | None,
+    batch_size: int | None,
+    max_latency_s: float | None,
+) -> EmitterSettings:
+    changes: dict[str, Any] = {}
+    if grace_period_s is not None:
+        changes["close_timeout_s"] = grace_period_s
+    if batch_size is not None:
+        changes["max_batch_events"] = batch_size
+    if max_latency_s is not None:
+        changes["max_latency_s"] = max_latency_s
+    return dataclasses.replace(settings, **changes) if changes else settings

@@ -1,0 +1,82 @@
+"""Emitter settings: one frozen, validated object, with defaults read from the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+_LOG = logging.getLogger(__name__)
+
+#: Environment variable naming the default destination (``file:PATH`` or ``projects/P/topics/T``).
+DESTINATION_ENV = "GOODPUT_DESTINATION"
+#: Environment variable naming the spool root directory.
+SPOOL_DIR_ENV = "GOODPUT_SPOOL_DIR"
+
+
+def _env_path(name: str, default: Path) -> Path:
+    value = os.environ.get(name, "").strip()
+    return Path(value) if value else default
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitterSettings:
+    """How the emitter batches, buffers and spools events.
+
+    Attributes:
+        max_batch_events: Events per message; a full batch is sent at once.
+        max_latency_s: A partial batch is sent after waiting at most this long.
+        max_queue_events: Events held in memory; beyond this, ``record_*`` calls spill to the
+            on-disk spool instead of blocking or dropping.
+        spool_dir: Root of the on-disk spool (one subdirectory per run). Point it at a disk that
+            survives a restart of the training process to keep unsent events across restarts.
+            Defaults to ``$GOODPUT_SPOOL_DIR``, else ``<tmp>/goodput-spool``.
+        max_spool_bytes: Bound on the spool of one run; when full, the oldest spooled events are
+            dropped (counted, logged once).
+        spool_segment_bytes: Size at which a spool segment file is closed and a new one begun.
+        close_timeout_s: How long ``close()`` and the exit hook wait for delivery by default.
+        heartbeat_interval_s: Period of automatic heartbeats while the recorder is idle, or
+            ``None`` for none. Heartbeats run only while the caller uses the real clock (passes no
+            explicit times): the emitter never invents an event time.
+        retry_initial_backoff_s: First wait after a failed send; doubled per failure.
+        retry_max_backoff_s: Cap on the wait between send attempts.
+    """
+
+    max_batch_events: int = 1000
+    max_latency_s: float = 2.0
+    max_queue_events: int = 100_000
+    spool_dir: Path = dataclasses.field(
+        default_factory=lambda: _env_path(
+            SPOOL_DIR_ENV, Path(tempfile.gettempdir()) / "goodput-spool"
+        )
+    )
+    max_spool_bytes: int = 512 * 1024 * 1024
+    spool_segment_bytes: int = 4 * 1024 * 1024
+    close_timeout_s: float = 10.0
+    heartbeat_interval_s: float | None = 60.0
+    retry_initial_backoff_s: float = 0.5
+    retry_max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spool_dir", Path(self.spool_dir))
+        for name in ("max_batch_events", "max_queue_events", "max_spool_bytes", "spool_segment_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EmitterSettings.{name} must be a positive integer, got {value!r}")
+        for name in ("max_latency_s", "close_timeout_s", "retry_initial_backoff_s", "retry_max_backoff_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"EmitterSettings.{name} must be a positive number, got {value!r}")
+        hb = self.heartbeat_interval_s
+        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, (int, float)) or not hb > 0):
+            raise ValueError(f"EmitterSettings.heartbeat_interval_s must be positive or None, got {hb!r}")
+        if self.spool_segment_bytes > self.max_spool_bytes:
+            raise ValueError("EmitterSettings.spool_segment_bytes must not exceed max_spool_bytes")
+
+
+def destination_from_env() -> str | None:
+    """The destination named by ``$GOODPUT_DESTINATION``, or ``None`` when it is unset or blank."""
+    value = os.environ.get(DESTINATION_ENV, "").strip()
+    return value or None

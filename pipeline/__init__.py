@@ -1,0 +1,1 @@
+"""The fleet goodput pipeline: parses and validates event messages from training jobs."""

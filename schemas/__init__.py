@@ -1,0 +1,13 @@
+"""The event contract and table schemas, installed with the pipeline as ``goodput_schemas``.
+
+``goodput_event.proto`` is the source; ``goodput_event_pb2.py`` is generated from it with
+``python -m grpc_tools.protoc -I schemas --python_out=schemas --pyi_out=schemas
+schemas/goodput_event.proto`` (a test fails when it is out of date).
+"""
+
+from pathlib import Path
+
+#: The directory holding the schema files.
+DIRECTORY = Path(__file__).resolve().parent
+#: The event contract (Pub/Sub topic schema, Protocol Buffers).
+EVENT_PROTO = DIRECTORY / "goodput_event.proto"
