@@ -87,11 +87,18 @@ def _decode(data: bytes | str) -> str:
 
 
 def _plain(message: ProtoMessage) -> dict[str, Any]:
-    """The set fields of a protobuf message as plain Python values (int64 stays int)."""
+    """A protobuf message as plain Python values (int64 stays int).
+
+    Scalars without presence are always included, defaults too (``step`` 0 is a real step);
+    optional fields and submessages only when set.
+    """
     values: dict[str, Any] = {}
-    for field, value in message.ListFields():
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             values[field.name] = dict(value)
+        elif field.has_presence and not message.HasField(field.name):
+            continue
         elif field.message_type is not None:
             values[field.name] = _plain(value)
         else:

@@ -1,0 +1,92 @@
+"""Validation of messages by the pipeline: valid events kept, everything else dead-lettered."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pipeline.events import parse_message
+
+T = 1_793_000_000_000_000  # 2026-10-25, in microseconds
+
+
+def batch(*events: dict[str, Any], **header: Any) -> str:
+    document = {"schema_version": 1, "run_id": "run-1", "attempt_id": "a1", "events": list(events)}
+    document.update(header)
+    return json.dumps(document)
+
+
+def test_valid_message_becomes_events():
+    """A valid batch yields one Event per event, with ids, times and plain bodies."""
+    events, dead = parse_message(batch(
+        {"seq": 0, "time_us": T, "job_start": {"chip_count": "256", "labels": {"a": "b"}}},
+        {"seq": 1, "time_us": str(T + 5), "step_start": {"step": 0}},
+        {"seq": 2, "time_us": T + 9, "job_end": {}},
+    ))
+    assert not dead
+    assert [(e.event_id, e.time_us, e.kind) for e in events] == [
+        ("a1:0", T, "job_start"), ("a1:1", T + 5, "step_start"), ("a1:2", T + 9, "job_end")]
+    assert events[0].body == {"chip_count": 256, "labels": {"a": "b"}, "run_group": "",
+                              "accelerator_type": "", "location": "", "emitter_version": ""}
+    assert events[1].body == {"step": 0}  # proto3 defaults are values: step 0 is a step
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\xff\xfe", "not UTF-8"),
+        ('{"schema_version": 1, "run_id": ', "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        (batch({"seq": 0, "time_us": T, "job_end": {}}, schema_version=2), "unsupported schema_version"),
+        (json.dumps({"run_id": "r", "attempt_id": "a", "events": []}), "unsupported schema_version"),
+        (batch({"seq": 0, "time_us": T, "job_end": {}}, colour="red"), "does not match the schema"),
+        (batch({"seq": 0, "time_us": T, "job_end": {}}, run_id=""), "run_id"),
+        (batch({"seq": 0, "time_us": T, "job_end": {}}, attempt_id="a\x00b"), "attempt_id"),
+        (batch(), "no events"),
+    ],
+)
+def test_unreadable_message_is_one_dead_letter(payload, reason):
+    """A message that cannot be read as a whole becomes one dead letter with the raw payload."""
+    events, dead = parse_message(payload, "events.jsonl:3")
+    assert events == []
+    assert len(dead) == 1
+    assert reason in dead[0].reason
+    assert dead[0].source == "events.jsonl:3"
+    assert dead[0].payload
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"seq": 1, "time_us": T}, "no kind"),
+        ({"seq": 1, "time_us": T, "step_start": {"step": 1}, "job_end": {}}, "does not match"),
+        ({"seq": 1, "time_us": T, "warp_drive": {}}, "does not match"),
+        ({"seq": 1, "time_us": T, "step_start": {"step": -4}}, "step must be >= 0"),
+        ({"seq": 1, "time_us": T, "step_start": {"step": "four"}}, "does not match"),
+        ({"seq": -1, "time_us": T, "job_end": {}}, "seq must be >= 0"),
+        ({"seq": 1, "time_us": 12, "job_end": {}}, "outside"),
+        ({"seq": 1, "time_us": T, "checkpoint_save": {"step": 1, "blocking_s": "NaN"}}, "finite"),
+        ({"seq": 1, "time_us": T, "checkpoint_restore": {"step": 1, "blocking_s": -2.0}}, ">= 0"),
+        ({"seq": 1, "time_us": T, "job_start": {"configured_ideal_step_time_s": 0}}, "> 0"),
+    ],
+)
+def test_invalid_event_is_dead_lettered_and_its_neighbours_kept(event, reason):
+    """One bad event costs only itself: the valid events of the same message are kept."""
+    good = {"seq": 0, "time_us": T, "step_start": {"step": 0}}
+    events, dead = parse_message(batch(good, event))
+    assert [e.seq for e in events] == [0]
+    assert len(dead) == 1
+    assert reason in dead[0].reason
+    assert dead[0].run_id == "run-1"
+    assert json.loads(dead[0].payload) == event
+
+
+def test_model_metrics_may_be_non_finite():
+    """A diverged loss is an observation, not corrupt input."""
+    events, dead = parse_message(batch(
+        {"seq": 0, "time_us": T, "model_metrics": {"step": 3, "loss": "NaN", "mfu": 0.4}}))
+    assert not dead
+    assert events[0].body["mfu"] == 0.4
+    assert events[0].body["loss"] != events[0].body["loss"]  # NaN
