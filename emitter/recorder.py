@@ -36,11 +36,14 @@ from emitter.worker import BatchWorker, EmitterStats
 __version__ = "0.1.0"
 
 _LOG = logging.getLogger("emitter")
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_UTC = datetime.timezone.utc
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 _MICROSECOND = datetime.timedelta(microseconds=1)
 
 
 def _time_us(value: object, name: str) -> int:
+    if isinstance(value, datetime.datetime) and value.tzinfo is _UTC:
+        return (value - _EPOCH) // _MICROSECOND  # the common case, without utcoffset()
     if not isinstance(value, datetime.datetime):
         raise ValueError(
             f"{name} must be a timezone-aware datetime.datetime or None, got {type(value).__name__}"
@@ -263,7 +266,9 @@ class GoodputRecorder:
         """Records the start of training step ``step``."""
         if self._worker is None:
             return
-        self._record("step_start", start_time, "start_time", {"step": _count(step, "step")})
+        if type(step) is not int or step < 0:
+            step = _count(step, "step")
+        self._record("step_start", start_time, "start_time", {"step": step})
 
     def record_tpu_init_start_time(self, start_time: datetime.datetime | None = None) -> None:
         """Records the start of accelerator initialization."""
