@@ -1,0 +1,705 @@
+"""The goodput engine: the state of one run and every metric computed from it.
+
+Pure Python, no Beam: the Beam transforms, the batch replay and the tests share it.
+
+``RunState`` takes validated events (``pipeline.events.Event``) one at a time, in any order and
+with duplicates; ``RunState.snapshot(as_of_us)`` computes the run's figures as of a time. The
+result depends only on the set of distinct events, never on their arrival order.
+
+How time is classified (``docs/differences.md`` says where this departs from the reference):
+
+* The run's elapsed time runs from its first ``job_start`` to the last attempt's ``job_end``, or
+  to ``as_of`` while it has none. A gap between a ``job_end`` and a later ``job_start`` (a planned
+  stop and resume) is not elapsed time.
+* Each attempt's ``job_start`` opens a segment; an attempt after the first is a restart (a
+  disruption). A step number that does not increase inside an attempt is an in-process rollback
+  and also a disruption, with no recovery gap.
+* Inside a segment, the interval from one recorded step start to the next covers the steps in
+  between (sparse recording counts). An interval is productive while its steps are kept, and
+  wasted progress once a later segment resumes at or before them; the restart's resume step is
+  its first recorded step (or its checkpoint restore step until it records one).
+* The last step of a segment counts as productive only once the job has ended; after a crash,
+  the time from it to the next ``job_start`` is infrastructure recovery; in a running job it is
+  OTHER until the next step starts, so a hang shows as lost time.
+* Recorded spans (TPU init, training preparation, data loading before the first step, checkpoint
+  save and restore, custom badput, elastic waits and re-initialization) take their time from
+  productive time and OTHER, never from wasted progress or recovery, and never from each other:
+  where spans overlap, the more specific one wins (``SPAN_PRIORITY``). So goodput plus every
+  bucket except the informational ``DATA_LOADING_ASYNC`` is exactly 100 % of elapsed time.
+* Program startup is the first step of a segment's excess over the segment's mean step time.
+
+Memory: O(1) per run and per attempt, plus 16 bytes per recorded step (its number and time in
+two ``array('q')``), plus about 100 bytes per recorded span marker (custom events, checkpoints).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import math
+import statistics
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pipeline.events import Event
+
+# Bucket names, as the reference labels them in Cloud Monitoring.
+PRODUCTIVE = "PRODUCTIVE"
+TPU_INITIALIZATION = "TPU_INITIALIZATION"
+TRAINING_PREP = "TRAINING_PREP"
+PROGRAM_STARTUP = "PROGRAM_STARTUP"
+DATA_LOADING_SYNC = "DATA_LOADING_SYNC"
+DATA_LOADING_ASYNC = "DATA_LOADING_ASYNC"
+CHECKPOINT_SAVE = "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"
+CHECKPOINT_RESTORE = "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"
+WASTED_PROGRESS = "WASTED_PROGRESS_FROM_DISRUPTION"
+INFRASTRUCTURE_RECOVERY = "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"
+CUSTOM_PREFIX = "CUSTOM_BADPUT_EVENTS."
+OTHER = "OTHER"
+ELASTIC_SLICE_DOWN = "ELASTIC_SLICE_DOWN"
+ELASTIC_SCALE_UP = "ELASTIC_SCALE_UP"
+ELASTIC_REINITIALIZATION = "ELASTIC_REINITIALIZATION"
+EXCLUDED = "EXCLUDED"
+
+#: Badput buckets always reported (others appear when they occur).
+STANDARD_BUCKETS: tuple[str, ...] = (
+    TPU_INITIALIZATION, TRAINING_PREP, PROGRAM_STARTUP, DATA_LOADING_SYNC, DATA_LOADING_ASYNC,
+    CHECKPOINT_SAVE, CHECKPOINT_RESTORE, WASTED_PROGRESS, INFRASTRUCTURE_RECOVERY, OTHER,
+)
+#: Where recorded spans overlap, the earlier label in this list keeps the time.
+SPAN_PRIORITY: tuple[str, ...] = (
+    EXCLUDED, CHECKPOINT_RESTORE, ELASTIC_REINITIALIZATION, ELASTIC_SLICE_DOWN, ELASTIC_SCALE_UP,
+    TPU_INITIALIZATION, TRAINING_PREP, DATA_LOADING_SYNC, CHECKPOINT_SAVE,
+)
+#: Default rolling windows, seconds.
+DEFAULT_WINDOWS_S: tuple[int, ...] = (60, 300, 900, 3600)
+
+_US = 1_000_000
+_PAIRED = {
+    "tpu_init": TPU_INITIALIZATION,
+    "training_prep": TRAINING_PREP,
+    "data_loading": "DATA_LOADING",
+    "elastic_reinit": ELASTIC_REINITIALIZATION,
+}
+# Base labels of the timeline: which of them recorded spans may take time from.
+_PRE = "PRE"  # a segment before its first step: OTHER unless a span claims it
+_OPEN = "OPEN"  # the running step of a live job: OTHER unless a span claims it
+_CLAIMABLE = frozenset({_PRE, _OPEN, PRODUCTIVE})
+
+
+@dataclasses.dataclass
+class Attempt:
+    """What one attempt (one process start) recorded."""
+
+    attempt_id: str
+    start_us: int | None = None
+    end_us: int | None = None
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    steps: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    step_times: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    # Span markers: label -> [(time_us, +1 start / -1 end)], paired at snapshot time.
+    markers: dict[str, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    saves: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # time, us, step
+    restores: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    slice_counts: list[tuple[int, int, int, int]] = dataclasses.field(default_factory=list)
+    last_event_us: int = 0
+    # Deduplication: every seq below the watermark was seen; ``extra`` holds seen seqs above it.
+    watermark: int = 0
+    extra: set[int] = dataclasses.field(default_factory=set)
+
+    def first_time(self, seq: int) -> bool:
+        """Marks ``seq`` seen; False if it had been seen before."""
+        if seq < self.watermark or seq in self.extra:
+            return False
+        self.extra.add(seq)
+        while self.watermark in self.extra:
+            self.extra.discard(self.watermark)
+            self.watermark += 1
+        return True
+
+    def add_step(self, step: int, time_us: int) -> None:
+        if not self.step_times or time_us >= self.step_times[-1]:
+            self.steps.append(step)
+            self.step_times.append(time_us)
+        else:  # late arrival: keep time order (rare, so the O(n) insert is fine)
+            at = bisect.bisect_right(self.step_times, time_us)
+            self.steps.insert(at, step)
+            self.step_times.insert(at, time_us)
+
+
+@dataclasses.dataclass(frozen=True)
+class Disruption:
+    """One restart or in-process rollback, with what it cost."""
+
+    restart_us: int  # the new attempt's job_start (rollback: its first step)
+    last_step_before: int | None
+    resume_step: int | None
+    wasted_progress_s: float
+    recovery_s: float  # from the last step start before the failure to the restart
+    in_process: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowFigures:
+    """Goodput and badput over one stretch of time."""
+
+    window_s: int  # 0 for cumulative
+    start_us: int
+    end_us: int
+    total_s: float
+    productive_s: float
+    badput_s: dict[str, float]
+    disruptions: int
+    chip_seconds_total: float
+    chip_seconds_productive: float
+
+    @property
+    def goodput_pct(self) -> float | None:
+        return None if self.total_s <= 0 else 100.0 * self.productive_s / self.total_s
+
+    def badput_pct(self, bucket: str) -> float | None:
+        return None if self.total_s <= 0 else 100.0 * self.badput_s[bucket] / self.total_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A run's figures as of ``as_of_us``."""
+
+    run_id: str
+    as_of_us: int
+    started_us: int
+    ended: bool
+    cumulative: WindowFigures
+    windows: tuple[WindowFigures | None, ...]  # one per requested window; None when empty
+    disruptions: tuple[Disruption, ...]
+    max_productive_step: int
+    last_step: int | None
+    ideal_step_time_s: float | None
+    reference_ideal_step_time_s: float | None
+    step_time_deviation_s: float | None
+    chip_count: int
+    metadata: dict[str, Any]
+    stepping_slice_efficiency: float | None
+    available_slice_efficiency: float | None
+
+
+@dataclasses.dataclass
+class _SubSegment:
+    steps: list[int]
+    times: list[int]
+    end_us: int
+    end_kind: str  # "end" (job_end), "restart", "rollback", "open"
+    first_of_attempt: bool
+    chips: int
+    resume_limit: float = math.inf  # steps at or above this were lost later
+
+
+class RunState:
+    """Everything recorded about one run, updated one event at a time."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.attempts: dict[str, Attempt] = {}
+        self.events = 0
+        self.duplicates = 0
+
+    def add(self, event: Event) -> bool:
+        """Adds one event; False (and no change) if it was seen before. O(1) amortized."""
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None:
+            attempt = self.attempts[event.attempt_id] = Attempt(event.attempt_id)
+        if not attempt.first_time(event.seq):
+            self.duplicates += 1
+            return False
+        self.events += 1
+        t, kind, body = event.time_us, event.kind, event.body
+        attempt.last_event_us = max(attempt.last_event_us, t)
+        if kind == "step_start":
+            attempt.add_step(int(body["step"]), t)
+        elif kind == "job_start":
+            if attempt.start_us is None or t < attempt.start_us:
+                attempt.start_us = t
+                attempt.metadata = dict(body)
+        elif kind == "job_end":
+            attempt.end_us = t if attempt.end_us is None else max(attempt.end_us, t)
+        elif kind == "checkpoint_save":
+            attempt.saves.append((t, round(body["blocking_s"] * _US), int(body["step"])))
+        elif kind == "checkpoint_restore":
+            attempt.restores.append((t, round(body["blocking_s"] * _US), int(body["step"])))
+        elif kind == "elastic_slice_counts":
+            attempt.slice_counts.append((t, int(body["active_slices"]), int(body["total_slices"]),
+                                         int(body["available_slices"])))
+        elif kind.endswith("_start") or kind.endswith("_end"):
+            name, _, edge = kind.rpartition("_")
+            label = _span_label(name, body)
+            if label is not None:
+                attempt.markers.setdefault(label, []).append((t, 1 if edge == "start" else -1))
+        return True
+
+    def add_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.add(event)
+
+    # -- snapshot ---------------------------------------------------------------------------
+
+    def snapshot(
+        self,
+        as_of_us: int,
+        windows_s: Sequence[int] = DEFAULT_WINDOWS_S,
+        exclusions: Sequence[tuple[int, int]] = (),
+        configured_ideal_step_time_s: float | None = None,
+    ) -> Snapshot | None:
+        """The run's figures as of ``as_of_us``; None if nothing was recorded before it.
+
+        Args:
+            as_of_us: Events after this time are ignored; a run without an end runs to it.
+            windows_s: Rolling windows ending at the run's end (or ``as_of``), in seconds.
+            exclusions: (start_us, end_us) intervals left out of elapsed time and every bucket.
+            configured_ideal_step_time_s: Overrides the ideal step time (else the run's own
+                configured value from its metadata, else the computed one).
+        """
+        timeline = _Timeline(self, as_of_us, exclusions)
+        if timeline.start_us is None:
+            return None
+        cumulative = timeline.figures(0, timeline.start_us, timeline.end_us)
+        rolling = []
+        for window in windows_s:
+            start = max(timeline.start_us, timeline.end_us - window * _US)
+            rolling.append(timeline.figures(window, start, timeline.end_us)
+                           if start < timeline.end_us and as_of_us - window * _US < timeline.end_us
+                           else None)
+        configured = configured_ideal_step_time_s
+        if configured is None:
+            configured = timeline.metadata.get("configured_ideal_step_time_s")
+        step_times = timeline.reference_step_times()
+        reference_ideal = _ideal_step_time([v for v in step_times.values() if v >= 1.0])
+        robust_ideal = _ideal_step_time(list(step_times.values()))
+        ideal = configured if configured is not None else robust_ideal
+        deviation = None
+        if ideal is not None and step_times:
+            deviation = _deviation_from_baseline([abs(v - ideal) for v in step_times.values()])
+        stepping, available = timeline.slice_efficiency()
+        return Snapshot(
+            run_id=self.run_id,
+            as_of_us=as_of_us,
+            started_us=timeline.start_us,
+            ended=timeline.ended,
+            cumulative=cumulative,
+            windows=tuple(rolling),
+            disruptions=tuple(timeline.disruptions),
+            max_productive_step=timeline.max_productive_step,
+            last_step=timeline.last_step,
+            ideal_step_time_s=ideal,
+            reference_ideal_step_time_s=configured if configured is not None else reference_ideal,
+            step_time_deviation_s=deviation,
+            chip_count=timeline.chips_now,
+            metadata=timeline.metadata,
+            stepping_slice_efficiency=stepping,
+            available_slice_efficiency=available,
+        )
+
+
+def _span_label(name: str, body: dict[str, Any]) -> str | None:
+    if name in _PAIRED:
+        return _PAIRED[name]
+    if name == "custom_badput":
+        return CUSTOM_PREFIX + str(body.get("badput_type", "unknown")).upper()
+    if name == "elastic_wait":
+        kind = str(body.get("event_type", ""))
+        return ELASTIC_SCALE_UP if "scale_up" in kind.lower() else ELASTIC_SLICE_DOWN
+    return None  # heartbeat and other point events carry no span
+
+
+def _pair(markers: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Start/end markers paired as the reference pairs them, in time order.
+
+    A start replaces a pending start; an end closes the pending start; an end with none pending
+    is ignored; only intervals with start < end count.
+    """
+    intervals = []
+    pending: int | None = None
+    for time_us, edge in sorted(markers, key=lambda m: (m[0], -m[1])):
+        if edge > 0:
+            pending = time_us
+        elif pending is not None:
+            if pending < time_us:
+                intervals.append((pending, time_us))
+            pending = None
+    return intervals
+
+
+def _ideal_step_time(values: list[float]) -> float | None:
+    """Mean of the values up to median + 3 * MAD (the reference's ideal step time formula)."""
+    if not values:
+        return None
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    normal = [v for v in values if v <= median + 3 * mad]
+    return statistics.fmean(normal) if normal else None
+
+
+def _percentile(values: list[float], percentile: float) -> float:
+    ordered = sorted(values)
+    index = (len(ordered) - 1) * percentile / 100.0
+    low = int(index)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
+
+
+def _deviation_from_baseline(deviations: list[float], recent: int = 100, baseline: int = 1000) -> float:
+    """The reference's cumulative step-time deviation over deviations in step order."""
+    if len(deviations) < recent:
+        return statistics.fmean(deviations)
+    recent_values = deviations[-recent:]
+    spike = _percentile(recent_values, 90)
+    if len(deviations) < recent + baseline:
+        return spike
+    return spike - statistics.median(deviations[-(recent + baseline):-recent])
+
+
+class _Timeline:
+    """The classified timeline of one run as of a time (built once per snapshot)."""
+
+    def __init__(self, run: RunState, as_of_us: int, exclusions: Sequence[tuple[int, int]]) -> None:
+        self.as_of_us = as_of_us
+        self._attempts = sorted(run.attempts.values(), key=lambda a: (
+            a.start_us if a.start_us is not None else math.inf, a.attempt_id))
+        starts = [a for a in self._attempts if a.start_us is not None and a.start_us <= as_of_us]
+        self.metadata: dict[str, Any] = dict(starts[-1].metadata) if starts else {}
+        self.chips_now = int(self.metadata.get("chip_count", 0))
+        self.disruptions: list[Disruption] = []
+        self.max_productive_step = 0
+        self.last_step: int | None = None
+        self.ended = False
+        self.start_us: int | None = None
+        self.end_us = as_of_us
+        self.data_loading_total_s = 0.0
+        self._subsegments: list[_SubSegment] = []
+        self._restarts: list[int] = []  # job_start times of restarts (not planned resumes)
+        self._pieces: list[tuple[int, int, str, int]] = []  # start, end, label, chips
+        if starts:
+            self.start_us = starts[0].start_us
+        else:  # no job_start recorded: the run starts at its earliest step
+            steps = [t for a in self._attempts for t in a.step_times if t <= as_of_us]
+            if not steps:
+                return
+            self.start_us = min(steps)
+        self._build(starts, exclusions)
+
+    def _build(self, starts: list[Attempt], exclusions: Sequence[tuple[int, int]]) -> None:
+        """One segment per attempt with a job_start (steps of attempts without one are placed by
+        time), each split where the step number fails to increase (an in-process rollback)."""
+        assert self.start_us is not None
+        as_of = self.as_of_us
+        owners: list[Attempt | None] = list(starts) or [None]
+        bounds = [a.start_us if a is not None and a.start_us is not None else self.start_us
+                  for a in owners]
+        steps_by_segment: list[list[tuple[int, int]]] = [[] for _ in owners]
+        for attempt in self._attempts:
+            owned = attempt.start_us is not None and attempt in starts
+            for step, t in zip(attempt.steps, attempt.step_times, strict=True):
+                if t > as_of:
+                    continue
+                index = owners.index(attempt) if owned else max(0, bisect.bisect_right(bounds, t) - 1)
+                steps_by_segment[index].append((t, step))
+        orphan_end = max((a.end_us for a in self._attempts if a.start_us is None and a.end_us),
+                         default=None)
+        base: list[tuple[int, int, str, int]] = []
+        gaps: list[tuple[int, int]] = []
+        resume_points: list[tuple[int, int]] = []  # (time, step) where progress restarts
+        end_of_run = as_of
+        for index, owner in enumerate(owners):
+            seg_start = bounds[index]
+            chips = int(owner.metadata.get("chip_count", 0)) if owner is not None else 0
+            next_start = bounds[index + 1] if index + 1 < len(owners) else None
+            job_end = owner.end_us if owner is not None and owner.end_us is not None else orphan_end
+            if job_end is not None and not (seg_start <= job_end <= as_of):
+                job_end = None
+            if job_end is not None and next_start is not None and job_end > next_start:
+                job_end = None  # an end after the next start ended nothing
+            if next_start is not None:
+                if job_end is not None:
+                    seg_end, end_kind = job_end, "end"
+                    gaps.append((job_end, next_start))  # a planned stop: not elapsed time
+                else:
+                    seg_end, end_kind = next_start, "restart"
+                    self._restarts.append(next_start)
+            elif job_end is not None:
+                seg_end, end_kind = job_end, "end"
+                self.ended = True
+                end_of_run = job_end
+            else:
+                seg_end, end_kind = as_of, "open"
+            subs = _split(sorted(steps_by_segment[index]), seg_end, end_kind, chips)
+            base.append((seg_start, subs[0].times[0] if subs else seg_end, _PRE, chips))
+            if subs:
+                resume_points.extend((sub.times[0], sub.steps[0]) for sub in subs)
+            elif owner is not None:
+                restored = sorted((t, step) for t, _, step in owner.restores if t <= as_of)
+                if restored:
+                    resume_points.append((seg_start, restored[0][1]))
+            self._subsegments.extend(subs)
+        self.end_us = end_of_run
+        # Progress at or above a later resume point was lost.
+        resume_points.sort()
+        limit = math.inf
+        later = len(resume_points)
+        for sub in reversed(self._subsegments):
+            while later > 0 and resume_points[later - 1][0] > sub.times[0]:
+                later -= 1
+                limit = min(limit, resume_points[later][1])
+            sub.resume_limit = limit
+        for sub in self._subsegments:
+            base.extend(self._sub_regions(sub))
+        self._classify(base, gaps, exclusions)
+
+    def _sub_regions(self, sub: _SubSegment) -> list[tuple[int, int, str, int]]:
+        """Base regions of one sub-segment: kept steps, lost steps, and its last step."""
+        steps, times, limit = sub.steps, sub.times, sub.resume_limit
+        regions: list[tuple[int, int, str, int]] = []
+        kept_end = times[0]
+        for k in range(len(steps) - 1):
+            if steps[k + 1] <= limit:
+                kept_end = times[k + 1]
+                self.max_productive_step = max(self.max_productive_step, steps[k + 1] - 1)
+                continue
+            if steps[k] < limit:  # a sparsely recorded interval, partly kept
+                fraction = (limit - steps[k]) / (steps[k + 1] - steps[k])
+                kept_end = times[k] + round(fraction * (times[k + 1] - times[k]))
+                self.max_productive_step = max(self.max_productive_step, int(limit) - 1)
+            break
+        last = times[-1]
+        if kept_end > times[0]:
+            regions.append((times[0], kept_end, PRODUCTIVE, sub.chips))
+        if last > kept_end:
+            regions.append((kept_end, last, WASTED_PROGRESS, sub.chips))
+        if sub.end_us > last:
+            tail_kept = steps[-1] < limit
+            if sub.end_kind in ("end", "rollback"):
+                label = PRODUCTIVE if tail_kept else WASTED_PROGRESS
+                if tail_kept:
+                    self.max_productive_step = max(self.max_productive_step, steps[-1])
+            elif sub.end_kind == "restart":
+                label = INFRASTRUCTURE_RECOVERY
+            else:
+                label = _OPEN
+            regions.append((last, sub.end_us, label, sub.chips))
+        self.last_step = steps[-1]
+        return regions
+
+    def _classify(
+        self,
+        base: list[tuple[int, int, str, int]],
+        gaps: list[tuple[int, int]],
+        exclusions: Sequence[tuple[int, int]],
+    ) -> None:
+        assert self.start_us is not None
+        spans: dict[str, list[tuple[int, int]]] = {}
+        data_loading: list[tuple[int, int]] = []
+        for attempt in self._attempts:
+            for label, markers in attempt.markers.items():
+                paired = _pair([m for m in markers if m[0] <= self.as_of_us])
+                (data_loading if label == "DATA_LOADING" else spans.setdefault(label, [])).extend(paired)
+            for name, records in ((CHECKPOINT_SAVE, attempt.saves), (CHECKPOINT_RESTORE, attempt.restores)):
+                spans.setdefault(name, []).extend(
+                    (t, t + blocking) for t, blocking, _ in records if t <= self.as_of_us and blocking > 0)
+        # Data loading blocks training only before a segment's first step: that part is SYNC.
+        pre = [(s, e) for s, e, label, _ in base if label == _PRE and e > s]
+        self.data_loading_total_s = sum(e - s for s, e in data_loading) / _US
+        spans[DATA_LOADING_SYNC] = [(max(s, ps), min(e, pe)) for s, e in data_loading
+                                    for ps, pe in pre if min(e, pe) > max(s, ps)]
+        spans[EXCLUDED] = [*exclusions, *gaps]
+        priority = list(SPAN_PRIORITY) + sorted(k for k in spans if k not in SPAN_PRIORITY)
+        self._pieces = _sweep(base, spans, priority, self.start_us, self.end_us, self.chips_now)
+        self._apply_program_startup()
+        self._record_disruptions()
+
+    def _apply_program_startup(self) -> None:
+        """Moves each sub-segment's first-step excess from productive time to PROGRAM_STARTUP.
+
+        As in the reference: the first kept interval, less custom badput inside it, against the
+        mean per step of the sub-segment's other kept intervals, less their custom badput.
+        """
+        custom = [(s, e) for s, e, label, _ in self._pieces if label.startswith(CUSTOM_PREFIX)]
+        for sub in self._subsegments:
+            steps, times = sub.steps, sub.times
+            kept = 0
+            while kept + 1 < len(steps) and steps[kept + 1] <= sub.resume_limit:
+                kept += 1
+            if kept < 2:
+                continue  # one kept interval: nothing to compare the first step with
+            first = (times[1] - times[0]) - _overlap(custom, times[0], times[1])
+            rest = (times[kept] - times[1]) - _overlap(custom, times[1], times[kept])
+            per_step = rest / (steps[kept] - steps[1])
+            excess = first - per_step * (steps[1] - steps[0])
+            if excess > 0:
+                self._relabel(times[0], times[1], PRODUCTIVE, PROGRAM_STARTUP, excess)
+
+    def _relabel(self, start: int, end: int, old: str, new: str, amount: float) -> None:
+        """Gives up to ``amount`` microseconds of ``old`` inside [start, end) to ``new``."""
+        pieces: list[tuple[int, int, str, int]] = []
+        left = amount
+        for s, e, label, chips in self._pieces:
+            if label != old or left <= 0 or e <= start or s >= end:
+                pieces.append((s, e, label, chips))
+                continue
+            lo, hi = max(s, start), min(e, end)
+            cut = lo + min(left, hi - lo)
+            left -= cut - lo
+            if s < lo:
+                pieces.append((s, lo, label, chips))
+            pieces.append((lo, cut, new, chips))  # type: ignore[arg-type]  # may be fractional
+            if cut < e:
+                pieces.append((cut, e, label, chips))  # type: ignore[arg-type]
+        self._pieces = pieces
+
+    def _record_disruptions(self) -> None:
+        """One disruption per restart and per in-process rollback, with its cost."""
+        subs = self._subsegments
+        points: list[tuple[int, bool, int | None, int | None, float]] = []
+        for restart in self._restarts:
+            before = [s for s in subs if s.times[0] < restart]
+            after = [s for s in subs if s.times[0] >= restart]
+            last_step_us = before[-1].times[-1] if before else restart
+            points.append((restart, False, before[-1].steps[-1] if before else None,
+                           after[0].steps[0] if after else None, (restart - last_step_us) / _US))
+        for index in range(1, len(subs)):
+            if subs[index - 1].end_kind == "rollback":
+                points.append((subs[index].times[0], True, subs[index - 1].steps[-1],
+                               subs[index].steps[0], 0.0))
+        points.sort(key=lambda p: p[0])
+        previous = self.start_us or 0
+        for time_us, in_process, last_before, resume, recovery in points:
+            wasted = sum(min(e, time_us) - max(s, previous) for s, e, label, _ in self._pieces
+                         if label == WASTED_PROGRESS and min(e, time_us) > max(s, previous))
+            self.disruptions.append(Disruption(time_us, last_before, resume, wasted / _US,
+                                               recovery, in_process))
+            previous = time_us
+
+    # -- figures ----------------------------------------------------------------------------
+
+    def figures(self, window_s: int, start_us: int, end_us: int) -> WindowFigures:
+        """Goodput and badput over [start_us, end_us)."""
+        totals: dict[str, float] = dict.fromkeys(STANDARD_BUCKETS, 0.0)
+        productive = excluded = chip_total = chip_productive = 0.0
+        for s, e, label, chips in self._pieces:
+            lo, hi = max(s, start_us), min(e, end_us)
+            if hi <= lo:
+                continue
+            seconds = (hi - lo) / _US
+            if label == EXCLUDED:
+                excluded += seconds
+                continue
+            chip_total += seconds * chips
+            if label == PRODUCTIVE:
+                productive += seconds
+                chip_productive += seconds * chips
+            else:
+                bucket = OTHER if label in (_PRE, _OPEN) else label
+                totals[bucket] = totals.get(bucket, 0.0) + seconds
+        if window_s == 0:  # informational: loads that overlapped training
+            totals[DATA_LOADING_ASYNC] = max(0.0, self.data_loading_total_s - totals[DATA_LOADING_SYNC])
+        disruptions = sum(1 for d in self.disruptions if start_us <= d.restart_us <= end_us)
+        return WindowFigures(window_s=window_s, start_us=start_us, end_us=end_us,
+                             total_s=(end_us - start_us) / _US - excluded, productive_s=productive,
+                             badput_s=totals, disruptions=disruptions,
+                             chip_seconds_total=chip_total, chip_seconds_productive=chip_productive)
+
+    def reference_step_times(self) -> dict[int, float]:
+        """Step times as the reference measures them: consecutive step numbers, later wins."""
+        times: dict[int, float] = {}
+        for sub in self._subsegments:
+            for k in range(len(sub.steps) - 1):
+                if sub.steps[k + 1] == sub.steps[k] + 1:
+                    times[sub.steps[k]] = (sub.times[k + 1] - sub.times[k]) / _US
+        return times
+
+    def slice_efficiency(self) -> tuple[float | None, float | None]:
+        """Time-weighted stepping and available slice fractions over the run (elastic runs)."""
+        records = sorted(r for a in self._attempts for r in a.slice_counts if r[0] <= self.as_of_us)
+        if not records or self.start_us is None or self.end_us <= self.start_us:
+            return None, None
+        start, end = self.start_us, self.end_us
+        stepping = available = 0.0
+        for index, (t, active, total, avail) in enumerate(records):
+            lo = max(t, start)
+            hi = min(records[index + 1][0] if index + 1 < len(records) else end, end)
+            if hi > lo:
+                stepping += active / max(total, 1) * (hi - lo)
+                available += avail / max(total, 1) * (hi - lo)
+        return stepping / (end - start), available / (end - start)
+
+
+def _split(steps: list[tuple[int, int]], end_us: int, end_kind: str, chips: int) -> list[_SubSegment]:
+    """Splits a segment's (time, step) list where the step number fails to increase."""
+    subs: list[_SubSegment] = []
+    current_steps: list[int] = []
+    current_times: list[int] = []
+    for t, step in steps:
+        if current_steps and step <= current_steps[-1]:
+            subs.append(_SubSegment(current_steps, current_times, t, "rollback", not subs, chips))
+            current_steps, current_times = [], []
+        current_steps.append(step)
+        current_times.append(t)
+    if current_steps:
+        subs.append(_SubSegment(current_steps, current_times, end_us, end_kind, not subs, chips))
+    return subs
+
+
+def _overlap(intervals: list[tuple[int, int]], start: int, end: int) -> int:
+    return sum(max(0, min(e, end) - max(s, start)) for s, e in intervals)
+
+
+def _sweep(
+    base: list[tuple[int, int, str, int]],
+    spans: dict[str, list[tuple[int, int]]],
+    priority: list[str],
+    run_start: int,
+    run_end: int,
+    default_chips: int,
+) -> list[tuple[int, int, str, int]]:
+    """Labels every stretch of [run_start, run_end) once.
+
+    A stretch takes the top-priority span covering it where the base region lets spans claim
+    time (or the span is an exclusion), else the base region's label; where no base region
+    covers it, OTHER.
+    """
+    rank = {label: i for i, label in enumerate(priority)}
+    edges: list[tuple[int, int, int]] = []  # time, +1/-1, rank
+    for label, intervals in spans.items():
+        for s, e in intervals:
+            s, e = max(s, run_start), min(e, run_end)
+            if e > s:
+                edges += [(s, 1, rank[label]), (e, -1, rank[label])]
+    edges.sort()
+    regions: list[tuple[int, int, str, int]] = []
+    for s, e, label, chips in sorted(base):  # clip overlaps (clock skew): earlier region wins
+        s = max(s, run_start, regions[-1][1] if regions else run_start)
+        e = min(e, run_end)
+        if e > s:
+            regions.append((s, e, label, chips))
+    points = sorted({run_start, run_end, *(t for t, _, _ in edges),
+                     *(t for r in regions for t in r[:2])})
+    active = [0] * len(priority)
+    pieces: list[tuple[int, int, str, int]] = []
+    edge = region = 0
+    for lo, hi in itertools.pairwise(points):
+        while edge < len(edges) and edges[edge][0] <= lo:
+            active[edges[edge][2]] += edges[edge][1]
+            edge += 1
+        while region < len(regions) and regions[region][1] <= lo:
+            region += 1
+        if region < len(regions) and regions[region][0] <= lo:
+            _, _, label, chips = regions[region]
+        else:
+            label, chips = OTHER, default_chips
+        top = next((i for i, n in enumerate(active) if n > 0), None)
+        if top is not None and (label in _CLAIMABLE or priority[top] == EXCLUDED):
+            label = priority[top]
+        if pieces and pieces[-1][1] == lo and pieces[-1][2:] == (label, chips):
+            pieces[-1] = (pieces[-1][0], hi, label, chips)
+        else:
+            pieces.append((lo, hi, label, chips))
+    return pieces
