@@ -37,8 +37,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import json
 import math
 import statistics
+import struct
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -255,7 +258,8 @@ class RunState:
 
         Args:
             as_of_us: Events after this time are ignored; a run without an end runs to it.
-            windows_s: Rolling windows ending at the run's end (or ``as_of``), in seconds.
+            windows_s: Rolling windows in seconds, each ending at ``as_of`` and clipped to the
+                run's lifetime (None where nothing of the run is left in it).
             exclusions: (start_us, end_us) intervals left out of elapsed time and every bucket.
             configured_ideal_step_time_s: Overrides the ideal step time (else the run's own
                 configured value from its metadata, else the computed one).
@@ -265,11 +269,10 @@ class RunState:
             return None
         cumulative = timeline.figures(0, timeline.start_us, timeline.end_us)
         rolling = []
-        for window in windows_s:
-            start = max(timeline.start_us, timeline.end_us - window * _US)
+        for window in windows_s:  # [as_of - window, as_of], clipped to the run's lifetime
+            start = max(timeline.start_us, as_of_us - window * _US)
             rolling.append(timeline.figures(window, start, timeline.end_us)
-                           if start < timeline.end_us and as_of_us - window * _US < timeline.end_us
-                           else None)
+                           if start < timeline.end_us else None)
         configured = configured_ideal_step_time_s
         if configured is None:
             configured = timeline.metadata.get("configured_ideal_step_time_s")
@@ -703,3 +706,67 @@ def _sweep(
         else:
             pieces.append((lo, hi, label, chips))
     return pieces
+
+
+# -- the state coder -------------------------------------------------------------------------
+
+_HEADER = struct.Struct("<4sI")
+_MAGIC = b"GPS1"
+
+
+def encode_state(state: RunState) -> bytes:
+    """A compact, deterministic encoding of a run's state (the Beam state coder uses it).
+
+    A JSON header holds everything but the step history; each attempt's steps and step times
+    follow as raw little-endian int64 arrays: 16 bytes per recorded step.
+    """
+    attempts = []
+    arrays = []
+    for attempt in state.attempts.values():
+        attempts.append({
+            "id": attempt.attempt_id, "start": attempt.start_us, "end": attempt.end_us,
+            "meta": attempt.metadata, "n": len(attempt.steps),
+            "markers": attempt.markers, "saves": attempt.saves, "restores": attempt.restores,
+            "slices": attempt.slice_counts, "last": attempt.last_event_us,
+            "wm": attempt.watermark, "extra": sorted(attempt.extra),
+        })
+        arrays += [attempt.steps, attempt.step_times]
+    header = json.dumps({"run": state.run_id, "events": state.events, "dups": state.duplicates,
+                         "attempts": attempts}, separators=(",", ":")).encode()
+    body = b"".join(_little_endian(a) for a in arrays)
+    return _HEADER.pack(_MAGIC, len(header)) + header + body
+
+
+def decode_state(data: bytes) -> RunState:
+    """The state ``encode_state`` encoded."""
+    magic, length = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise ValueError("not an encoded run state")
+    header = json.loads(data[_HEADER.size:_HEADER.size + length])
+    state = RunState(header["run"])
+    state.events, state.duplicates = header["events"], header["dups"]
+    offset = _HEADER.size + length
+    for item in header["attempts"]:
+        attempt = Attempt(item["id"], item["start"], item["end"], item["meta"])
+        for target in (attempt.steps, attempt.step_times):
+            size = item["n"] * 8
+            target.frombytes(data[offset:offset + size])
+            if sys.byteorder != "little":
+                target.byteswap()
+            offset += size
+        attempt.markers = {k: [tuple(m) for m in v] for k, v in item["markers"].items()}
+        attempt.saves = [tuple(s) for s in item["saves"]]
+        attempt.restores = [tuple(s) for s in item["restores"]]
+        attempt.slice_counts = [tuple(s) for s in item["slices"]]
+        attempt.last_event_us, attempt.watermark = item["last"], item["wm"]
+        attempt.extra = set(item["extra"])
+        state.attempts[attempt.attempt_id] = attempt
+    return state
+
+
+def _little_endian(values: array[int]) -> bytes:
+    if sys.byteorder == "little":
+        return bytes(values.tobytes())
+    swapped = array("q", values)
+    swapped.byteswap()
+    return swapped.tobytes()
