@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/simulated_job.py --output demo-output/events.jsonl
-	$(PY) -m pipeline --events demo-output/events.jsonl
+	rm -f demo-output/goodput.duckdb
+	$(PY) -m pipeline --events=demo-output/events.jsonl --duckdb=demo-output/goodput.duckdb
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,7 +1,7 @@
-"""Entry point: ``python -m pipeline --events FILE``."""
+"""Entry point: ``python -m pipeline --events=FILE --duckdb=OUT.duckdb`` (see pipeline.launcher)."""
 
 import sys
 
-from pipeline.summary import main
+from pipeline.launcher import run
 
-sys.exit(main())
+sys.exit(run())

@@ -175,7 +175,8 @@ class Snapshot:
     started_us: int
     ended: bool
     cumulative: WindowFigures
-    windows: tuple[WindowFigures | None, ...]  # one per requested window; None when empty
+    window_sizes_s: tuple[int, ...]
+    windows: tuple[WindowFigures | None, ...]  # one per window size; None when empty
     disruptions: tuple[Disruption, ...]
     max_productive_step: int
     last_step: int | None
@@ -290,6 +291,7 @@ class RunState:
             started_us=timeline.start_us,
             ended=timeline.ended,
             cumulative=cumulative,
+            window_sizes_s=tuple(windows_s),
             windows=tuple(rolling),
             disruptions=tuple(timeline.disruptions),
             max_productive_step=timeline.max_productive_step,

@@ -11,3 +11,18 @@ from pathlib import Path
 DIRECTORY = Path(__file__).resolve().parent
 #: The event contract (Pub/Sub topic schema, Protocol Buffers).
 EVENT_PROTO = DIRECTORY / "goodput_event.proto"
+#: BigQuery JSON schemas of the output tables, one file per table.
+TABLES_DIRECTORY = DIRECTORY / "tables"
+
+
+def table_schema(name: str) -> list[dict[str, str]]:
+    """The BigQuery JSON schema (a list of fields) of output table ``name``."""
+    import json
+
+    fields: list[dict[str, str]] = json.loads((TABLES_DIRECTORY / f"{name}.json").read_text())
+    return fields
+
+
+def table_names() -> list[str]:
+    """Every output table with a schema, sorted."""
+    return sorted(path.stem for path in TABLES_DIRECTORY.glob("*.json"))

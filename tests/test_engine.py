@@ -8,10 +8,10 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference_harness import TraceBuilder, record_ours
 
 from pipeline import engine
 from pipeline.events import Event
-from reference_harness import TraceBuilder, record_ours
 
 S = 1_000_000
 
@@ -96,7 +96,7 @@ def test_elapsed_time_runs_to_as_of_never_the_wall_clock():
 
 def test_events_after_as_of_are_ignored():
     """A snapshot as of a past time equals the snapshot of the events recorded until then."""
-    events, as_of = scenario_events(0)
+    events, _ = scenario_events(0)
     cut = sorted(e.time_us for e in events)[len(events) // 2]
     before = [e for e in events if e.time_us <= cut]
     assert snapshot_of(events, cut) == snapshot_of(before, cut)

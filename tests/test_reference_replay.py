@@ -21,7 +21,7 @@ from ml_goodput_measurement.src import goodput_elastic
 from conftest import at
 from emitter import ElasticGoodputRecorder
 from pipeline.events import parse_message
-from pipeline.summary import read_messages
+from pipeline.launcher import read_lines
 
 # The reference's payload time key for each of our kinds.
 TIME_KEY = {
@@ -115,7 +115,7 @@ def test_reference_calls_replay_to_matching_events(seed: int, tmp_path: Path, ma
         attempt_ids.append(ours.attempt_id)
 
     events = []
-    for line, source in read_messages([events_file]):
+    for source, line in read_lines(str(events_file)):
         parsed, dead = parse_message(line, source)
         assert not dead, dead
         events.extend(parsed)

@@ -1,0 +1,83 @@
+"""Writes output rows to a DuckDB file, in tables made from the JSON schemas in schemas/tables/.
+
+Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
+in BigQuery: a later snapshot is a new row, and "latest" is a view. Timestamps are stored as
+``TIMESTAMP`` in UTC.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from goodput_schemas import table_names, table_schema
+from pipeline.rows import Row
+
+_DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
+                 "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP"}
+_ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(),
+                "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
+_VIEWS = {
+    "latest_goodput": "SELECT * FROM goodput_snapshots QUALIFY snapshot_time = "
+                      "max(snapshot_time) OVER (PARTITION BY run_id)",
+    "latest_badput": "SELECT * FROM badput_snapshots QUALIFY snapshot_time = "
+                     "max(snapshot_time) OVER (PARTITION BY run_id)",
+}
+
+
+def create_table_sql(name: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for output table ``name``, from its JSON schema."""
+    columns = []
+    for field in table_schema(name):
+        column = f'"{field["name"]}" {_DUCKDB_TYPES[field["type"]]}'
+        if field.get("mode") == "REQUIRED":
+            column += " NOT NULL"
+        columns.append(column)
+    return f'CREATE TABLE IF NOT EXISTS "{name}" ({", ".join(columns)})'
+
+
+def _utc_naive(value: object) -> object:
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return value
+
+
+class DuckDBSink:
+    """Appends rows to the output tables of one DuckDB file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._connection = duckdb.connect(str(self.path))
+        for name in table_names():
+            self._connection.execute(create_table_sql(name))
+        for name, query in _VIEWS.items():
+            self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
+        self._columns = {name: [(f["name"], _DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
+                         for name in table_names()}
+
+    def write(self, table: str, rows: Iterable[Row]) -> int:
+        """Appends ``rows`` to ``table``; returns how many."""
+        columns = self._columns[table]
+        rows = list(rows)
+        if not rows:
+            return 0
+        arrow = pa.table({name: pa.array([_utc_naive(row.get(name)) for row in rows],
+                                         type=_ARROW_TYPES[kind]) for name, kind in columns})
+        self._connection.register("incoming", arrow)
+        try:
+            names = ", ".join(f'"{name}"' for name, _ in columns)
+            self._connection.execute(f'INSERT INTO "{table}" ({names}) SELECT {names} FROM incoming')
+        finally:
+            self._connection.unregister("incoming")
+        return len(rows)
+
+    def query(self, sql: str, parameters: list[object] | None = None) -> list[tuple[object, ...]]:
+        return self._connection.execute(sql, parameters or []).fetchall()
+
+    def close(self) -> None:
+        self._connection.close()

@@ -1,0 +1,49 @@
+"""Command-line options of the pipeline (a ``PipelineOptions`` subclass)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.engine import DEFAULT_WINDOWS_S
+
+
+def parse_as_of(text: str) -> int:
+    """An ISO 8601 time (a naive one is UTC) as microseconds since the epoch."""
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return (moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) // datetime.timedelta(
+        microseconds=1)
+
+
+def parse_windows(text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive window sizes in seconds."""
+    try:
+        windows = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"windows must be integers of seconds, got {text!r}") from None
+    if any(w <= 0 for w in windows):
+        raise argparse.ArgumentTypeError(f"windows must be positive, got {text!r}")
+    return windows
+
+
+class GoodputOptions(PipelineOptions):
+    """Options of the goodput pipeline; Beam's own options (``--runner`` ...) come with it."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--events", action="append", default=None, metavar="FILE",
+                            help="an emitter file (one JSON message per line); repeat for more")
+        parser.add_argument("--duckdb", default=None, metavar="FILE",
+                            help="DuckDB file the output tables are appended to")
+        parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
+                            help="snapshot time (default: the latest event time in the input)")
+        parser.add_argument("--windows", type=parse_windows, default=DEFAULT_WINDOWS_S,
+                            metavar="S,S,...",
+                            help="rolling windows in seconds (default: %(default)s)")

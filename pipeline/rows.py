@@ -1,0 +1,75 @@
+"""Output rows: snapshots, disruptions and dead letters as rows of the output tables.
+
+The tables' schemas are the JSON files in ``schemas/tables/`` (BigQuery's format); every sink
+writes these rows. Times are timezone-aware ``datetime`` values.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.engine import Snapshot, WindowFigures
+from pipeline.events import DeadLetter
+
+Row = dict[str, Any]
+GOODPUT, BADPUT, DISRUPTIONS, DEAD_LETTER = (
+    "goodput_snapshots", "badput_snapshots", "disruptions", "dead_letter")
+
+
+def timestamp(time_us: int | float) -> datetime.datetime:
+    """A UTC datetime from microseconds since the epoch."""
+    return datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(
+        microseconds=round(time_us))
+
+
+def snapshot_rows(snapshot: Snapshot) -> Iterator[tuple[str, Row]]:
+    """(table, row) for every row of one snapshot: goodput and badput per window, disruptions."""
+    at = timestamp(snapshot.as_of_us)
+    windows = zip((0, *snapshot.window_sizes_s), (snapshot.cumulative, *snapshot.windows), strict=True)
+    for window_s, window in windows:
+        yield GOODPUT, _goodput_row(snapshot, at, window_s, window)
+        if window is None:
+            continue
+        for source, seconds in sorted(window.badput_s.items()):
+            yield BADPUT, {"run_id": snapshot.run_id, "snapshot_time": at, "window_s": window_s,
+                           "badput_source": source, "seconds": seconds,
+                           "pct": window.badput_pct(source)}
+    for index, disruption in enumerate(snapshot.disruptions):
+        yield DISRUPTIONS, {
+            "run_id": snapshot.run_id, "snapshot_time": at, "disruption_index": index,
+            "restart_time": timestamp(disruption.restart_us),
+            "last_step_before": disruption.last_step_before, "resume_step": disruption.resume_step,
+            "wasted_progress_s": disruption.wasted_progress_s, "recovery_s": disruption.recovery_s,
+            "in_process": disruption.in_process,
+        }
+
+
+def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
+                 window: WindowFigures | None) -> Row:
+    metadata = snapshot.metadata
+    row: Row = {
+        "run_id": snapshot.run_id, "snapshot_time": at, "window_s": window_s,
+        "window_start": at, "window_end": at, "goodput_pct": None, "productive_time_s": 0.0,
+        "total_time_s": 0.0, "disruptions": 0, "productive_chip_s": 0.0, "total_chip_s": 0.0,
+        "max_productive_step": snapshot.max_productive_step, "last_step": snapshot.last_step,
+        "ideal_step_time_s": snapshot.ideal_step_time_s,
+        "step_time_deviation_s": snapshot.step_time_deviation_s,
+        "chip_count": snapshot.chip_count, "run_group": metadata.get("run_group") or None,
+        "accelerator_type": metadata.get("accelerator_type") or None, "ended": snapshot.ended,
+        "stepping_slice_efficiency": snapshot.stepping_slice_efficiency,
+        "available_slice_efficiency": snapshot.available_slice_efficiency,
+    }
+    if window is not None:
+        row.update(window_start=timestamp(window.start_us), window_end=timestamp(window.end_us),
+                   goodput_pct=window.goodput_pct, productive_time_s=window.productive_s,
+                   total_time_s=window.total_s, disruptions=window.disruptions,
+                   productive_chip_s=window.chip_seconds_productive,
+                   total_chip_s=window.chip_seconds_total)
+    return row
+
+
+def dead_letter_row(letter: DeadLetter, received: datetime.datetime) -> Row:
+    return {"received_time": received, "source": letter.source or None,
+            "run_id": letter.run_id or None, "reason": letter.reason, "payload": letter.payload}
