@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import AsSingleton, PCollection
 
 from pipeline import engine
@@ -22,7 +22,7 @@ from pipeline.rows import DEAD_LETTER, Row, dead_letter_row, snapshot_rows
 DEAD_LETTER_TAG = "dead_letter"
 
 
-class _ParseMessage(beam.DoFn):  # type: ignore[misc]
+class _ParseMessage(beam.DoFn):
     def __init__(self) -> None:
         self.messages = Metrics.counter("goodput", "messages")
         self.events = Metrics.counter("goodput", "events")
@@ -41,7 +41,7 @@ class _ParseMessage(beam.DoFn):  # type: ignore[misc]
             yield events[0].run_id, events
 
 
-class ParseEvents(beam.PTransform):  # type: ignore[misc]
+class ParseEvents(beam.PTransform):
     """Validates (source, message) pairs against the event contract.
 
     The main output is (run_id, [events]) per message (a message holds one attempt's events);
@@ -67,7 +67,7 @@ def _run_rows(element: tuple[str, Iterable[list[Event]]], as_of_us: int | None,
         yield from snapshot_rows(snapshot)
 
 
-class TrackRuns(beam.PTransform):  # type: ignore[misc]
+class TrackRuns(beam.PTransform):
     """Assembles each run from its events and emits its snapshot rows as of one time.
 
     ``as_of_us`` None means the latest event time in the input. Deduplication and reordering
@@ -92,7 +92,7 @@ class TrackRuns(beam.PTransform):  # type: ignore[misc]
                                              self.windows_s))
 
 
-class _WriteAll(beam.DoFn):  # type: ignore[misc]
+class _WriteAll(beam.DoFn):
     def __init__(self, path: str) -> None:
         self.path = path
 
@@ -110,7 +110,7 @@ class _WriteAll(beam.DoFn):  # type: ignore[misc]
             sink.close()
 
 
-class WriteToDuckDB(beam.PTransform):  # type: ignore[misc]
+class WriteToDuckDB(beam.PTransform):
     """Appends (table, row) pairs to a DuckDB file, from one writer (DuckDB has one writer)."""
 
     def __init__(self, path: str) -> None:
