@@ -46,7 +46,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pipeline.events import Event
+from pipeline.events import Batch, Event
 
 # Bucket names, as the reference labels them in Cloud Monitoring.
 PRODUCTIVE = "PRODUCTIVE"
@@ -218,7 +218,35 @@ class RunState:
             self.duplicates += 1
             return False
         self.events += 1
-        t, kind, body = event.time_us, event.kind, event.body
+        self._apply(attempt, event.time_us, event.kind, event.body)
+        return True
+
+    def add_batch(self, batch: Batch) -> None:
+        """Adds one message's events; in bulk when they are the attempt's next ones, in order."""
+        attempt = self.attempts.get(batch.attempt_id)
+        if attempt is None:
+            attempt = self.attempts[batch.attempt_id] = Attempt(batch.attempt_id)
+        seqs = set(batch.step_seqs)
+        seqs.update(e.seq for e in batch.others)
+        first, total = attempt.watermark, len(batch)
+        times = batch.step_times
+        if not (len(seqs) == total and min(seqs) == first and max(seqs) == first + total - 1
+                and not (attempt.extra and min(attempt.extra) < first + total)
+                and all(times[i] <= times[i + 1] for i in range(len(times) - 1))
+                and (not times or not attempt.step_times or times[0] >= attempt.step_times[-1])):
+            for event in batch.events():
+                self.add(event)
+            return
+        attempt.watermark = first + total
+        self.events += total
+        if times:
+            attempt.steps.extend(batch.steps)
+            attempt.step_times.extend(times)
+            attempt.last_event_us = max(attempt.last_event_us, times[-1])
+        for event in batch.others:
+            self._apply(attempt, event.time_us, event.kind, event.body)
+
+    def _apply(self, attempt: Attempt, t: int, kind: str, body: dict[str, Any]) -> None:
         attempt.last_event_us = max(attempt.last_event_us, t)
         if kind == "step_start":
             attempt.add_step(int(body["step"]), t)
@@ -240,7 +268,6 @@ class RunState:
             label = _span_label(name, body)
             if label is not None:
                 attempt.markers.setdefault(label, []).append((t, 1 if edge == "start" else -1))
-        return True
 
     def add_all(self, events: Iterable[Event]) -> None:
         for event in events:

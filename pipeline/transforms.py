@@ -16,7 +16,7 @@ from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import AsSingleton, PCollection
 
 from pipeline import engine
-from pipeline.events import Event, parse_message
+from pipeline.events import Batch, parse_batch
 from pipeline.rows import DEAD_LETTER, Row, dead_letter_row, snapshot_rows
 
 DEAD_LETTER_TAG = "dead_letter"
@@ -31,20 +31,20 @@ class _ParseMessage(beam.DoFn):
     def process(self, element: tuple[str, bytes]) -> Iterator[Any]:
         source, data = element
         self.messages.inc()
-        events, dead = parse_message(data, source)
+        batch, dead = parse_batch(data, source)
         received = datetime.datetime.now(datetime.timezone.utc)
         for letter in dead:
             self.rejected.inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, (DEAD_LETTER, dead_letter_row(letter, received)))
-        if events:
-            self.events.inc(len(events))
-            yield events[0].run_id, events
+        if batch is not None:
+            self.events.inc(len(batch))
+            yield batch.run_id, batch
 
 
 class ParseEvents(beam.PTransform):
     """Validates (source, message) pairs against the event contract.
 
-    The main output is (run_id, [events]) per message (a message holds one attempt's events);
+    The main output is (run_id, Batch) per message (a message holds one attempt's events);
     the ``dead_letter`` output carries ("dead_letter", row) for every rejected message or event,
     with the raw payload and the reason. Nothing is dropped silently.
     """
@@ -54,12 +54,12 @@ class ParseEvents(beam.PTransform):
             DEAD_LETTER_TAG, main="events")
 
 
-def _run_rows(element: tuple[str, Iterable[list[Event]]], as_of_us: int | None,
+def _run_rows(element: tuple[str, Iterable[Batch]], as_of_us: int | None,
               windows_s: tuple[int, ...]) -> Iterator[tuple[str, Row]]:
     run_id, batches = element
     state = engine.RunState(run_id)
     for batch in batches:
-        state.add_all(batch)
+        state.add_batch(batch)
     if as_of_us is None:
         return
     snapshot = state.snapshot(as_of_us, windows_s)
@@ -84,7 +84,7 @@ class TrackRuns(beam.PTransform):
             as_of = keyed_batches.pipeline | "AsOf" >> beam.Create([self.as_of_us])
         else:
             as_of = (keyed_batches
-                     | "LatestTime" >> beam.Map(lambda kv: max(e.time_us for e in kv[1]))
+                     | "LatestTime" >> beam.Map(lambda kv: kv[1].max_time_us)
                      | "AsOf" >> beam.CombineGlobally(max).without_defaults())
         return (keyed_batches
                 | "ByRun" >> beam.GroupByKey()

@@ -6,8 +6,12 @@ import json
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from pipeline.events import parse_message
+from goodput_schemas.goodput_event_pb2 import EventBatch
+from pipeline.events import EVENT_KINDS, _fast_event, _plain, parse_message
 
 T = 1_793_000_000_000_000  # 2026-10-25, in microseconds
 
@@ -90,3 +94,33 @@ def test_model_metrics_may_be_non_finite():
     assert not dead
     assert events[0].body["mfu"] == 0.4
     assert events[0].body["loss"] != events[0].body["loss"]  # NaN
+
+
+_scalars = st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=True), st.booleans(),
+                     st.text(max_size=5), st.sampled_from(["NaN", "Infinity", "-Infinity", "12"]),
+                     st.none(), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2))
+_field_names = st.sampled_from(sorted({f.name for kind in EVENT_KINDS for f in
+                                       EventBatch.Event.DESCRIPTOR.fields_by_name[kind].message_type.fields}
+                                      | {"stepCount", "bogus"}))
+
+
+@settings(max_examples=400, deadline=None)
+@example(kind="step_start", seq=1, time_us=5, body={"step": 3})
+@example(kind="checkpoint_save", seq=1, time_us=5, body={"blocking_s": 2, "persistent": True})
+@example(kind="job_start", seq=0, time_us=5, body={"labels": {"a": "b"}, "chip_count": 8})
+@example(kind="model_metrics", seq=2, time_us=5, body={"loss": "NaN", "mfu": 0.5})
+@given(kind=st.sampled_from([*EVENT_KINDS, "warp_drive"]), seq=_scalars, time_us=_scalars,
+       body=st.dictionaries(_field_names, _scalars, max_size=4))
+def test_fast_path_agrees_with_the_protobuf_parser(kind, seq, time_us, body):
+    """Wherever the fast path accepts an event, the protobuf JSON parser reads the same values."""
+    raw = {"seq": seq, "time_us": time_us, kind: body}
+    fast = _fast_event(raw)
+    if fast is None:
+        return
+    parsed = EventBatch.Event()
+    json_format.ParseDict(raw, parsed)  # must not raise where the fast path accepted
+    assert (parsed.seq, parsed.time_us, parsed.WhichOneof("kind")) == fast[:3]
+    slow_body = _plain(getattr(parsed, kind))
+    assert slow_body.keys() == fast[3].keys()
+    for name, value in slow_body.items():
+        assert value == fast[3][name] or (value != value and fast[3][name] != fast[3][name])
