@@ -17,6 +17,7 @@ from typing import Any
 from ml_goodput_measurement.src import goodput, goodput_elastic, goodput_utils
 from ml_goodput_measurement.src.goodput_utils import BadputType
 
+from benchmarks.common import InMemoryCloudLogging
 from emitter import ElasticGoodputRecorder, EmitterSettings
 from emitter.testing import capture_events
 from pipeline import engine
@@ -24,28 +25,6 @@ from pipeline.events import Event
 
 T0 = datetime.datetime(2026, 11, 1, 8, 0, tzinfo=datetime.timezone.utc)
 Call = tuple[str, tuple[Any, ...]]
-
-
-class InMemoryCloudLogging:
-    """The reference's Cloud Logging writer and reader, over a list (write order = time order)."""
-
-    def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
-        self.job_start_time = None
-
-    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
-        self.entries.append(entry)
-
-    def flush(self) -> None:
-        """Writes are synchronous."""
-
-    def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
-        done = int(last_entry_info[1]) + 1 if last_entry_info and last_entry_info[1] else 0
-        new = self.entries[done:]
-        if not new:
-            return [], (None, None)
-        stamp = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
-        return list(new), (stamp, str(len(self.entries) - 1))
 
 
 @dataclasses.dataclass(frozen=True)
