@@ -1,0 +1,163 @@
+"""Batch replay of a 100,000-step run, and one incremental update, against the reference.
+
+The same recorder calls (a job start, accelerator init, preparation, a data load, 100,000 steps of
+about 1.5 s, an eval every 5,000 steps, the job end) go through the reference's recorder into an
+in-memory stand-in for Cloud Logging, and through this project's emitter into a file.
+
+* Reference, full computation: a fresh ``GoodputCalculator`` (empty cache) answering
+  ``get_job_goodput(include_badput_breakdown=True)``: one read of every entry, its JSONL cache
+  written and re-read, the whole computation.
+* Ours, whole process: ``python -m pipeline --events=FILE --duckdb=OUT`` on the DirectRunner; the
+  fixed start-up (Python, Beam import, pipeline construction) is the same command on a one-step
+  run; processing is the difference.
+* One new step: the reference reads the one new entry and recomputes from its whole cache; ours
+  adds the event to the run's state and computes a new snapshot.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import InMemoryCloudLogging, summary
+
+STEPS = 100_000
+REPEATS = 3
+TARGET_PROCESSING_RATIO = 0.5
+TARGET_INCREMENTAL_RATIO = 10_000
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _record(recorders: list, steps: int, seed: int = 1) -> datetime.datetime:  # type: ignore[type-arg]
+    rng = random.Random(seed)
+    t = datetime.datetime(2026, 11, 1, tzinfo=datetime.timezone.utc)
+
+    def every(method: str, *args: object) -> None:
+        for recorder in recorders:
+            getattr(recorder, method)(*args)
+
+    every("record_job_start_time", t)
+    for name, seconds in (("tpu_init", 30), ("training_preparation", 20), ("data_loading", 8)):
+        every(f"record_{name}_start_time", t)
+        t += datetime.timedelta(seconds=seconds)
+        every(f"record_{name}_end_time", t)
+    for step in range(steps):
+        every("record_step_start_time", step, t)
+        t += datetime.timedelta(seconds=1.5 * (1 + rng.uniform(-0.05, 0.05)) + (40 if step == 0 else 0))
+        if step % 5000 == 2499:
+            every("record_custom_badput_event_start_time", t, "EVAL_STEP")
+            t += datetime.timedelta(seconds=10)
+            every("record_custom_badput_event_end_time", t, "EVAL_STEP")
+    every("record_job_end_time", t)
+    return t
+
+
+def _write_run(path: Path, steps: int, log: InMemoryCloudLogging | None) -> None:
+    from ml_goodput_measurement.src import goodput
+
+    from emitter import EmitterSettings, GoodputRecorder
+
+    ours = GoodputRecorder("bench-run", logging_enabled=True, destination=f"file:{path}",
+                           settings=EmitterSettings(spool_dir=path.parent / "spool",
+                                                    heartbeat_interval_s=None))
+    recorders = [ours]
+    if log is not None:
+        recorders.append(goodput.GoodputRecorder("bench-run", "goodput_bench", True, cloud_logger=log))
+    _record(recorders, steps)
+    ours.close()
+
+
+def _whole_process(events: Path, out: Path) -> float:
+    out.unlink(missing_ok=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pipeline", f"--events={events}", f"--duckdb={out}"],
+                   check=True, capture_output=True, cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    return time.perf_counter() - started
+
+
+def run() -> str:
+    from ml_goodput_measurement.src import goodput
+
+    from pipeline import engine
+    from pipeline.events import Event, parse_batch
+    from pipeline.launcher import read_lines
+
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        log = InMemoryCloudLogging("bench-run")
+        big, small = directory / "run100k.jsonl", directory / "run1.jsonl"
+        _write_run(big, STEPS, log)
+        _write_run(small, 1, None)
+
+        reference_full = []
+        for attempt in range(REPEATS):
+            calculator = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log,
+                                                   cache_dir=str(directory / f"cache{attempt}"))
+            started = time.perf_counter()
+            reference_goodput, _, _ = calculator.get_job_goodput(include_badput_breakdown=True)
+            reference_full.append(time.perf_counter() - started)
+
+        whole = [_whole_process(big, directory / "big.duckdb") for _ in range(REPEATS)]
+        startup = [_whole_process(small, directory / "small.duckdb") for _ in range(REPEATS)]
+        processing = statistics.median(whole) - statistics.median(startup)
+
+        # One new step, after everything so far has been computed once.
+        state = engine.RunState("bench-run")
+        for _, line in read_lines(str(big)):
+            batch, _ = parse_batch(line)
+            assert batch is not None
+            state.add_batch(batch)
+        end_us = max(a.end_us or 0 for a in state.attempts.values())
+        ours_goodput = state.snapshot(end_us).cumulative.goodput_pct  # type: ignore[union-attr]
+        attempt_id = next(iter(state.attempts))
+        next_seq = state.events
+        ours_update = []
+        for extra in range(5):
+            event = Event("bench-run", attempt_id, next_seq + extra, end_us + extra * 1_000_000,
+                          "step_start", {"step": STEPS + extra})
+            started = time.perf_counter()
+            state.add(event)
+            state.snapshot(end_us + extra * 1_000_000)
+            ours_update.append(time.perf_counter() - started)
+        reference_update = []
+        for extra in range(REPEATS):
+            log.write_cloud_logging_entry({"job_name": "bench-run", "step_count": STEPS + extra,
+                                           "step_start_time": 2e9 + extra})
+            started = time.perf_counter()
+            calculator.get_job_goodput(include_badput_breakdown=True)
+            reference_update.append(time.perf_counter() - started)
+
+    full_ref = statistics.median(reference_full)
+    update_ratio = statistics.median(reference_update) / statistics.median(ours_update)
+    lines = [
+        "## Batch replay of a 100,000-step run, and one new step",
+        "",
+        __doc__.split("\n\n", 1)[1].strip(),
+        "",
+        "| figure (seconds) | median (min–max) |",
+        "|---|---|",
+        f"| reference: full computation from its log entries | {summary(reference_full, digits=3)} |",
+        f"| ours: whole process, 100,000-step run | {summary(whole, digits=3)} |",
+        f"| ours: whole process, one-step run (fixed start-up) | {summary(startup, digits=3)} |",
+        f"| ours: processing (whole minus start-up) | {processing:.3f} |",
+        f"| reference: recompute after one new entry | {summary(reference_update, digits=3)} |",
+        f"| ours: one new step, added and snapshotted | {summary(ours_update, digits=5)} |",
+        "",
+        f"Goodput on these events: reference {reference_goodput:.4f} %, ours {ours_goodput:.4f} %.",
+        "",
+        f"Processing against the reference's full computation: {processing / full_ref:.2f}× "
+        f"(target at most {TARGET_PROCESSING_RATIO}×: "
+        f"{'met' if processing / full_ref <= TARGET_PROCESSING_RATIO else 'MISSED'}). "
+        f"One new step: {update_ratio:,.0f}× cheaper than the reference's recompute "
+        f"(target at least {TARGET_INCREMENTAL_RATIO:,}×: "
+        f"{'met' if update_ratio >= TARGET_INCREMENTAL_RATIO else 'MISSED'}).",
+    ]
+    return "\n".join(lines)
