@@ -39,7 +39,6 @@ import dataclasses
 import itertools
 import json
 import math
-import statistics
 import struct
 import sys
 from array import array
@@ -47,6 +46,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pipeline.events import Batch, Event
+from pipeline.stepstats import StepStatistics
 
 # Bucket names, as the reference labels them in Cloud Monitoring.
 PRODUCTIVE = "PRODUCTIVE"
@@ -122,6 +122,12 @@ class Attempt:
             self.watermark += 1
         return True
 
+    # Derived, not encoded: where the step number fails to increase (an in-process rollback),
+    # scanned up to ``split_scanned``; an out-of-order insert (``inserts``) rescans from 0.
+    splits: list[int] = dataclasses.field(default_factory=list)
+    split_scanned: int = 0
+    inserts: int = 0
+
     def add_step(self, step: int, time_us: int) -> None:
         if not self.step_times or time_us >= self.step_times[-1]:
             self.steps.append(step)
@@ -130,6 +136,17 @@ class Attempt:
             at = bisect.bisect_right(self.step_times, time_us)
             self.steps.insert(at, step)
             self.step_times.insert(at, time_us)
+            self.inserts += 1
+            self.splits, self.split_scanned = [], 0
+
+    def split_indices(self) -> list[int]:
+        """Indices of steps that start a new sub-segment (not 0), scanning only new steps."""
+        steps = self.steps
+        for k in range(max(1, self.split_scanned), len(steps)):
+            if steps[k] <= steps[k - 1]:
+                self.splits.append(k)
+        self.split_scanned = len(steps)
+        return self.splits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,13 +208,38 @@ class Snapshot:
 
 @dataclasses.dataclass
 class _SubSegment:
-    steps: list[int]
-    times: list[int]
+    """Steps ``lo`` to ``hi - 1`` of a segment's (time-ordered) step arrays, numbers increasing."""
+
+    steps: Sequence[int]
+    times: Sequence[int]
+    lo: int
+    hi: int
     end_us: int
     end_kind: str  # "end" (job_end), "restart", "rollback", "open"
-    first_of_attempt: bool
     chips: int
     resume_limit: float = math.inf  # steps at or above this were lost later
+
+    @property
+    def first_time(self) -> int:
+        return self.times[self.lo]
+
+    @property
+    def last_time(self) -> int:
+        return self.times[self.hi - 1]
+
+    @property
+    def first_step(self) -> int:
+        return self.steps[self.lo]
+
+    @property
+    def last_step(self) -> int:
+        return self.steps[self.hi - 1]
+
+    def kept_count(self) -> int:
+        """How many leading step starts end kept intervals: those at or below the resume limit."""
+        if self.resume_limit == math.inf:
+            return self.hi - self.lo
+        return bisect.bisect_right(self.steps, self.resume_limit, self.lo, self.hi) - self.lo
 
 
 class RunState:
@@ -208,6 +250,10 @@ class RunState:
         self.attempts: dict[str, Attempt] = {}
         self.events = 0
         self.duplicates = 0
+        # Step statistics of the steps fed so far: [(attempt id, inserts, steps fed)] in
+        # segment order; extended while steps are only appended, rebuilt otherwise.
+        self._stats = StepStatistics()
+        self._stats_fed: list[tuple[str, int, int]] = []
 
     def add(self, event: Event) -> bool:
         """Adds one event; False (and no change) if it was seen before. O(1) amortized."""
@@ -304,13 +350,13 @@ class RunState:
         configured = configured_ideal_step_time_s
         if configured is None:
             configured = timeline.metadata.get("configured_ideal_step_time_s")
-        step_times = timeline.reference_step_times()
-        reference_ideal = _ideal_step_time([v for v in step_times.values() if v >= 1.0])
-        robust_ideal = _ideal_step_time(list(step_times.values()))
-        ideal = configured if configured is not None else robust_ideal
-        deviation = None
-        if ideal is not None and step_times:
-            deviation = _deviation_from_baseline([abs(v - ideal) for v in step_times.values()])
+        stats = self._step_statistics(timeline)  # in microseconds
+        computed_us = stats.ideal()
+        reference_us = stats.ideal(_US) if stats.any_below(_US) else computed_us  # the reference
+        # ignores steps under 1 s
+        ideal = configured if configured is not None else _seconds(computed_us)
+        reference_ideal = configured if configured is not None else _seconds(reference_us)
+        deviation = None if ideal is None else _seconds(stats.deviation(ideal * _US))
         stepping, available = timeline.slice_efficiency()
         return Snapshot(
             run_id=self.run_id,
@@ -324,13 +370,46 @@ class RunState:
             max_productive_step=timeline.max_productive_step,
             last_step=timeline.last_step,
             ideal_step_time_s=ideal,
-            reference_ideal_step_time_s=configured if configured is not None else reference_ideal,
+            reference_ideal_step_time_s=reference_ideal,
             step_time_deviation_s=deviation,
             chip_count=timeline.chips_now,
             metadata=timeline.metadata,
             stepping_slice_efficiency=stepping,
             available_slice_efficiency=available,
         )
+
+
+    def _step_statistics(self, timeline: _Timeline) -> StepStatistics:
+        """Step statistics of the timeline's steps: fed incrementally when only appended."""
+        layout = timeline.step_layout
+        if layout is None:  # steps of attempts without a job_start: placed by time, no cache
+            stats = StepStatistics()
+            for sub in timeline.subsegments:
+                _feed(stats, sub.steps, sub.times, sub.lo, sub.hi)
+            return stats
+        fed = self._stats_fed
+        extendable = len(fed) <= len(layout) and all(
+            fed[i][:2] == layout[i][:2] and fed[i][2] <= layout[i][2]
+            and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
+        if not extendable:
+            self._stats, fed = StepStatistics(), []
+        for i, (attempt_id, _, count) in enumerate(layout):
+            start = fed[i][2] if i < len(fed) else 0
+            if count > start:
+                attempt = self.attempts[attempt_id]
+                _feed(self._stats, attempt.steps, attempt.step_times, max(0, start - 1), count)
+        self._stats_fed = list(layout)
+        return self._stats
+
+
+def _feed(stats: StepStatistics, steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> None:
+    """Adds the durations (microseconds) of consecutive step numbers among steps[lo:hi]."""
+    stats.set_many([(steps[k - 1], times[k] - times[k - 1])
+                    for k in range(lo + 1, hi) if steps[k] == steps[k - 1] + 1])
+
+
+def _seconds(microseconds: float | None) -> float | None:
+    return None if microseconds is None else microseconds / _US
 
 
 def _span_label(name: str, body: dict[str, Any]) -> str | None:
@@ -362,35 +441,6 @@ def _pair(markers: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return intervals
 
 
-def _ideal_step_time(values: list[float]) -> float | None:
-    """Mean of the values up to median + 3 * MAD (the reference's ideal step time formula)."""
-    if not values:
-        return None
-    median = statistics.median(values)
-    mad = statistics.median(abs(v - median) for v in values)
-    normal = [v for v in values if v <= median + 3 * mad]
-    return statistics.fmean(normal) if normal else None
-
-
-def _percentile(values: list[float], percentile: float) -> float:
-    ordered = sorted(values)
-    index = (len(ordered) - 1) * percentile / 100.0
-    low = int(index)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
-
-
-def _deviation_from_baseline(deviations: list[float], recent: int = 100, baseline: int = 1000) -> float:
-    """The reference's cumulative step-time deviation over deviations in step order."""
-    if len(deviations) < recent:
-        return statistics.fmean(deviations)
-    recent_values = deviations[-recent:]
-    spike = _percentile(recent_values, 90)
-    if len(deviations) < recent + baseline:
-        return spike
-    return spike - statistics.median(deviations[-(recent + baseline):-recent])
-
-
 class _Timeline:
     """The classified timeline of one run as of a time (built once per snapshot)."""
 
@@ -408,9 +458,12 @@ class _Timeline:
         self.start_us: int | None = None
         self.end_us = as_of_us
         self.data_loading_total_s = 0.0
-        self._subsegments: list[_SubSegment] = []
+        self.subsegments: list[_SubSegment] = []
+        # (attempt id, inserts, steps up to as_of) per segment, when every step has an owner.
+        self.step_layout: list[tuple[str, int, int]] | None = None
         self._restarts: list[int] = []  # job_start times of restarts (not planned resumes)
         self._pieces: list[tuple[int, int, str, int]] = []  # start, end, label, chips
+        self._piece_ends: list[int] = []
         if starts:
             self.start_us = starts[0].start_us
         else:  # no job_start recorded: the run starts at its earliest step
@@ -428,14 +481,21 @@ class _Timeline:
         owners: list[Attempt | None] = list(starts) or [None]
         bounds = [a.start_us if a is not None and a.start_us is not None else self.start_us
                   for a in owners]
-        steps_by_segment: list[list[tuple[int, int]]] = [[] for _ in owners]
-        for attempt in self._attempts:
-            owned = attempt.start_us is not None and attempt in starts
-            for step, t in zip(attempt.steps, attempt.step_times, strict=True):
-                if t > as_of:
-                    continue
-                index = owners.index(attempt) if owned else max(0, bisect.bisect_right(bounds, t) - 1)
-                steps_by_segment[index].append((t, step))
+        orphans = [a for a in self._attempts if a.start_us is None or a not in starts]
+        orphan_steps = [(t, step) for a in orphans for step, t in zip(a.steps, a.step_times, strict=True)
+                        if t <= as_of]
+        merged: list[list[tuple[int, int]]] | None = None
+        if orphan_steps:  # rare (a forked child's steps): merge by time into the segments
+            merged = [[] for _ in owners]
+            for index, attempt in enumerate(starts):
+                merged[index].extend(
+                    (t, step) for step, t in zip(attempt.steps, attempt.step_times, strict=True)
+                    if t <= as_of)
+            for t, step in orphan_steps:
+                merged[max(0, bisect.bisect_right(bounds, t) - 1)].append((t, step))
+        else:
+            self.step_layout = [(a.attempt_id, a.inserts, bisect.bisect_right(a.step_times, as_of))
+                                for a in starts]
         orphan_end = max((a.end_us for a in self._attempts if a.start_us is None and a.end_us),
                          default=None)
         base: list[tuple[int, int, str, int]] = []
@@ -464,61 +524,72 @@ class _Timeline:
                 end_of_run = job_end
             else:
                 seg_end, end_kind = as_of, "open"
-            subs = _split(sorted(steps_by_segment[index]), seg_end, end_kind, chips)
-            base.append((seg_start, subs[0].times[0] if subs else seg_end, _PRE, chips))
+            steps: Sequence[int]
+            times: Sequence[int]
+            if merged is not None:
+                pairs = sorted(merged[index])
+                steps, times = [p[1] for p in pairs], [p[0] for p in pairs]
+                splits = [k for k in range(1, len(steps)) if steps[k] <= steps[k - 1]]
+                count = len(steps)
+            else:
+                assert owner is not None and self.step_layout is not None
+                steps, times = owner.steps, owner.step_times
+                count = self.step_layout[index][2]
+                splits = [k for k in owner.split_indices() if k < count]
+            subs = _split(steps, times, count, splits, seg_end, end_kind, chips)
+            base.append((seg_start, subs[0].first_time if subs else seg_end, _PRE, chips))
             if subs:
-                resume_points.extend((sub.times[0], sub.steps[0]) for sub in subs)
+                resume_points.extend((sub.first_time, sub.first_step) for sub in subs)
             elif owner is not None:
                 restored = sorted((t, step) for t, _, step in owner.restores if t <= as_of)
                 if restored:
                     resume_points.append((seg_start, restored[0][1]))
-            self._subsegments.extend(subs)
+            self.subsegments.extend(subs)
         self.end_us = end_of_run
         # Progress at or above a later resume point was lost.
         resume_points.sort()
         limit = math.inf
         later = len(resume_points)
-        for sub in reversed(self._subsegments):
-            while later > 0 and resume_points[later - 1][0] > sub.times[0]:
+        for sub in reversed(self.subsegments):
+            while later > 0 and resume_points[later - 1][0] > sub.first_time:
                 later -= 1
                 limit = min(limit, resume_points[later][1])
             sub.resume_limit = limit
-        for sub in self._subsegments:
+        for sub in self.subsegments:
             base.extend(self._sub_regions(sub))
         self._classify(base, gaps, exclusions)
 
     def _sub_regions(self, sub: _SubSegment) -> list[tuple[int, int, str, int]]:
         """Base regions of one sub-segment: kept steps, lost steps, and its last step."""
-        steps, times, limit = sub.steps, sub.times, sub.resume_limit
+        steps, times, limit, lo, hi = sub.steps, sub.times, sub.resume_limit, sub.lo, sub.hi
         regions: list[tuple[int, int, str, int]] = []
-        kept_end = times[0]
-        for k in range(len(steps) - 1):
-            if steps[k + 1] <= limit:
-                kept_end = times[k + 1]
-                self.max_productive_step = max(self.max_productive_step, steps[k + 1] - 1)
-                continue
-            if steps[k] < limit:  # a sparsely recorded interval, partly kept
-                fraction = (limit - steps[k]) / (steps[k + 1] - steps[k])
-                kept_end = times[k] + round(fraction * (times[k + 1] - times[k]))
-                self.max_productive_step = max(self.max_productive_step, int(limit) - 1)
-            break
-        last = times[-1]
-        if kept_end > times[0]:
-            regions.append((times[0], kept_end, PRODUCTIVE, sub.chips))
+        kept = sub.kept_count()  # intervals ending at steps lo+1 .. lo+kept-1 are kept
+        last_kept = lo + kept - 1
+        kept_end = times[last_kept] if kept > 0 else times[lo]
+        if kept > 1:
+            self.max_productive_step = max(self.max_productive_step, steps[last_kept] - 1)
+        if 0 < kept < hi - lo and steps[last_kept] < limit:  # a sparse interval, partly kept
+            a, b = last_kept, last_kept + 1
+            fraction = (limit - steps[a]) / (steps[b] - steps[a])
+            kept_end = times[a] + round(fraction * (times[b] - times[a]))
+            self.max_productive_step = max(self.max_productive_step, int(limit) - 1)
+        first, last = times[lo], times[hi - 1]
+        if kept_end > first:
+            regions.append((first, kept_end, PRODUCTIVE, sub.chips))
         if last > kept_end:
             regions.append((kept_end, last, WASTED_PROGRESS, sub.chips))
         if sub.end_us > last:
-            tail_kept = steps[-1] < limit
+            tail_kept = steps[hi - 1] < limit
             if sub.end_kind in ("end", "rollback"):
                 label = PRODUCTIVE if tail_kept else WASTED_PROGRESS
                 if tail_kept:
-                    self.max_productive_step = max(self.max_productive_step, steps[-1])
+                    self.max_productive_step = max(self.max_productive_step, steps[hi - 1])
             elif sub.end_kind == "restart":
                 label = INFRASTRUCTURE_RECOVERY
             else:
                 label = _OPEN
             regions.append((last, sub.end_us, label, sub.chips))
-        self.last_step = steps[-1]
+        self.last_step = steps[hi - 1]
         return regions
 
     def _classify(
@@ -555,19 +626,17 @@ class _Timeline:
         mean per step of the sub-segment's other kept intervals, less their custom badput.
         """
         custom = [(s, e) for s, e, label, _ in self._pieces if label.startswith(CUSTOM_PREFIX)]
-        for sub in self._subsegments:
-            steps, times = sub.steps, sub.times
-            kept = 0
-            while kept + 1 < len(steps) and steps[kept + 1] <= sub.resume_limit:
-                kept += 1
-            if kept < 2:
+        for sub in self.subsegments:
+            steps, times, lo = sub.steps, sub.times, sub.lo
+            last = lo + sub.kept_count() - 1  # intervals lo→lo+1 … last-1→last are kept
+            if last - lo < 2:
                 continue  # one kept interval: nothing to compare the first step with
-            first = (times[1] - times[0]) - _overlap(custom, times[0], times[1])
-            rest = (times[kept] - times[1]) - _overlap(custom, times[1], times[kept])
-            per_step = rest / (steps[kept] - steps[1])
-            excess = first - per_step * (steps[1] - steps[0])
+            first = (times[lo + 1] - times[lo]) - _overlap(custom, times[lo], times[lo + 1])
+            rest = (times[last] - times[lo + 1]) - _overlap(custom, times[lo + 1], times[last])
+            per_step = rest / (steps[last] - steps[lo + 1])
+            excess = first - per_step * (steps[lo + 1] - steps[lo])
             if excess > 0:
-                self._relabel(times[0], times[1], PRODUCTIVE, PROGRAM_STARTUP, excess)
+                self._relabel(times[lo], times[lo + 1], PRODUCTIVE, PROGRAM_STARTUP, excess)
 
     def _relabel(self, start: int, end: int, old: str, new: str, amount: float) -> None:
         """Gives up to ``amount`` microseconds of ``old`` inside [start, end) to ``new``."""
@@ -589,18 +658,18 @@ class _Timeline:
 
     def _record_disruptions(self) -> None:
         """One disruption per restart and per in-process rollback, with its cost."""
-        subs = self._subsegments
+        subs = self.subsegments
         points: list[tuple[int, bool, int | None, int | None, float]] = []
         for restart in self._restarts:
-            before = [s for s in subs if s.times[0] < restart]
-            after = [s for s in subs if s.times[0] >= restart]
-            last_step_us = before[-1].times[-1] if before else restart
-            points.append((restart, False, before[-1].steps[-1] if before else None,
-                           after[0].steps[0] if after else None, (restart - last_step_us) / _US))
+            before = [s for s in subs if s.first_time < restart]
+            after = [s for s in subs if s.first_time >= restart]
+            last_step_us = before[-1].last_time if before else restart
+            points.append((restart, False, before[-1].last_step if before else None,
+                           after[0].first_step if after else None, (restart - last_step_us) / _US))
         for index in range(1, len(subs)):
             if subs[index - 1].end_kind == "rollback":
-                points.append((subs[index].times[0], True, subs[index - 1].steps[-1],
-                               subs[index].steps[0], 0.0))
+                points.append((subs[index].first_time, True, subs[index - 1].last_step,
+                               subs[index].first_step, 0.0))
         points.sort(key=lambda p: p[0])
         previous = self.start_us or 0
         for time_us, in_process, last_before, resume, recovery in points:
@@ -616,7 +685,10 @@ class _Timeline:
         """Goodput and badput over [start_us, end_us)."""
         totals: dict[str, float] = dict.fromkeys(STANDARD_BUCKETS, 0.0)
         productive = excluded = chip_total = chip_productive = 0.0
-        for s, e, label, chips in self._pieces:
+        if len(self._piece_ends) != len(self._pieces):
+            self._piece_ends = [e for _, e, _, _ in self._pieces]
+        first = bisect.bisect_right(self._piece_ends, start_us)  # pieces are contiguous, ordered
+        for s, e, label, chips in itertools.islice(self._pieces, first, None):
             lo, hi = max(s, start_us), min(e, end_us)
             if hi <= lo:
                 continue
@@ -639,15 +711,6 @@ class _Timeline:
                              badput_s=totals, disruptions=disruptions,
                              chip_seconds_total=chip_total, chip_seconds_productive=chip_productive)
 
-    def reference_step_times(self) -> dict[int, float]:
-        """Step times as the reference measures them: consecutive step numbers, later wins."""
-        times: dict[int, float] = {}
-        for sub in self._subsegments:
-            for k in range(len(sub.steps) - 1):
-                if sub.steps[k + 1] == sub.steps[k] + 1:
-                    times[sub.steps[k]] = (sub.times[k + 1] - sub.times[k]) / _US
-        return times
-
     def slice_efficiency(self) -> tuple[float | None, float | None]:
         """Time-weighted stepping and available slice fractions over the run (elastic runs)."""
         records = sorted(r for a in self._attempts for r in a.slice_counts if r[0] <= self.as_of_us)
@@ -664,19 +727,16 @@ class _Timeline:
         return stepping / (end - start), available / (end - start)
 
 
-def _split(steps: list[tuple[int, int]], end_us: int, end_kind: str, chips: int) -> list[_SubSegment]:
-    """Splits a segment's (time, step) list where the step number fails to increase."""
-    subs: list[_SubSegment] = []
-    current_steps: list[int] = []
-    current_times: list[int] = []
-    for t, step in steps:
-        if current_steps and step <= current_steps[-1]:
-            subs.append(_SubSegment(current_steps, current_times, t, "rollback", not subs, chips))
-            current_steps, current_times = [], []
-        current_steps.append(step)
-        current_times.append(t)
-    if current_steps:
-        subs.append(_SubSegment(current_steps, current_times, end_us, end_kind, not subs, chips))
+def _split(steps: Sequence[int], times: Sequence[int], count: int, splits: list[int],
+           end_us: int, end_kind: str, chips: int) -> list[_SubSegment]:
+    """A segment's first ``count`` steps as sub-segments, split where the number fails to increase."""
+    if count == 0:
+        return []
+    subs = []
+    for lo, hi in itertools.pairwise([0, *splits, count]):
+        last = hi == count
+        subs.append(_SubSegment(steps, times, lo, hi, end_us if last else times[hi],
+                                end_kind if last else "rollback", chips))
     return subs
 
 
@@ -714,12 +774,17 @@ def _sweep(
             regions.append((s, e, label, chips))
     points = sorted({run_start, run_end, *(t for t, _, _ in edges),
                      *(t for r in regions for t in r[:2])})
-    active = [0] * len(priority)
+    active: dict[int, int] = {}  # rank -> open spans of that rank (usually none or one)
     pieces: list[tuple[int, int, str, int]] = []
     edge = region = 0
     for lo, hi in itertools.pairwise(points):
         while edge < len(edges) and edges[edge][0] <= lo:
-            active[edges[edge][2]] += edges[edge][1]
+            _, delta, level = edges[edge]
+            count = active.get(level, 0) + delta
+            if count:
+                active[level] = count
+            else:
+                del active[level]
             edge += 1
         while region < len(regions) and regions[region][1] <= lo:
             region += 1
@@ -727,9 +792,10 @@ def _sweep(
             _, _, label, chips = regions[region]
         else:
             label, chips = OTHER, default_chips
-        top = next((i for i, n in enumerate(active) if n > 0), None)
-        if top is not None and (label in _CLAIMABLE or priority[top] == EXCLUDED):
-            label = priority[top]
+        if active:
+            top = priority[min(active)]
+            if label in _CLAIMABLE or top == EXCLUDED:
+                label = top
         if pieces and pieces[-1][1] == lo and pieces[-1][2:] == (label, chips):
             pieces[-1] = (pieces[-1][0], hi, label, chips)
         else:

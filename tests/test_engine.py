@@ -198,3 +198,20 @@ def test_run_with_nothing_before_as_of_has_no_snapshot():
     state = engine.RunState("run")
     state.add(Event("run", "a", 0, 1_800_000_000 * S, "job_start", {}))
     assert state.snapshot(1_700_000_000 * S) is None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.integers(0, 3), rng=st.randoms(use_true_random=False), chunks=st.integers(1, 12))
+def test_snapshots_along_the_way_do_not_change_the_result(kind, rng: random.Random, chunks):
+    """A state snapshotted after every chunk of (shuffled) events ends where a fresh one does."""
+    events, as_of = scenario_events(kind)
+    shuffled = list(events)
+    if rng.random() < 0.5:
+        rng.shuffle(shuffled)
+    state = engine.RunState("run")
+    size = max(1, len(shuffled) // chunks)
+    for start in range(0, len(shuffled), size):
+        state.add_all(shuffled[start:start + size])
+        latest = max(e.time_us for e in shuffled[:start + size])
+        state.snapshot(latest - rng.randrange(0, 60) * S)  # also as of times before some steps
+    assert state.snapshot(as_of) == snapshot_of(events, as_of)

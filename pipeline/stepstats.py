@@ -1,0 +1,176 @@
+"""Step-time statistics kept up to date one step at a time.
+
+The reference measures a run's step times as ``{step: duration}`` for consecutive step numbers
+(a later attempt overwrites an earlier one, keeping its position), computes the ideal step time
+as the mean of the durations up to median + 3 MAD, and the step-time deviation from the
+deviations ``|duration - ideal|`` in that order: their mean below 100 steps, else the 90th
+percentile of the last 100, less the median of the 1,000 before those once there are enough.
+
+Recomputed from scratch that is O(n log n) per query. Here the durations are also kept sorted,
+and the 1,100 most recent in two sorted windows, so that every query is O(log n): the median is
+an index, and the k-th smallest ``|duration - x|`` is a selection over two sorted runs (the values
+below ``x`` read backwards, those above it forwards). Give durations as integers (microseconds)
+and every figure is exact, whatever order the updates came in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+import math
+from collections.abc import Sequence
+
+RECENT = 100
+BASELINE = 1000
+
+
+def kth_distance(values: Sequence[float], lo: int, hi: int, center: float, k: int) -> float:
+    """The k-th smallest (0-based) ``|v - center|`` over sorted ``values[lo:hi]``."""
+    split = bisect.bisect_left(values, center, lo, hi)
+    below, above = split - lo, hi - split
+
+    def left(i: int) -> float:  # i-th smallest distance among values below center
+        return center - values[split - 1 - i]
+
+    def right(j: int) -> float:
+        return values[split + j] - center
+
+    low, high = max(0, k + 1 - above), min(k + 1, below)
+    while low < high:
+        taken = (low + high) // 2
+        if right(k - taken) > left(taken):  # the (taken+1)-th left is smaller: take more left
+            low = taken + 1
+        else:
+            high = taken
+    taken = low
+    candidates = []
+    if taken > 0:
+        candidates.append(left(taken - 1))
+    if k + 1 - taken > 0:
+        candidates.append(right(k - taken))
+    return max(candidates)
+
+
+def median_distance(values: Sequence[float], lo: int, hi: int, center: float) -> float:
+    """The median of ``|v - center|`` over sorted ``values[lo:hi]`` (as numpy's median)."""
+    n = hi - lo
+    if n % 2:
+        return kth_distance(values, lo, hi, center, n // 2)
+    return (kth_distance(values, lo, hi, center, n // 2 - 1)
+            + kth_distance(values, lo, hi, center, n // 2)) / 2
+
+
+def percentile_distance(values: Sequence[float], center: float, percentile: float) -> float:
+    """The reference's linear-interpolation percentile of ``|v - center|`` over sorted values."""
+    index = (len(values) - 1) * percentile / 100.0
+    low = int(index)
+    high = min(low + 1, len(values) - 1)
+    a = kth_distance(values, 0, len(values), center, low)
+    b = kth_distance(values, 0, len(values), center, high)
+    return a + (b - a) * (index - low)
+
+
+def _median(values: Sequence[float], lo: int, hi: int) -> float:
+    n = hi - lo
+    middle = lo + n // 2
+    return values[middle] if n % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+class StepStatistics:
+    """Step durations by step number, with the reference's ideal step time and deviation."""
+
+    def __init__(self) -> None:
+        self.durations: dict[int, float] = {}
+        self._sorted: list[float] = []
+        self._total = 0.0
+        # The last RECENT + BASELINE steps in step-time order, and their values sorted.
+        self._window: collections.deque[int] = collections.deque()
+        self._recent: list[float] = []
+        self._baseline: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.durations)
+
+    def set(self, step: int, duration: float) -> None:
+        """Records the duration of ``step``, replacing an earlier one (which keeps its place)."""
+        old = self.durations.get(step)
+        if old is not None:
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+            self._total -= old
+            if step in self._window:
+                self._rebuild_windows(replace=(step, duration))
+                self.durations[step] = duration
+                bisect.insort(self._sorted, duration)
+                self._total += duration
+                return
+        self.durations[step] = duration
+        bisect.insort(self._sorted, duration)
+        self._total += duration
+        if old is None:
+            self._slide(step, duration)
+
+    def set_many(self, pairs: list[tuple[int, float]]) -> None:
+        """``set`` for each pair in order; many at once are sorted once instead of inserted."""
+        if len(pairs) < 64 or len(pairs) * 8 < len(self.durations):
+            for step, duration in pairs:
+                self.set(step, duration)
+            return
+        self.durations.update(pairs)
+        self._sorted = sorted(self.durations.values())
+        self._total = sum(self._sorted)
+        self._window = collections.deque(reversed(list(
+            itertools.islice(reversed(self.durations), RECENT + BASELINE))))
+        values = [self.durations[step] for step in self._window]
+        self._recent = sorted(values[-RECENT:])
+        self._baseline = sorted(values[:-RECENT])
+
+    def _slide(self, step: int, duration: float) -> None:
+        self._window.append(step)
+        bisect.insort(self._recent, duration)
+        if len(self._window) > RECENT:
+            moved = self.durations[self._window[-RECENT - 1]]
+            del self._recent[bisect.bisect_left(self._recent, moved)]
+            bisect.insort(self._baseline, moved)
+        if len(self._window) > RECENT + BASELINE:
+            gone = self._window.popleft()
+            del self._baseline[bisect.bisect_left(self._baseline, self.durations[gone])]
+
+    def _rebuild_windows(self, replace: tuple[int, float]) -> None:
+        step, duration = replace
+        values = [duration if s == step else self.durations[s] for s in self._window]
+        self._recent = sorted(values[-RECENT:])
+        self._baseline = sorted(values[:-RECENT])
+
+    def any_below(self, value: float) -> bool:
+        """Whether any duration is below ``value``."""
+        return bool(self._sorted) and self._sorted[0] < value
+
+    def ideal(self, minimum: float = -math.inf) -> float | None:
+        """Mean of the durations (those >= ``minimum``) up to their median + 3 MAD."""
+        values = self._sorted
+        lo, hi = bisect.bisect_left(values, minimum), len(values)
+        if lo >= hi:
+            return None
+        median = _median(values, lo, hi)
+        mad = median_distance(values, lo, hi, median)
+        cut = bisect.bisect_right(values, median + 3 * mad, lo, hi)
+        if cut == lo:
+            return None
+        if (cut - lo) * 2 <= hi:
+            kept = sum(values[lo:cut])
+        else:
+            kept = self._total - sum(values[:lo]) - sum(values[cut:])
+        return kept / (cut - lo)
+
+    def deviation(self, ideal: float) -> float | None:
+        """The reference's cumulative step-time deviation against ``ideal``."""
+        n = len(self.durations)
+        if n == 0:
+            return None
+        if n < RECENT:
+            return math.fsum(abs(v - ideal) for v in self.durations.values()) / n
+        spike = percentile_distance(self._recent, ideal, 90)
+        if n < RECENT + BASELINE:
+            return spike
+        return spike - median_distance(self._baseline, 0, len(self._baseline), ideal)
