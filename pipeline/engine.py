@@ -254,6 +254,8 @@ class RunState:
         # segment order; extended while steps are only appended, rebuilt otherwise.
         self._stats = StepStatistics()
         self._stats_fed: list[tuple[str, int, int]] = []
+        # The last snapshot's classified timeline up to its settle point (see _Timeline).
+        self._classified: tuple[Any, ...] | None = None
 
     def add(self, event: Event) -> bool:
         """Adds one event; False (and no change) if it was seen before. O(1) amortized."""
@@ -445,6 +447,7 @@ class _Timeline:
     """The classified timeline of one run as of a time (built once per snapshot)."""
 
     def __init__(self, run: RunState, as_of_us: int, exclusions: Sequence[tuple[int, int]]) -> None:
+        self._run = run
         self.as_of_us = as_of_us
         self._attempts = sorted(run.attempts.values(), key=lambda a: (
             a.start_us if a.start_us is not None else math.inf, a.attempt_id))
@@ -463,7 +466,8 @@ class _Timeline:
         self.step_layout: list[tuple[str, int, int]] | None = None
         self._restarts: list[int] = []  # job_start times of restarts (not planned resumes)
         self._pieces: list[tuple[int, int, str, int]] = []  # start, end, label, chips
-        self._piece_ends: list[int] = []
+        self._totals: dict[str, list[float]] = {}  # label -> [microseconds, chip-microseconds]
+        self._custom: list[tuple[int, int]] = []  # pieces labelled custom badput
         if starts:
             self.start_us = starts[0].start_us
         else:  # no job_start recorded: the run starts at its earliest step
@@ -599,6 +603,68 @@ class _Timeline:
         exclusions: Sequence[tuple[int, int]],
     ) -> None:
         assert self.start_us is not None
+        settle, signature = self._settle_point(exclusions, gaps)
+        cached = self._run._classified
+        if settle is not None and cached is not None and cached[0] == signature \
+                and cached[1] <= settle:
+            # Only the live sub-segment grew since the last snapshot: everything before the
+            # settle point is as it was; classify just the stretch after it.
+            (_, old_settle, prefix, prefix_totals, prefix_custom, tail_spans, priority,
+             self.data_loading_total_s) = cached
+            regions = [(max(s, old_settle), e, label, chips) for s, e, label, chips in base
+                       if e > old_settle]
+            suffix = _sweep(regions, tail_spans, priority, old_settle, self.end_us, self.chips_now)
+            self._pieces = _splice(prefix, suffix)
+            self._totals = _tally(suffix, prefix_totals)
+            self._custom = prefix_custom + _custom_intervals(suffix)
+            new_part = _clip(suffix, settle)
+            settled = _splice(prefix, new_part)
+            settled_totals = _tally(new_part, prefix_totals)
+            settled_custom = prefix_custom + _custom_intervals(new_part)
+        else:
+            tail_spans, priority = self._classify_all(base, gaps, exclusions)
+            self._totals = _tally(self._pieces)
+            self._custom = _custom_intervals(self._pieces)
+            if settle is not None:
+                settled = _clip(self._pieces, settle)
+                settled_totals, settled_custom = _tally(settled), _custom_intervals(settled)
+        if settle is not None:
+            self._run._classified = (
+                signature, settle, settled, settled_totals, settled_custom,
+                {label: [iv for iv in intervals if iv[1] > settle]
+                 for label, intervals in tail_spans.items()},
+                priority, self.data_loading_total_s)
+        self._apply_program_startup()
+        self._record_disruptions()
+
+    def _settle_point(
+        self, exclusions: Sequence[tuple[int, int]], gaps: list[tuple[int, int]]
+    ) -> tuple[int | None, tuple[Any, ...]]:
+        """(settle time, signature) when only the live sub-segment can change, else (None, ()).
+
+        Live: every step has its attempt, the run is open, and nothing was recorded after
+        ``as_of``. Then, as long as the signature (everything but the live attempt's steps) is
+        unchanged, the timeline before the live sub-segment's last step start stays as it is.
+        """
+        layout, subs = self.step_layout, self.subsegments
+        if layout is None or not subs or subs[-1].end_kind != "open" or any(
+                a.last_event_us > self.as_of_us for a in self._attempts):
+            return None, ()
+        live = layout[-1][0]
+        signature = (self.start_us, tuple(exclusions), tuple(gaps), tuple(
+            (a.attempt_id, a.start_us, a.end_us, tuple((k, len(v)) for k, v in a.markers.items()),
+             len(a.saves), len(a.restores), a.inserts, len(a.split_indices()),
+             None if a.attempt_id == live else len(a.steps)) for a in self._attempts))
+        return subs[-1].last_time, signature
+
+    def _classify_all(
+        self,
+        base: list[tuple[int, int, str, int]],
+        gaps: list[tuple[int, int]],
+        exclusions: Sequence[tuple[int, int]],
+    ) -> tuple[dict[str, list[tuple[int, int]]], list[str]]:
+        """Classifies the whole timeline; returns the spans and their priority order."""
+        assert self.start_us is not None
         spans: dict[str, list[tuple[int, int]]] = {}
         data_loading: list[tuple[int, int]] = []
         for attempt in self._attempts:
@@ -616,8 +682,7 @@ class _Timeline:
         spans[EXCLUDED] = [*exclusions, *gaps]
         priority = list(SPAN_PRIORITY) + sorted(k for k in spans if k not in SPAN_PRIORITY)
         self._pieces = _sweep(base, spans, priority, self.start_us, self.end_us, self.chips_now)
-        self._apply_program_startup()
-        self._record_disruptions()
+        return spans, priority
 
     def _apply_program_startup(self) -> None:
         """Moves each sub-segment's first-step excess from productive time to PROGRAM_STARTUP.
@@ -625,36 +690,45 @@ class _Timeline:
         As in the reference: the first kept interval, less custom badput inside it, against the
         mean per step of the sub-segment's other kept intervals, less their custom badput.
         """
-        custom = [(s, e) for s, e, label, _ in self._pieces if label.startswith(CUSTOM_PREFIX)]
+        custom = _IntervalSums(self._custom)
         for sub in self.subsegments:
             steps, times, lo = sub.steps, sub.times, sub.lo
             last = lo + sub.kept_count() - 1  # intervals lo→lo+1 … last-1→last are kept
             if last - lo < 2:
                 continue  # one kept interval: nothing to compare the first step with
-            first = (times[lo + 1] - times[lo]) - _overlap(custom, times[lo], times[lo + 1])
-            rest = (times[last] - times[lo + 1]) - _overlap(custom, times[lo + 1], times[last])
+            first = (times[lo + 1] - times[lo]) - custom.overlap(times[lo], times[lo + 1])
+            rest = (times[last] - times[lo + 1]) - custom.overlap(times[lo + 1], times[last])
             per_step = rest / (steps[last] - steps[lo + 1])
             excess = first - per_step * (steps[lo + 1] - steps[lo])
             if excess > 0:
-                self._relabel(times[lo], times[lo + 1], PRODUCTIVE, PROGRAM_STARTUP, excess)
+                moved = self._relabel(times[lo], times[lo + 1], PRODUCTIVE, PROGRAM_STARTUP, excess)
+                for label, sign in ((PRODUCTIVE, -1), (PROGRAM_STARTUP, 1)):
+                    totals = self._totals.setdefault(label, [0.0, 0.0])
+                    totals[0] += sign * moved
+                    totals[1] += sign * moved * sub.chips
 
-    def _relabel(self, start: int, end: int, old: str, new: str, amount: float) -> None:
-        """Gives up to ``amount`` microseconds of ``old`` inside [start, end) to ``new``."""
-        pieces: list[tuple[int, int, str, int]] = []
+    def _relabel(self, start: int, end: int, old: str, new: str, amount: float) -> float:
+        """Gives up to ``amount`` microseconds of ``old`` inside [start, end) to ``new``; returns
+        how much it gave."""
+        ends = [e for _, e, _, _ in self._pieces]
+        first = bisect.bisect_right(ends, start)
+        last = bisect.bisect_left([s for s, _, _, _ in self._pieces], end, first)
+        middle: list[tuple[int, int, str, int]] = []
         left = amount
-        for s, e, label, chips in self._pieces:
-            if label != old or left <= 0 or e <= start or s >= end:
-                pieces.append((s, e, label, chips))
+        for s, e, label, chips in self._pieces[first:last]:
+            if label != old or left <= 0:
+                middle.append((s, e, label, chips))
                 continue
             lo, hi = max(s, start), min(e, end)
             cut = lo + min(left, hi - lo)
             left -= cut - lo
             if s < lo:
-                pieces.append((s, lo, label, chips))
-            pieces.append((lo, cut, new, chips))  # type: ignore[arg-type]  # may be fractional
+                middle.append((s, lo, label, chips))
+            middle.append((lo, cut, new, chips))  # type: ignore[arg-type]  # may be fractional
             if cut < e:
-                pieces.append((cut, e, label, chips))  # type: ignore[arg-type]
-        self._pieces = pieces
+                middle.append((cut, e, label, chips))  # type: ignore[arg-type]
+        self._pieces[first:last] = middle
+        return amount - left
 
     def _record_disruptions(self) -> None:
         """One disruption per restart and per in-process rollback, with its cost."""
@@ -683,26 +757,26 @@ class _Timeline:
 
     def figures(self, window_s: int, start_us: int, end_us: int) -> WindowFigures:
         """Goodput and badput over [start_us, end_us)."""
+        if start_us <= self._pieces[0][0] and end_us >= self._pieces[-1][1]:
+            tally = self._totals  # the whole run
+        else:
+            ends = [e for _, e, _, _ in self._pieces]
+            first = bisect.bisect_right(ends, start_us)  # pieces are contiguous and ordered
+            tally = _tally([(max(s, start_us), min(e, end_us), label, chips)
+                            for s, e, label, chips in itertools.islice(self._pieces, first, None)
+                            if min(e, end_us) > max(s, start_us)])
         totals: dict[str, float] = dict.fromkeys(STANDARD_BUCKETS, 0.0)
-        productive = excluded = chip_total = chip_productive = 0.0
-        if len(self._piece_ends) != len(self._pieces):
-            self._piece_ends = [e for _, e, _, _ in self._pieces]
-        first = bisect.bisect_right(self._piece_ends, start_us)  # pieces are contiguous, ordered
-        for s, e, label, chips in itertools.islice(self._pieces, first, None):
-            lo, hi = max(s, start_us), min(e, end_us)
-            if hi <= lo:
-                continue
-            seconds = (hi - lo) / _US
+        excluded = chip_total = 0.0
+        for label, (micros, chip_micros) in tally.items():
             if label == EXCLUDED:
-                excluded += seconds
+                excluded = micros / _US
                 continue
-            chip_total += seconds * chips
-            if label == PRODUCTIVE:
-                productive += seconds
-                chip_productive += seconds * chips
-            else:
+            chip_total += chip_micros / _US
+            if label != PRODUCTIVE:
                 bucket = OTHER if label in (_PRE, _OPEN) else label
-                totals[bucket] = totals.get(bucket, 0.0) + seconds
+                totals[bucket] = totals.get(bucket, 0.0) + micros / _US
+        productive = tally.get(PRODUCTIVE, (0.0, 0.0))[0] / _US
+        chip_productive = tally.get(PRODUCTIVE, (0.0, 0.0))[1] / _US
         if window_s == 0:  # informational: loads that overlapped training
             totals[DATA_LOADING_ASYNC] = max(0.0, self.data_loading_total_s - totals[DATA_LOADING_SYNC])
         disruptions = sum(1 for d in self.disruptions if start_us <= d.restart_us <= end_us)
@@ -740,8 +814,58 @@ def _split(steps: Sequence[int], times: Sequence[int], count: int, splits: list[
     return subs
 
 
-def _overlap(intervals: list[tuple[int, int]], start: int, end: int) -> int:
-    return sum(max(0, min(e, end) - max(s, start)) for s, e in intervals)
+def _tally(pieces: list[tuple[int, int, str, int]],
+           start: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Microseconds and chip-microseconds per label over ``pieces``, added to ``start``."""
+    totals = {label: list(values) for label, values in (start or {}).items()}
+    for s, e, label, chips in pieces:
+        values = totals.get(label)
+        if values is None:
+            values = totals[label] = [0.0, 0.0]
+        values[0] += e - s
+        values[1] += (e - s) * chips
+    return totals
+
+
+def _custom_intervals(pieces: list[tuple[int, int, str, int]]) -> list[tuple[int, int]]:
+    return [(s, e) for s, e, label, _ in pieces if label.startswith(CUSTOM_PREFIX)]
+
+
+def _clip(pieces: list[tuple[int, int, str, int]], end: int) -> list[tuple[int, int, str, int]]:
+    """The pieces before ``end``, the last one cut there."""
+    return [p if p[1] <= end else (p[0], end, p[2], p[3]) for p in pieces if p[0] < end]
+
+
+def _splice(prefix: list[tuple[int, int, str, int]],
+            suffix: list[tuple[int, int, str, int]]) -> list[tuple[int, int, str, int]]:
+    """``prefix + suffix``, merging the two pieces that meet if they carry the same label."""
+    if prefix and suffix and prefix[-1][1] == suffix[0][0] and prefix[-1][2:] == suffix[0][2:]:
+        return [*prefix[:-1], (prefix[-1][0], suffix[0][1], *suffix[0][2:]), *suffix[1:]]
+    return prefix + suffix
+
+
+class _IntervalSums:
+    """Total overlap of disjoint, ordered intervals with a range (O(log n) once there are many)."""
+
+    def __init__(self, intervals: list[tuple[int, int]]) -> None:
+        self.intervals = intervals
+        if len(intervals) > 64:
+            self.starts = [s for s, _ in intervals]
+            self.ends = [e for _, e in intervals]
+            self.before = list(itertools.accumulate((e - s for s, e in intervals), initial=0))
+
+    def _covered_until(self, t: int) -> int:
+        """Length of the intervals' union before time t."""
+        index = bisect.bisect_right(self.starts, t)
+        if index == 0:
+            return 0
+        return self.before[index - 1] + min(t, self.ends[index - 1]) - self.starts[index - 1]
+
+    def overlap(self, start: int, end: int) -> int:
+        if len(self.intervals) <= 64:
+            return sum(min(e, end) - max(s, start) for s, e in self.intervals
+                       if e > start and s < end)
+        return self._covered_until(end) - self._covered_until(start)
 
 
 def _sweep(

@@ -26,30 +26,28 @@ BASELINE = 1000
 
 
 def kth_distance(values: Sequence[float], lo: int, hi: int, center: float, k: int) -> float:
-    """The k-th smallest (0-based) ``|v - center|`` over sorted ``values[lo:hi]``."""
+    """The k-th smallest (0-based) ``|v - center|`` over sorted ``values[lo:hi]``.
+
+    The distances of the values below ``center``, read backwards from the split, and of those
+    above it, read forwards, are two ascending runs; take ``taken`` from the first and
+    ``k + 1 - taken`` from the second, and binary-search ``taken``.
+    """
     split = bisect.bisect_left(values, center, lo, hi)
-    below, above = split - lo, hi - split
-
-    def left(i: int) -> float:  # i-th smallest distance among values below center
-        return center - values[split - 1 - i]
-
-    def right(j: int) -> float:
-        return values[split + j] - center
-
-    low, high = max(0, k + 1 - above), min(k + 1, below)
+    low, high = max(0, k + 1 - (hi - split)), min(k + 1, split - lo)
     while low < high:
         taken = (low + high) // 2
-        if right(k - taken) > left(taken):  # the (taken+1)-th left is smaller: take more left
+        # If the next distance from below is smaller than the last one taken from above,
+        # more must come from below.
+        if values[split + k - taken] - center > center - values[split - 1 - taken]:
             low = taken + 1
         else:
             high = taken
-    taken = low
-    candidates = []
-    if taken > 0:
-        candidates.append(left(taken - 1))
-    if k + 1 - taken > 0:
-        candidates.append(right(k - taken))
-    return max(candidates)
+    best = -math.inf
+    if low > 0:
+        best = center - values[split - low]
+    if k + 1 - low > 0:
+        best = max(best, values[split + k - low] - center)
+    return best
 
 
 def median_distance(values: Sequence[float], lo: int, hi: int, center: float) -> float:

@@ -215,3 +215,16 @@ def test_snapshots_along_the_way_do_not_change_the_result(kind, rng: random.Rand
         latest = max(e.time_us for e in shuffled[:start + size])
         state.snapshot(latest - rng.randrange(0, 60) * S)  # also as of times before some steps
     assert state.snapshot(as_of) == snapshot_of(events, as_of)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 50)), max_size=150),
+       start=st.integers(0, 8000), width=st.integers(0, 8000))
+def test_interval_sums_equal_direct_overlap(lengths, start, width):
+    """Overlap from prefix sums equals clipping each interval, with few or many intervals."""
+    intervals, t = [], 0
+    for gap, length in lengths:
+        intervals.append((t + gap, t + gap + length))
+        t += gap + length
+    expected = sum(max(0, min(e, start + width) - max(s, start)) for s, e in intervals)
+    assert engine._IntervalSums(intervals).overlap(start, start + width) == expected
