@@ -687,8 +687,9 @@ class _Timeline:
     def _apply_program_startup(self) -> None:
         """Moves each sub-segment's first-step excess from productive time to PROGRAM_STARTUP.
 
-        As in the reference: the first kept interval, less custom badput inside it, against the
-        mean per step of the sub-segment's other kept intervals, less their custom badput.
+        As in the reference: the first kept interval, less custom badput (and excluded time)
+        inside it, against the mean per step of the sub-segment's other kept intervals, less
+        theirs.
         """
         custom = _IntervalSums(self._custom)
         for sub in self.subsegments:
@@ -828,7 +829,9 @@ def _tally(pieces: list[tuple[int, int, str, int]],
 
 
 def _custom_intervals(pieces: list[tuple[int, int, str, int]]) -> list[tuple[int, int]]:
-    return [(s, e) for s, e, label, _ in pieces if label.startswith(CUSTOM_PREFIX)]
+    """Time that is not step time for program startup: custom badput and excluded time."""
+    return [(s, e) for s, e, label, _ in pieces
+            if label.startswith(CUSTOM_PREFIX) or label == EXCLUDED]
 
 
 def _clip(pieces: list[tuple[int, int, str, int]], end: int) -> list[tuple[int, int, str, int]]:

@@ -1,7 +1,8 @@
 """Builds and runs the batch replay: emitter files in, goodput tables out.
 
     python -m pipeline --events=events.jsonl [--events=more.jsonl] --duckdb=goodput.duckdb \\
-        [--as_of=2026-11-01T12:00:00Z] [--windows=60,300,900,3600]
+        [--as_of=2026-11-01T12:00:00Z] [--windows=60,300,900,3600] \\
+        [--exclude=2026-11-01T09:00:00Z/2026-11-01T09:30:00Z]
 
 Runs on Beam's DirectRunner by default. A malformed line never stops the run: it lands in the
 ``dead_letter`` table and the exit code stays 0.
@@ -30,13 +31,14 @@ def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
 
 
 def build_pipeline(pipeline: beam.Pipeline, events: Sequence[str], duckdb_path: str | None,
-                   as_of_us: int | None, windows_s: tuple[int, ...]) -> Any:
+                   as_of_us: int | None, windows_s: tuple[int, ...],
+                   exclusions: Sequence[tuple[int, int]] = ()) -> Any:
     """The batch graph on ``pipeline``; returns the PCollection of (table, row) outputs."""
     parsed = (pipeline
               | "Files" >> beam.Create(list(events))
               | "ReadLines" >> beam.FlatMap(read_lines)
               | "ParseEvents" >> ParseEvents())
-    snapshots = parsed.events | "TrackRuns" >> TrackRuns(as_of_us, windows_s)
+    snapshots = parsed.events | "TrackRuns" >> TrackRuns(as_of_us, windows_s, tuple(exclusions))
     rows = (snapshots, parsed.dead_letter) | "AllRows" >> beam.Flatten()
     if duckdb_path:
         rows | "WriteToDuckDB" >> WriteToDuckDB(duckdb_path)
@@ -82,7 +84,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipeline: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     with beam.Pipeline(options=options) as pipeline:
-        build_pipeline(pipeline, goodput.events, goodput.duckdb, goodput.as_of, goodput.windows)
+        build_pipeline(pipeline, goodput.events, goodput.duckdb, goodput.as_of, goodput.windows,
+                       goodput.exclude or ())
     if goodput.duckdb:
         print_summary(goodput.duckdb, sys.stdout)
     return 0

@@ -33,6 +33,17 @@ def parse_windows(text: str) -> tuple[int, ...]:
     return windows
 
 
+def parse_exclusion(text: str) -> tuple[int, int]:
+    """START/END, two ISO 8601 times, as (start_us, end_us)."""
+    start, separator, end = text.partition("/")
+    if not separator:
+        raise argparse.ArgumentTypeError(f"an exclusion is START/END, got {text!r}")
+    interval = parse_as_of(start), parse_as_of(end)
+    if interval[1] <= interval[0]:
+        raise argparse.ArgumentTypeError(f"an exclusion must end after it starts, got {text!r}")
+    return interval
+
+
 class GoodputOptions(PipelineOptions):
     """Options of the goodput pipeline; Beam's own options (``--runner`` ...) come with it."""
 
@@ -44,6 +55,10 @@ class GoodputOptions(PipelineOptions):
                             help="DuckDB file the output tables are appended to")
         parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
                             help="snapshot time (default: the latest event time in the input)")
+        parser.add_argument("--exclude", type=parse_exclusion, action="append", default=None,
+                            metavar="START/END",
+                            help="leave this interval (ISO 8601 times) out of elapsed time and "
+                                 "every bucket, e.g. a capacity stock-out; repeat for more")
         parser.add_argument("--windows", type=parse_windows, default=DEFAULT_WINDOWS_S,
                             metavar="S,S,...",
                             help="rolling windows in seconds (default: %(default)s)")

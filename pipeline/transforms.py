@@ -55,14 +55,15 @@ class ParseEvents(beam.PTransform):
 
 
 def _run_rows(element: tuple[str, Iterable[Batch]], as_of_us: int | None,
-              windows_s: tuple[int, ...]) -> Iterator[tuple[str, Row]]:
+              windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...]
+              ) -> Iterator[tuple[str, Row]]:
     run_id, batches = element
     state = engine.RunState(run_id)
     for batch in batches:
         state.add_batch(batch)
     if as_of_us is None:
         return
-    snapshot = state.snapshot(as_of_us, windows_s)
+    snapshot = state.snapshot(as_of_us, windows_s, exclusions)
     if snapshot is not None:
         yield from snapshot_rows(snapshot)
 
@@ -70,14 +71,17 @@ def _run_rows(element: tuple[str, Iterable[Batch]], as_of_us: int | None,
 class TrackRuns(beam.PTransform):
     """Assembles each run from its events and emits its snapshot rows as of one time.
 
-    ``as_of_us`` None means the latest event time in the input. Deduplication and reordering
-    are the engine's: duplicates and order never change a number.
+    ``as_of_us`` None means the latest event time in the input; ``exclusions`` are intervals
+    left out of every run's elapsed time and buckets. Deduplication and reordering are the
+    engine's: duplicates and order never change a number.
     """
 
-    def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...]) -> None:
+    def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...],
+                 exclusions: tuple[tuple[int, int], ...] = ()) -> None:
         super().__init__()
         self.as_of_us = as_of_us
         self.windows_s = windows_s
+        self.exclusions = exclusions
 
     def expand(self, keyed_batches: PCollection) -> Any:
         if self.as_of_us is not None:
@@ -89,7 +93,7 @@ class TrackRuns(beam.PTransform):
         return (keyed_batches
                 | "ByRun" >> beam.GroupByKey()
                 | "Snapshot" >> beam.FlatMap(_run_rows, AsSingleton(as_of, default_value=None),
-                                             self.windows_s))
+                                             self.windows_s, self.exclusions))
 
 
 class _WriteAll(beam.DoFn):

@@ -209,5 +209,10 @@ class TraceBuilder:
         self.clock += seconds
 
     def as_of_us(self) -> int:
-        return (T0 - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) // datetime.timedelta(
-            microseconds=1) + round(self.clock * 1e6)
+        return micros(self.now())
+
+
+def micros(moment: datetime.datetime) -> int:
+    """Microseconds since the epoch."""
+    return (moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) // datetime.timedelta(
+        microseconds=1)

@@ -11,8 +11,10 @@ import datetime
 from pathlib import Path
 
 import pytest
-from reference_harness import Result, TraceBuilder, compare
+from ml_goodput_measurement.src import goodput
+from reference_harness import T0, Result, TraceBuilder, compare, micros, record_ours
 
+from benchmarks.common import InMemoryCloudLogging
 from pipeline import engine
 
 TOLERANCE_PP = 0.01
@@ -287,3 +289,39 @@ def test_save_during_lost_progress_is_not_taken_from_productive_time(tmp_path: P
     assert ours.badput_s[engine.CHECKPOINT_SAVE] == 0.0
     assert ours.goodput_pct == pytest.approx(reference.goodput_pct + 100 * 4.0 / ours.total_s, abs=1e-6)
     assert_complete(ours)
+
+
+def test_exclusion_intervals_match(tmp_path: Path):
+    """Time the user excludes (during init, and inside steps) leaves elapsed time and every
+    bucket as in the reference's get_job_goodput_with_exclusions."""
+    run = TraceBuilder(seed=17)
+    run.start_attempt(init_s=20)
+    run.steps(0, 310, noise=0.05, compile_s=20, eval_every=100)
+    run.end()
+    excluded = [(T0 + datetime.timedelta(seconds=5), T0 + datetime.timedelta(seconds=12)),
+                (T0 + datetime.timedelta(seconds=400), T0 + datetime.timedelta(seconds=430))]
+    log = InMemoryCloudLogging()
+    for calls in run.attempts:
+        recorder = goodput.GoodputRecorder("run", "log", True, cloud_logger=log)
+        for method, args in calls:
+            getattr(recorder, method)(*args)
+    calculator = goodput.GoodputCalculator("run", "log", cloud_logger=log, cache_dir=str(tmp_path))
+    goodput_pct, breakdown, _, excluded_s = calculator.get_job_goodput_with_exclusions(
+        excluded, include_badput_breakdown=True)
+    state = engine.RunState("run")
+    state.add_all(record_ours(run.attempts))
+    as_of = run.as_of_us()
+    snapshot = state.snapshot(as_of, exclusions=[(micros(s), micros(e)) for s, e in excluded])
+    assert snapshot is not None
+    figures = snapshot.cumulative
+    assert excluded_s == pytest.approx(37.0)
+    assert figures.total_s == pytest.approx(
+        (as_of - micros(T0)) / 1e6 - excluded_s, abs=1e-3)
+    assert figures.goodput_pct == pytest.approx(goodput_pct, abs=TOLERANCE_PP)
+    for bucket, pct in breakdown.items():
+        if isinstance(pct, dict):
+            for sub, value in pct.items():
+                ours = figures.badput_pct(engine.CUSTOM_PREFIX + sub)
+                assert ours == pytest.approx(value, abs=TOLERANCE_PP)
+        elif bucket.name not in ("OTHER", "DATA_LOADING_ASYNC"):
+            assert figures.badput_pct(bucket.name) == pytest.approx(pct, abs=TOLERANCE_PP), bucket

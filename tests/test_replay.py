@@ -142,3 +142,17 @@ def test_missing_input_is_a_clear_error(tmp_path: Path):
     result = run("-m", "pipeline", f"--events={tmp_path / 'nope.jsonl'}")
     assert result.returncode == 2
     assert "no such file" in result.stderr
+
+
+def test_exclude_option_removes_time(tmp_path: Path, replayed):
+    """--exclude leaves the interval out of every run's elapsed time."""
+    events_file, database, _ = replayed
+    excluded = tmp_path / "excluded.duckdb"
+    result = run("-m", "pipeline", f"--events={events_file}", f"--duckdb={excluded}",
+                 "--exclude=2026-11-01T08:00:10Z/2026-11-01T08:00:30Z")
+    assert result.returncode == 0, result.stderr
+    sql = "SELECT run_id, total_time_s FROM goodput_snapshots WHERE window_s = 0 ORDER BY run_id"
+    before, after = query(database, sql), query(excluded, sql)
+    assert [r for r, _ in before] == [r for r, _ in after]
+    for (_, total), (_, less) in zip(before, after, strict=True):
+        assert less == pytest.approx(total - 20)
