@@ -1,0 +1,1 @@
+"""Local stand-ins for cloud services, speaking their real protocols."""

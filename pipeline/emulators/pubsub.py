@@ -1,0 +1,448 @@
+"""A local Pub/Sub emulator: the ``google.pubsub.v1`` Publisher and Subscriber gRPC services.
+
+Google's emulator needs ``gcloud`` and Java, which a development machine or CI may not have. This
+one keeps topics, subscriptions and messages in memory and speaks the real protocol, so the
+unmodified clients reach it exactly as they reach Google's emulator::
+
+    python -m pipeline.emulators.pubsub --port 8085 &
+    export PUBSUB_EMULATOR_HOST=localhost:8085
+
+or in-process: ``with PubSubEmulator() as emulator: os.environ["PUBSUB_EMULATOR_HOST"] =
+emulator.host``.
+
+Implemented: topics and subscriptions (create, get, list, delete), Publish, Pull, StreamingPull,
+Acknowledge, ModifyAckDeadline; ack deadlines with redelivery when they pass; ordering keys (a
+key's messages are delivered in publish order, one batch at a time: the next waits until the
+outstanding ones are acknowledged); dead-letter policies (after ``max_delivery_attempts``
+deliveries a message moves to the dead-letter topic). Not implemented (a call answers
+UNIMPLEMENTED): schemas, snapshots, seek, push and export subscriptions, filters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import datetime
+import itertools
+import logging
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf import empty_pb2
+from google.pubsub_v1.types import pubsub as types
+
+_LOG = logging.getLogger(__name__)
+_DEFAULT_ACK_DEADLINE_S = 10
+_MAX_ACK_DEADLINE_S = 600
+
+
+@dataclasses.dataclass
+class _Delivery:
+    message: types.PubsubMessage
+    attempts: int = 0
+    deadline: float = 0.0  # while outstanding: when it becomes deliverable again
+    ack_id: str = ""
+
+
+@dataclasses.dataclass
+class _Subscription:
+    proto: types.Subscription
+    pending: collections.deque[_Delivery] = dataclasses.field(default_factory=collections.deque)
+    outstanding: dict[str, _Delivery] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ack_deadline_s(self) -> int:
+        return self.proto.ack_deadline_seconds or _DEFAULT_ACK_DEADLINE_S
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PubSubBroker:
+    """The emulator's state and rules, independent of gRPC. Thread-safe."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._topics: dict[str, types.Topic] = {}
+        self._subscriptions: dict[str, _Subscription] = {}
+        self._message_ids = itertools.count(1)
+        self._ack_ids = itertools.count(1)
+
+    # -- topics -----------------------------------------------------------------------------
+
+    def create_topic(self, topic: types.Topic) -> types.Topic:
+        _check_name(topic.name, "/topics/")
+        with self._lock:
+            if topic.name in self._topics:
+                raise _Abort(grpc.StatusCode.ALREADY_EXISTS, f"Topic already exists: {topic.name}")
+            self._topics[topic.name] = topic
+            return topic
+
+    def get_topic(self, name: str) -> types.Topic:
+        with self._lock:
+            return self._topic(name)
+
+    def list_topics(self, project: str) -> list[types.Topic]:
+        with self._lock:
+            return [t for n, t in sorted(self._topics.items()) if n.startswith(project + "/")]
+
+    def delete_topic(self, name: str) -> None:
+        with self._lock:
+            self._topic(name)
+            del self._topics[name]
+            for subscription in self._subscriptions.values():
+                if subscription.proto.topic == name:
+                    subscription.proto.topic = "_deleted-topic_"
+
+    def topic_subscriptions(self, name: str) -> list[str]:
+        with self._lock:
+            self._topic(name)
+            return sorted(n for n, s in self._subscriptions.items() if s.proto.topic == name)
+
+    def _topic(self, name: str) -> types.Topic:
+        topic = self._topics.get(name)
+        if topic is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"Topic not found: {name}")
+        return topic
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def create_subscription(self, subscription: types.Subscription) -> types.Subscription:
+        _check_name(subscription.name, "/subscriptions/")
+        deadline = subscription.ack_deadline_seconds
+        if deadline and not 10 <= deadline <= _MAX_ACK_DEADLINE_S:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"ack_deadline_seconds must be between 10 and 600, got {deadline}")
+        policy = subscription.dead_letter_policy
+        if policy.dead_letter_topic and not 5 <= policy.max_delivery_attempts <= 100:
+            if policy.max_delivery_attempts:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                             "max_delivery_attempts must be between 5 and 100")
+            policy.max_delivery_attempts = 5
+        with self._lock:
+            self._topic(subscription.topic)
+            if subscription.name in self._subscriptions:
+                raise _Abort(grpc.StatusCode.ALREADY_EXISTS,
+                             f"Subscription already exists: {subscription.name}")
+            if not subscription.ack_deadline_seconds:
+                subscription.ack_deadline_seconds = _DEFAULT_ACK_DEADLINE_S
+            self._subscriptions[subscription.name] = _Subscription(subscription)
+            return subscription
+
+    def get_subscription(self, name: str) -> types.Subscription:
+        with self._lock:
+            return self._subscription(name).proto
+
+    def list_subscriptions(self, project: str) -> list[types.Subscription]:
+        with self._lock:
+            return [s.proto for n, s in sorted(self._subscriptions.items())
+                    if n.startswith(project + "/")]
+
+    def delete_subscription(self, name: str) -> None:
+        with self._lock:
+            self._subscription(name)
+            del self._subscriptions[name]
+            self._lock.notify_all()
+
+    def _subscription(self, name: str) -> _Subscription:
+        subscription = self._subscriptions.get(name)
+        if subscription is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"Subscription does not exist: {name}")
+        return subscription
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def publish(self, topic_name: str, messages: list[types.PubsubMessage]) -> list[str]:
+        if not messages:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Publish needs at least one message")
+        with self._lock:
+            self._topic(topic_name)
+            ids = []
+            for message in messages:
+                if not message.data and not message.attributes:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "A message needs data or attributes")
+                ids.append(self._deliver(topic_name, message))
+            self._lock.notify_all()
+            return ids
+
+    def _deliver(self, topic_name: str, message: types.PubsubMessage) -> str:
+        published = types.PubsubMessage(message)
+        published.message_id = str(next(self._message_ids))
+        published.publish_time = datetime.datetime.now(datetime.timezone.utc)  # type: ignore[assignment]
+        for subscription in self._subscriptions.values():
+            if subscription.proto.topic == topic_name:
+                subscription.pending.append(_Delivery(types.PubsubMessage(published)))
+        return published.message_id
+
+    def pull(self, name: str, max_messages: int, wait_s: float = 0.0) -> list[types.ReceivedMessage]:
+        """Up to ``max_messages`` deliverable messages, waiting up to ``wait_s`` for one."""
+        deadline = self._clock() + wait_s
+        with self._lock:
+            while True:
+                subscription = self._subscription(name)
+                received = self._take(subscription, max(1, max_messages))
+                remaining = deadline - self._clock()
+                if received or remaining <= 0:
+                    return received
+                self._lock.wait(min(remaining, 0.1))
+
+    def _take(self, subscription: _Subscription, limit: int) -> list[types.ReceivedMessage]:
+        self._expire(subscription)
+        now = self._clock()
+        ordered = subscription.proto.enable_message_ordering
+        busy_keys = {d.message.ordering_key for d in subscription.outstanding.values()
+                     if d.message.ordering_key} if ordered else set()
+        blocked: set[str] = set()
+        taken: list[types.ReceivedMessage] = []
+        kept: collections.deque[_Delivery] = collections.deque()
+        while subscription.pending:
+            delivery = subscription.pending.popleft()
+            key = delivery.message.ordering_key if ordered else ""
+            if len(taken) >= limit or (key and (key in busy_keys or key in blocked)):
+                if key:
+                    blocked.add(key)  # later messages of the key wait behind this one
+                kept.append(delivery)
+                continue
+            policy = subscription.proto.dead_letter_policy
+            if policy.dead_letter_topic and delivery.attempts >= policy.max_delivery_attempts:
+                if policy.dead_letter_topic in self._topics:
+                    self._deliver(policy.dead_letter_topic, delivery.message)
+                continue
+            delivery.attempts += 1
+            delivery.ack_id = f"{subscription.proto.name}:{next(self._ack_ids)}"
+            delivery.deadline = now + subscription.ack_deadline_s
+            subscription.outstanding[delivery.ack_id] = delivery
+            received = types.ReceivedMessage(ack_id=delivery.ack_id, message=delivery.message)
+            if policy.dead_letter_topic:
+                received.delivery_attempt = delivery.attempts
+            taken.append(received)
+        subscription.pending = kept
+        return taken
+
+    def _expire(self, subscription: _Subscription) -> None:
+        """Outstanding messages past their deadline become deliverable again, in publish order."""
+        now = self._clock()
+        expired = [d for d in subscription.outstanding.values() if d.deadline <= now]
+        if expired:
+            for delivery in expired:
+                del subscription.outstanding[delivery.ack_id]
+            self._requeue(subscription, expired)
+
+    @staticmethod
+    def _requeue(subscription: _Subscription, deliveries: list[_Delivery]) -> None:
+        merged = sorted([*deliveries, *subscription.pending], key=lambda d: int(d.message.message_id))
+        subscription.pending = collections.deque(merged)
+
+    def acknowledge(self, name: str, ack_ids: list[str]) -> None:
+        with self._lock:
+            subscription = self._subscription(name)
+            for ack_id in ack_ids:
+                subscription.outstanding.pop(ack_id, None)  # unknown or expired: ignored
+            self._lock.notify_all()
+
+    def modify_ack_deadline(self, name: str, ack_ids: list[str], seconds: int) -> None:
+        if not 0 <= seconds <= _MAX_ACK_DEADLINE_S:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"ack_deadline_seconds must be between 0 and 600, got {seconds}")
+        with self._lock:
+            subscription = self._subscription(name)
+            nacked = []
+            for ack_id in ack_ids:
+                delivery = subscription.outstanding.get(ack_id)
+                if delivery is None:
+                    continue
+                if seconds == 0:
+                    nacked.append(subscription.outstanding.pop(ack_id))
+                else:
+                    delivery.deadline = self._clock() + seconds
+            if nacked:
+                self._requeue(subscription, nacked)
+            self._lock.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        """Waits for a publish, an ack or a nack (or the timeout)."""
+        with self._lock:
+            self._lock.wait(timeout)
+
+
+def _check_name(name: str, kind: str) -> None:
+    project, separator, resource = name.partition(kind)
+    if not project.startswith("projects/") or not separator or not resource or "/" in resource:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid resource name: {name!r}")
+
+
+# -- gRPC ----------------------------------------------------------------------------------------
+
+
+def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.GenericRpcHandler]:
+    def unary(call: Callable[[Any], Any], request_type: Any, response_type: Any | None) -> Any:
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                result = call(request)
+            except _Abort as error:
+                context.abort(error.code, str(error))
+            return empty_pb2.Empty() if response_type is None else result
+
+        serializer = (empty_pb2.Empty.SerializeToString if response_type is None
+                      else response_type.serialize)
+        return grpc.unary_unary_rpc_method_handler(
+            handle, request_deserializer=request_type.deserialize, response_serializer=serializer)
+
+    publisher = {
+        "CreateTopic": unary(broker.create_topic, types.Topic, types.Topic),
+        "GetTopic": unary(lambda r: broker.get_topic(r.topic), types.GetTopicRequest, types.Topic),
+        "ListTopics": unary(lambda r: types.ListTopicsResponse(topics=broker.list_topics(r.project)),
+                            types.ListTopicsRequest, types.ListTopicsResponse),
+        "ListTopicSubscriptions": unary(
+            lambda r: types.ListTopicSubscriptionsResponse(
+                subscriptions=broker.topic_subscriptions(r.topic)),
+            types.ListTopicSubscriptionsRequest, types.ListTopicSubscriptionsResponse),
+        "DeleteTopic": unary(lambda r: broker.delete_topic(r.topic), types.DeleteTopicRequest, None),
+        "Publish": unary(
+            lambda r: types.PublishResponse(message_ids=broker.publish(r.topic, list(r.messages))),
+            types.PublishRequest, types.PublishResponse),
+    }
+    subscriber = {
+        "CreateSubscription": unary(broker.create_subscription, types.Subscription, types.Subscription),
+        "GetSubscription": unary(lambda r: broker.get_subscription(r.subscription),
+                                 types.GetSubscriptionRequest, types.Subscription),
+        "ListSubscriptions": unary(
+            lambda r: types.ListSubscriptionsResponse(subscriptions=broker.list_subscriptions(r.project)),
+            types.ListSubscriptionsRequest, types.ListSubscriptionsResponse),
+        "DeleteSubscription": unary(lambda r: broker.delete_subscription(r.subscription),
+                                    types.DeleteSubscriptionRequest, None),
+        "Pull": unary(lambda r: types.PullResponse(received_messages=broker.pull(
+            r.subscription, r.max_messages, 0.0 if r.return_immediately else 1.0)),
+            types.PullRequest, types.PullResponse),
+        "Acknowledge": unary(lambda r: broker.acknowledge(r.subscription, list(r.ack_ids)),
+                             types.AcknowledgeRequest, None),
+        "ModifyAckDeadline": unary(
+            lambda r: broker.modify_ack_deadline(r.subscription, list(r.ack_ids), r.ack_deadline_seconds),
+            types.ModifyAckDeadlineRequest, None),
+        "StreamingPull": grpc.stream_stream_rpc_method_handler(
+            lambda requests, context: _streaming_pull(broker, stopping, requests, context),
+            request_deserializer=types.StreamingPullRequest.deserialize,
+            response_serializer=types.StreamingPullResponse.serialize),
+    }
+    return [grpc.method_handlers_generic_handler("google.pubsub.v1.Publisher", publisher),
+            grpc.method_handlers_generic_handler("google.pubsub.v1.Subscriber", subscriber)]
+
+
+def _streaming_pull(broker: PubSubBroker, stopping: threading.Event,
+                    requests: Iterator[types.StreamingPullRequest],
+                    context: grpc.ServicerContext) -> Iterator[types.StreamingPullResponse]:
+    """One StreamingPull stream: acks and deadline changes come in, messages go out."""
+    try:
+        first = next(requests)
+    except StopIteration:
+        return
+    name = first.subscription
+    try:
+        broker.get_subscription(name)
+    except _Abort as error:
+        context.abort(error.code, str(error))
+    limit = first.max_outstanding_messages or 1000
+    closed = threading.Event()
+    errors: queue.Queue[_Abort] = queue.Queue()
+
+    def apply(request: types.StreamingPullRequest) -> None:
+        try:
+            if request.ack_ids:
+                broker.acknowledge(name, list(request.ack_ids))
+            for ack_id, seconds in zip(request.modify_deadline_ack_ids,
+                                       request.modify_deadline_seconds, strict=False):
+                broker.modify_ack_deadline(name, [ack_id], seconds)
+        except _Abort as error:
+            errors.put(error)
+
+    def read() -> None:
+        try:
+            apply(first)
+            for request in requests:
+                apply(request)
+        except grpc.RpcError:
+            pass
+        finally:
+            closed.set()
+
+    reader = threading.Thread(target=read, name="pubsub-emulator-stream", daemon=True)
+    reader.start()
+    while not closed.is_set() and not stopping.is_set() and context.is_active():
+        if not errors.empty():
+            failure = errors.get()
+            context.abort(failure.code, str(failure))
+        try:
+            received = broker.pull(name, limit, wait_s=0.2)
+        except _Abort as error:
+            context.abort(error.code, str(error))
+        if received:
+            yield types.StreamingPullResponse(received_messages=received)
+
+
+class PubSubEmulator:
+    """The emulator as a gRPC server on localhost; a context manager that stops it."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", max_workers: int = 32) -> None:
+        self.broker = PubSubBroker()
+        self._stopping = threading.Event()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
+                                                              thread_name_prefix="pubsub-emulator"))
+        self._server.add_generic_rpc_handlers(_handlers(self.broker, self._stopping))
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.host = f"{host}:{self.port}"
+
+    def start(self) -> PubSubEmulator:
+        self._server.start()
+        _LOG.info("Pub/Sub emulator listening on %s", self.host)
+        return self
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        self._stopping.set()
+        self._server.stop(grace_s).wait()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    def __enter__(self) -> PubSubEmulator:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.emulators.pubsub",
+        description="Run a local Pub/Sub emulator (google.pubsub.v1 over gRPC, in memory). "
+                    "Point clients at it with PUBSUB_EMULATOR_HOST=HOST:PORT.")
+    parser.add_argument("--port", type=int, default=8085, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    emulator = PubSubEmulator(args.port, args.host).start()
+    print(f"export PUBSUB_EMULATOR_HOST={emulator.host}", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    emulator.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
