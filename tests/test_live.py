@@ -1,0 +1,146 @@
+"""The streaming run tracker with TestStream: processing-time timers, duplicates, silence, cleanup.
+
+Every test adds its messages at processing time 0 (the injected clock says 0 too), then moves
+processing time on so that the timers fire; each test says which timer fires when.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.test_stream import TestStream as Stream
+from apache_beam.testing.util import assert_that
+from reference_harness import TraceBuilder, record_ours
+
+from pipeline import engine
+from pipeline.events import Batch, parse_batch
+from pipeline.live import TrackRunsLive
+
+WINDOWS = (300,)
+
+
+@functools.cache
+def run_batches(end: bool) -> tuple[Batch, ...]:
+    """Messages of a run of 150 steps (one restart), with or without its end."""
+    from emitter.encoding import encode_batch
+
+    run = TraceBuilder(seed=30)
+    run.start_attempt()
+    run.steps(0, 100, compile_s=10)
+    run.wait(30)
+    run.start_attempt()
+    run.steps(80, 150)
+    if end:
+        run.end()
+    events = record_ours(run.attempts)
+    batches = []
+    for attempt_id in dict.fromkeys(e.attempt_id for e in events):
+        mine = [e for e in events if e.attempt_id == attempt_id]
+        for start in range(0, len(mine), 40):
+            chunk = [(e.seq, e.time_us, e.kind, e.body) for e in mine[start:start + 40]]
+            batch, dead = parse_batch(encode_batch("run", attempt_id, chunk).data)
+            assert batch is not None and not dead
+            batches.append(batch)
+    return tuple(batches)
+
+
+def streaming_options() -> PipelineOptions:
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
+    options.view_as(StandardOptions).streaming = True
+    return options
+
+
+def track(stream: Stream, check: Any, **timers: float) -> None:
+    settings = {"snapshot_interval_s": 30.0, "silence_s": 300.0, "gc_after_s": 600.0, **timers}
+    with BeamTestPipeline(options=streaming_options()) as pipeline:
+        rows = (pipeline
+                | stream
+                | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
+                | TrackRunsLive(WINDOWS, clock=lambda: 0.0, **settings)
+                | beam.Filter(lambda row: row[0] == "goodput_snapshots")
+                | beam.Map(lambda row: row[1]))
+        assert_that(rows, check)
+
+
+def engine_snapshot(batches: tuple[Batch, ...], as_of_us: int) -> engine.Snapshot:
+    state = engine.RunState("run")
+    for batch in batches:
+        state.add_batch(batch)
+    snapshot = state.snapshot(as_of_us, WINDOWS)
+    assert snapshot is not None
+    return snapshot
+
+
+def latest_time(batches: tuple[Batch, ...]) -> int:
+    return max(batch.max_time_us for batch in batches)
+
+
+def test_interval_snapshot_and_then_silence():
+    """At 30 s the interval snapshot, at 300 s the silence snapshot: a stalled run whose last
+    five minutes are lost, with every number the engine's for the same events and time."""
+    batches = run_batches(end=False)
+    latest = latest_time(batches)
+    stream = (Stream()
+              .add_elements([("run", b) for b in batches])
+              .advance_processing_time(31)    # SNAPSHOT_TIMER fires at 30 s
+              .advance_processing_time(280)   # SILENCE_TIMER fires at 300 s
+              .advance_watermark_to_infinity())
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        cumulative = sorted((r for r in rows if r["window_s"] == 0), key=lambda r: r["snapshot_time"])
+        assert len(cumulative) == 2, rows
+        for row, seconds_after in zip(cumulative, (30, 300), strict=True):
+            expected = engine_snapshot(batches, latest + seconds_after * 1_000_000)
+            assert abs(row["goodput_pct"] - expected.cumulative.goodput_pct) < 1e-9
+            assert row["disruptions"] == 1
+        stalled = next(r for r in rows if r["window_s"] == 300 and r["snapshot_time"] ==
+                       cumulative[1]["snapshot_time"])
+        assert stalled["goodput_pct"] == 0.0
+
+    track(stream, check)
+
+
+def test_duplicates_and_reordering_do_not_change_the_final_numbers():
+    """Messages delivered twice and in reverse order: an end snapshot as soon as the end is
+    known, and the interval snapshot that follows equals the engine's on the distinct events."""
+    batches = run_batches(end=True)
+    shuffled = list(reversed(batches)) + list(batches[:3])
+    stream = (Stream()
+              .add_elements([("run", b) for b in shuffled])
+              .advance_processing_time(31)  # SNAPSHOT_TIMER fires at 30 s
+              .advance_watermark_to_infinity())
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        cumulative = [r for r in rows if r["window_s"] == 0]
+        assert any(r["ended"] for r in cumulative)
+        final = max(cumulative, key=lambda r: r["snapshot_time"])
+        expected = engine_snapshot(batches, latest_time(batches))
+        assert final["ended"] and final["disruptions"] == 1
+        assert abs(final["goodput_pct"] - expected.cumulative.goodput_pct) < 1e-9
+        assert final["total_time_s"] == expected.cumulative.total_s
+
+    track(stream, check)
+
+
+def test_state_is_cleared_after_the_run_ends():
+    """After gc_after_s the ended run's state is gone: the same messages arriving again are news."""
+    batches = run_batches(end=True)
+    stream = (Stream()
+              .add_elements([("run", b) for b in batches])
+              .advance_processing_time(10)
+              .add_elements([("run", batches[-1])])   # a redelivery: the run has ended already
+              .advance_processing_time(700)           # GC_TIMER fires at 600 s
+              .add_elements([("run", b) for b in batches])  # after clean-up: a new state
+              .advance_processing_time(10)
+              .advance_watermark_to_infinity())
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        ends = [r for r in rows if r["window_s"] == 0 and r["ended"]]
+        assert len(ends) == 2, ends  # the first end, and the end after clean-up; no redelivery
+        assert {r["max_productive_step"] for r in ends} == {149}
+
+    track(stream, check, snapshot_interval_s=10_000.0, silence_s=10_000.0)
