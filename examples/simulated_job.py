@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("demo-output/events.jsonl"),
                         help="file the emitter appends messages to (default: %(default)s)")
+    parser.add_argument("--destination", default=None,
+                        help="publish here instead (e.g. projects/P/topics/T, with "
+                             "PUBSUB_EMULATOR_HOST for a local emulator)")
     parser.add_argument("--run-id", default="demo-llm-run", help="the run id (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="random seed (default: %(default)s)")
@@ -116,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 10:
         parser.error("--steps must be at least 10")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.unlink(missing_ok=True)
-    simulate(f"file:{args.output}", run_id=args.run_id, steps=args.steps, seed=args.seed,
+    if args.destination is None:
+        args.output.unlink(missing_ok=True)
+    destination = args.destination or f"file:{args.output}"
+    simulate(destination, run_id=args.run_id, steps=args.steps, seed=args.seed,
              spool_dir=args.output.parent / "spool")
-    print(f"simulated run {args.run_id!r}: events written to {args.output}", file=sys.stderr)
+    print(f"simulated run {args.run_id!r}: events sent to {destination}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,8 @@ in BigQuery: a later snapshot is a new row, and "latest" is a view. Timestamps a
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -81,3 +83,25 @@ class DuckDBSink:
 
     def close(self) -> None:
         self._connection.close()
+
+
+_APPEND_LOCK = threading.Lock()
+
+
+def append(path: str | Path, rows_by_table: dict[str, list[Row]], attempts: int = 50) -> None:
+    """Opens the file, appends the rows, closes it; retries while another process holds it."""
+    with _APPEND_LOCK:
+        for attempt in range(attempts):
+            try:
+                sink = DuckDBSink(path)
+            except duckdb.IOException:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.1)
+                continue
+            try:
+                for table, rows in sorted(rows_by_table.items()):
+                    sink.write(table, rows)
+            finally:
+                sink.close()
+            return

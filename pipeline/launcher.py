@@ -1,22 +1,35 @@
-"""Builds and runs the batch replay: emitter files in, goodput tables out.
+"""Builds and runs the pipeline: the batch replay of emitter files, or the live stream.
+
+Batch replay (Beam's DirectRunner)::
 
     python -m pipeline --events=events.jsonl [--events=more.jsonl] --duckdb=goodput.duckdb \\
         [--as_of=2026-11-01T12:00:00Z] [--windows=60,300,900,3600] \\
         [--exclude=2026-11-01T09:00:00Z/2026-11-01T09:30:00Z]
 
-Runs on Beam's DirectRunner by default. A malformed line never stops the run: it lands in the
-``dead_letter`` table and the exit code stays 0.
+A malformed line never stops the run: it lands in the ``dead_letter`` table, exit code 0.
+
+Streaming, from a Pub/Sub subscription (locally: ``PUBSUB_EMULATOR_HOST`` set)::
+
+    python -m pipeline --streaming --runner=BundleBasedDirectRunner \\
+        --subscription=projects/P/subscriptions/S --duckdb=goodput.duckdb [--snapshot_interval_s=30]
+
+On Dataflow: ``--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp``.
+SIGINT or SIGTERM stops the stream cleanly.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
 
+from pipeline.live import TrackRunsLive
 from pipeline.options import GoodputOptions
 from pipeline.transforms import ParseEvents, TrackRuns, WriteToDuckDB
 
@@ -28,6 +41,24 @@ def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
             line = line.rstrip(b"\r\n")
             if line.strip():
                 yield f"{path}:{number}", line
+
+
+def build_streaming_pipeline(pipeline: beam.Pipeline, subscription: str, duckdb_path: str | None,
+                             windows_s: tuple[int, ...], snapshot_interval_s: float,
+                             silence_s: float, gc_after_s: float) -> Any:
+    """The streaming graph on ``pipeline``; returns the PCollection of (table, row) outputs."""
+    parsed = (pipeline
+              | "ReadPubSub" >> beam.io.ReadFromPubSub(subscription=subscription, with_attributes=True)
+              | "WithSource" >> beam.Map(
+                  lambda m: (m.attributes.get("message_id") or m.message_id or "", m.data))
+              | "ParseEvents" >> ParseEvents())
+    snapshots = (parsed.events
+                 | "Keyed" >> beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
+                 | "TrackRuns" >> TrackRunsLive(windows_s, snapshot_interval_s, silence_s, gc_after_s))
+    rows = (snapshots, parsed.dead_letter) | "AllRows" >> beam.Flatten()
+    if duckdb_path:
+        rows | "WriteToDuckDB" >> WriteToDuckDB(duckdb_path, streaming=True)
+    return rows
 
 
 def build_pipeline(pipeline: beam.Pipeline, events: Sequence[str], duckdb_path: str | None,
@@ -73,9 +104,36 @@ def print_summary(duckdb_path: str, out: TextIO) -> None:
     out.write(f"{len(runs)} runs; {dead} rejected inputs in table dead_letter; tables in {duckdb_path}\n")
 
 
+def run_streaming(options: GoodputOptions) -> int:
+    """Runs the stream until SIGINT or SIGTERM, then cancels it cleanly."""
+    goodput = options.view_as(GoodputOptions)
+    if not goodput.subscription:
+        print("python -m pipeline: --streaming needs --subscription=projects/P/subscriptions/S",
+              file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    pipeline = beam.Pipeline(options=options)
+    build_streaming_pipeline(pipeline, goodput.subscription, goodput.duckdb, goodput.windows,
+                             goodput.snapshot_interval_s, goodput.silence_s, goodput.gc_after_s)
+    result = pipeline.run()
+    print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
+          flush=True)
+    while not stop.wait(1.0):
+        if str(result.state) in ("DONE", "FAILED", "CANCELLED", "PipelineState.DONE",
+                                 "PipelineState.FAILED", "PipelineState.CANCELLED"):
+            break
+    result.cancel()
+    print("stopped", file=sys.stderr, flush=True)
+    return 0
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     options = GoodputOptions(list(sys.argv[1:] if argv is None else argv))
     goodput = options.view_as(GoodputOptions)
+    if options.view_as(StandardOptions).streaming:
+        return run_streaming(goodput)
     if not goodput.events:
         print("python -m pipeline: --events=FILE is required (see --help)", file=sys.stderr)
         return 2

@@ -55,6 +55,15 @@ class GoodputOptions(PipelineOptions):
                             help="DuckDB file the output tables are appended to")
         parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
                             help="snapshot time (default: the latest event time in the input)")
+        parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
+                            help="streaming: the Pub/Sub subscription to read (with --streaming)")
+        parser.add_argument("--snapshot_interval_s", type=float, default=30.0, metavar="S",
+                            help="streaming: snapshot each active run this often (default: %(default)s)")
+        parser.add_argument("--silence_s", type=float, default=300.0, metavar="S",
+                            help="streaming: a run with no event for this long is stalled: it gets "
+                                 "a snapshot showing the lost time (default: %(default)s)")
+        parser.add_argument("--gc_after_s", type=float, default=3600.0, metavar="S",
+                            help="streaming: forget a run this long after it ends (default: %(default)s)")
         parser.add_argument("--exclude", type=parse_exclusion, action="append", default=None,
                             metavar="START/END",
                             help="leave this interval (ISO 8601 times) out of elapsed time and "

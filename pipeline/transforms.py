@@ -114,14 +114,45 @@ class _WriteAll(beam.DoFn):
             sink.close()
 
 
-class WriteToDuckDB(beam.PTransform):
-    """Appends (table, row) pairs to a DuckDB file, from one writer (DuckDB has one writer)."""
+class _AppendPerBundle(beam.DoFn):
+    """Streaming: buffers a bundle's rows and appends them when the bundle finishes."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
+        self._rows: dict[str, list[Row]] = {}
+
+    def start_bundle(self) -> None:
+        self._rows = {}
+
+    def process(self, element: tuple[str, Row]) -> None:
+        table, row = element
+        self._rows.setdefault(table, []).append(row)
+
+    def finish_bundle(self) -> None:
+        if self._rows:
+            from pipeline.duckdb_sink import append
+
+            append(self.path, self._rows)
+            self._rows = {}
+
+
+class WriteToDuckDB(beam.PTransform):
+    """Appends (table, row) pairs to a DuckDB file.
+
+    DuckDB has one writer per file: a batch pipeline gathers every row to one writer; a
+    streaming one appends each bundle's rows as the bundle finishes, opening the file only for
+    the write, so that readers can open it between writes. (On Dataflow the sinks are BigQuery
+    and Cloud Monitoring; DuckDB is the local stand-in.)
+    """
+
+    def __init__(self, path: str, streaming: bool = False) -> None:
         super().__init__()
         self.path = path
+        self.streaming = streaming
 
     def expand(self, rows: PCollection) -> Any:
+        if self.streaming:
+            return rows | "AppendPerBundle" >> beam.ParDo(_AppendPerBundle(self.path))
         return (rows
                 | "OneWriter" >> beam.WithKeys(lambda _: 0)
                 | "Gather" >> beam.GroupByKey()

@@ -398,8 +398,9 @@ class PubSubEmulator:
     def __init__(self, port: int = 0, host: str = "127.0.0.1", max_workers: int = 32) -> None:
         self.broker = PubSubBroker()
         self._stopping = threading.Event()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                              thread_name_prefix="pubsub-emulator"))
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pubsub-emulator"),
+            options=[("grpc.so_reuseport", 0)])  # a port in use is an error, not a shared port
         self._server.add_generic_rpc_handlers(_handlers(self.broker, self._stopping))
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
