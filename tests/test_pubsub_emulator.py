@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,15 +25,52 @@ TOPIC = f"{PROJECT}/topics/events"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/pipeline"
 
 
-@pytest.fixture
-def emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[PubSubEmulator]:
-    with PubSubEmulator() as running:
-        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", running.host)
-        yield running
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _google_emulator() -> Iterator[str]:
+    """Google's emulator (gcloud, Java), where this machine has it."""
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        pytest.skip("Google's Pub/Sub emulator (gcloud beta emulators pubsub) is not installed")
+    host = f"127.0.0.1:{_free_port()}"
+    # Its own process group: stopping gcloud alone would leave the Java emulator running.
+    process = subprocess.Popen([gcloud, "beta", "emulators", "pubsub", "start", f"--host-port={host}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", int(host.rsplit(":", 1)[1]))) == 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("Google's Pub/Sub emulator did not start within 60 s")
+        yield host
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+@pytest.fixture(params=["local", "google"])
+def emulator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The emulator's address: this project's, and Google's where it is installed."""
+    if request.param == "local":
+        with PubSubEmulator() as running:
+            monkeypatch.setenv("PUBSUB_EMULATOR_HOST", running.host)
+            yield running.host
+    else:
+        with _google_emulator() as host:
+            monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
+            yield host
 
 
 @pytest.fixture
-def publisher(emulator: PubSubEmulator) -> Iterator[pubsub_v1.PublisherClient]:
+def publisher(emulator: str) -> Iterator[pubsub_v1.PublisherClient]:
     client = pubsub_v1.PublisherClient(
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True))
     client.create_topic(name=TOPIC)
@@ -36,7 +79,7 @@ def publisher(emulator: PubSubEmulator) -> Iterator[pubsub_v1.PublisherClient]:
 
 
 @pytest.fixture
-def subscriber(emulator: PubSubEmulator) -> Iterator[pubsub_v1.SubscriberClient]:
+def subscriber(emulator: str) -> Iterator[pubsub_v1.SubscriberClient]:
     client = pubsub_v1.SubscriberClient()
     yield client
     client.close()
