@@ -1,6 +1,6 @@
 """Runs every benchmark and writes BENCHMARKS.md: ``make bench`` or ``python -m benchmarks``.
 
-``python -m benchmarks NAME ...`` runs only the named sections (emitter, replay).
+``python -m benchmarks NAME ...`` runs only the named sections (emitter, replay, streaming).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from benchmarks.common import machine
 
-SECTIONS = {"emitter": "benchmarks.emitter_overhead", "replay": "benchmarks.replay"}
+SECTIONS = {"emitter": "benchmarks.emitter_overhead", "replay": "benchmarks.replay",
+            "streaming": "benchmarks.streaming"}
 OUTPUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 

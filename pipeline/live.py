@@ -41,6 +41,7 @@ class TrackRunDoFn(beam.DoFn):
 
     RUN_STATE = ReadModifyWriteStateSpec("run_state", BytesCoder())
     ARRIVED = ReadModifyWriteStateSpec("arrived_us", VarIntCoder())  # processing time, last event
+    SNAPSHOT_DUE = ReadModifyWriteStateSpec("snapshot_due_us", VarIntCoder())  # pending timer
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     SILENCE_TIMER = TimerSpec("silence", TimeDomain.REAL_TIME)
     GC_TIMER = TimerSpec("gc", TimeDomain.REAL_TIME)
@@ -60,6 +61,7 @@ class TrackRunDoFn(beam.DoFn):
         element: tuple[str, Batch],
         run_state: Any = beam.DoFn.StateParam(RUN_STATE),
         arrived: Any = beam.DoFn.StateParam(ARRIVED),
+        snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
         gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
@@ -72,9 +74,12 @@ class TrackRunDoFn(beam.DoFn):
         run_state.write(engine.encode_state(state))
         now_us = round(self.clock() * _US)
         arrived.write(now_us)
-        interval_us = round(self.snapshot_interval_s * _US)
-        # Aligned to the interval, so that setting it again per message keeps one firing.
-        snapshot_timer.set(Timestamp(micros=(now_us // interval_us + 1) * interval_us))
+        due = snapshot_due.read()
+        if due is None or due < now_us:  # set once per interval, not once per message
+            interval_us = round(self.snapshot_interval_s * _US)
+            due = (now_us // interval_us + 1) * interval_us
+            snapshot_timer.set(Timestamp(micros=due))
+            snapshot_due.write(due)
         silence_timer.set(Timestamp(micros=now_us + round(self.silence_s * _US)))
         if _ended(state) and not was_ended:
             yield from self._snapshot(state, now_us, now_us)
@@ -84,12 +89,13 @@ class TrackRunDoFn(beam.DoFn):
 
     @on_timer(SNAPSHOT_TIMER)
     def on_snapshot(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
-                    arrived: Any = beam.DoFn.StateParam(ARRIVED)) -> Iterator[tuple[str, Row]]:
-        encoded, arrived_us = run_state.read(), arrived.read()
-        if encoded and arrived_us is not None:
-            interval_us = round(self.snapshot_interval_s * _US)
-            fired_us = (arrived_us // interval_us + 1) * interval_us
-            yield from self._snapshot(engine.decode_state(encoded), arrived_us, fired_us)
+                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
+                    snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
+                    ) -> Iterator[tuple[str, Row]]:
+        encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
+        snapshot_due.clear()
+        if encoded and arrived_us is not None and due is not None:
+            yield from self._snapshot(engine.decode_state(encoded), arrived_us, due)
 
     @on_timer(SILENCE_TIMER)
     def on_silence(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
