@@ -111,6 +111,11 @@ class Attempt:
     # Deduplication: every seq below the watermark was seen; ``extra`` holds seen seqs above it.
     watermark: int = 0
     extra: set[int] = dataclasses.field(default_factory=set)
+    # Derived, not encoded: where the step number fails to increase (an in-process rollback),
+    # scanned up to ``split_scanned``; an out-of-order insert (``inserts``) rescans from 0.
+    splits: list[int] = dataclasses.field(default_factory=list)
+    split_scanned: int = 0
+    inserts: int = 0
 
     def first_time(self, seq: int) -> bool:
         """Marks ``seq`` seen; False if it had been seen before."""
@@ -121,12 +126,6 @@ class Attempt:
             self.extra.discard(self.watermark)
             self.watermark += 1
         return True
-
-    # Derived, not encoded: where the step number fails to increase (an in-process rollback),
-    # scanned up to ``split_scanned``; an out-of-order insert (``inserts``) rescans from 0.
-    splits: list[int] = dataclasses.field(default_factory=list)
-    split_scanned: int = 0
-    inserts: int = 0
 
     def add_step(self, step: int, time_us: int) -> None:
         if not self.step_times or time_us >= self.step_times[-1]:
@@ -354,8 +353,8 @@ class RunState:
             configured = timeline.metadata.get("configured_ideal_step_time_s")
         stats = self._step_statistics(timeline)  # in microseconds
         computed_us = stats.ideal()
-        reference_us = stats.ideal(_US) if stats.any_below(_US) else computed_us  # the reference
-        # ignores steps under 1 s
+        # The reference ignores steps under 1 s.
+        reference_us = stats.ideal(_US) if stats.any_below(_US) else computed_us
         ideal = configured if configured is not None else _seconds(computed_us)
         reference_ideal = configured if configured is not None else _seconds(reference_us)
         deviation = None if ideal is None else _seconds(stats.deviation(ideal * _US))
@@ -379,7 +378,6 @@ class RunState:
             stepping_slice_efficiency=stepping,
             available_slice_efficiency=available,
         )
-
 
     def _step_statistics(self, timeline: _Timeline) -> StepStatistics:
         """Step statistics of the timeline's steps: fed incrementally when only appended."""
