@@ -127,16 +127,20 @@ class Attempt:
             self.watermark += 1
         return True
 
-    def add_step(self, step: int, time_us: int) -> None:
+    def add_step(self, step: int, time_us: int) -> bool:
+        """Adds a step start; True if it simply extends the attempt (later, higher step)."""
         if not self.step_times or time_us >= self.step_times[-1]:
+            extends = not self.steps or step > self.steps[-1]
             self.steps.append(step)
             self.step_times.append(time_us)
+            return extends
         else:  # late arrival: keep time order (rare, so the O(n) insert is fine)
             at = bisect.bisect_right(self.step_times, time_us)
             self.steps.insert(at, step)
             self.step_times.insert(at, time_us)
             self.inserts += 1
             self.splits, self.split_scanned = [], 0
+            return False
 
     def split_indices(self) -> list[int]:
         """Indices of steps that start a new sub-segment (not 0), scanning only new steps."""
@@ -255,6 +259,13 @@ class RunState:
         self._stats_fed: list[tuple[str, int, int]] = []
         # The last snapshot's classified timeline up to its settle point (see _Timeline).
         self._classified: tuple[Any, ...] | None = None
+        # Changes other than steps extending the live (latest started) attempt bump the version;
+        # while it holds, the last snapshot's timeline is advanced instead of rebuilt.
+        self._version = 0
+        self._live: str | None = None
+        self._live_start: tuple[int, str] | None = None
+        self._latest_us = 0
+        self._timeline: _Timeline | None = None
 
     def add(self, event: Event) -> bool:
         """Adds one event; False (and no change) if it was seen before. O(1) amortized."""
@@ -287,20 +298,32 @@ class RunState:
         attempt.watermark = first + total
         self.events += total
         if times:
-            attempt.steps.extend(batch.steps)
+            steps = batch.steps
+            if (attempt.attempt_id != self._live or (attempt.steps and steps[0] <= attempt.steps[-1])
+                    or any(steps[i] >= steps[i + 1] for i in range(len(steps) - 1))):
+                self._version += 1
+            attempt.steps.extend(steps)
             attempt.step_times.extend(times)
             attempt.last_event_us = max(attempt.last_event_us, times[-1])
+            self._latest_us = max(self._latest_us, times[-1])
         for event in batch.others:
             self._apply(attempt, event.time_us, event.kind, event.body)
 
     def _apply(self, attempt: Attempt, t: int, kind: str, body: dict[str, Any]) -> None:
         attempt.last_event_us = max(attempt.last_event_us, t)
+        self._latest_us = max(self._latest_us, t)
         if kind == "step_start":
-            attempt.add_step(int(body["step"]), t)
-        elif kind == "job_start":
+            if not attempt.add_step(int(body["step"]), t) or attempt.attempt_id != self._live:
+                self._version += 1
+            return
+        self._version += 1
+        if kind == "job_start":
             if attempt.start_us is None or t < attempt.start_us:
                 attempt.start_us = t
                 attempt.metadata = dict(body)
+                key = (t, attempt.attempt_id)
+                if self._live_start is None or key > self._live_start:
+                    self._live, self._live_start = attempt.attempt_id, key
         elif kind == "job_end":
             attempt.end_us = t if attempt.end_us is None else max(attempt.end_us, t)
         elif kind == "checkpoint_save":
@@ -339,7 +362,14 @@ class RunState:
             configured_ideal_step_time_s: Overrides the ideal step time (else the run's own
                 configured value from its metadata, else the computed one).
         """
-        timeline = _Timeline(self, as_of_us, exclusions)
+        timeline = self._timeline
+        if (timeline is not None and timeline.version == self._version
+                and timeline.exclusions == tuple(exclusions)
+                and timeline.as_of_us <= as_of_us and self._latest_us <= as_of_us):
+            timeline.advance(as_of_us)
+        else:
+            timeline = _Timeline(self, as_of_us, exclusions)
+        self._timeline = timeline if timeline.advanceable else None
         if timeline.start_us is None:
             return None
         cumulative = timeline.figures(0, timeline.start_us, timeline.end_us)
@@ -446,6 +476,13 @@ class _Timeline:
 
     def __init__(self, run: RunState, as_of_us: int, exclusions: Sequence[tuple[int, int]]) -> None:
         self._run = run
+        self.version = run._version
+        self.exclusions = tuple(exclusions)
+        self.advanceable = False  # set by _classify when only the live sub-segment can change
+        self._base: list[tuple[int, int, str, int]] = []
+        self._live_base_from = 0
+        self._gaps: list[tuple[int, int]] = []
+        self._signature: tuple[Any, ...] = ()
         self.as_of_us = as_of_us
         self._attempts = sorted(run.attempts.values(), key=lambda a: (
             a.start_us if a.start_us is not None else math.inf, a.attempt_id))
@@ -558,7 +595,9 @@ class _Timeline:
                 limit = min(limit, resume_points[later][1])
             sub.resume_limit = limit
         for sub in self.subsegments:
+            self._live_base_from = len(base)
             base.extend(self._sub_regions(sub))
+        self._base, self._gaps = base, gaps
         self._classify(base, gaps, exclusions)
 
     def _sub_regions(self, sub: _SubSegment) -> list[tuple[int, int, str, int]]:
@@ -594,14 +633,30 @@ class _Timeline:
         self.last_step = steps[hi - 1]
         return regions
 
+    def advance(self, as_of_us: int) -> None:
+        """Moves an advanceable timeline to a later ``as_of``, when only the live sub-segment's
+        steps were added since (the run's version is unchanged)."""
+        live = self.subsegments[-1]
+        attempt_id, inserts, _ = self.step_layout[-1]  # type: ignore[index]
+        count = bisect.bisect_right(self._run.attempts[attempt_id].step_times, as_of_us)
+        live.hi, live.end_us = count, as_of_us
+        self.step_layout[-1] = (attempt_id, inserts, count)  # type: ignore[index]
+        self.as_of_us = self.end_us = as_of_us
+        del self._base[self._live_base_from:]
+        self._base.extend(self._sub_regions(live))
+        # Disruptions stay as they were: all their costs lie before the live sub-segment.
+        self._classify(self._base, self._gaps, self.exclusions, (live.last_time, self._signature))
+
     def _classify(
         self,
         base: list[tuple[int, int, str, int]],
         gaps: list[tuple[int, int]],
         exclusions: Sequence[tuple[int, int]],
+        settled_as: tuple[int, tuple[Any, ...]] | None = None,
     ) -> None:
         assert self.start_us is not None
-        settle, signature = self._settle_point(exclusions, gaps)
+        settle, signature = settled_as or self._settle_point(exclusions, gaps)
+        self._signature, self.advanceable = signature, settle is not None
         cached = self._run._classified
         if settle is not None and cached is not None and cached[0] == signature \
                 and cached[1] <= settle:
@@ -633,7 +688,8 @@ class _Timeline:
                  for label, intervals in tail_spans.items()},
                 priority, self.data_loading_total_s)
         self._apply_program_startup()
-        self._record_disruptions()
+        if settled_as is None:
+            self._record_disruptions()
 
     def _settle_point(
         self, exclusions: Sequence[tuple[int, int]], gaps: list[tuple[int, int]]
@@ -846,11 +902,11 @@ def _splice(prefix: list[tuple[int, int, str, int]],
 
 
 class _IntervalSums:
-    """Total overlap of disjoint, ordered intervals with a range (O(log n) once there are many)."""
+    """Total overlap of disjoint, ordered intervals with a range (O(log n) beyond a few)."""
 
     def __init__(self, intervals: list[tuple[int, int]]) -> None:
         self.intervals = intervals
-        if len(intervals) > 64:
+        if len(intervals) > 8:
             self.starts = [s for s, _ in intervals]
             self.ends = [e for _, e in intervals]
             self.before = list(itertools.accumulate((e - s for s, e in intervals), initial=0))
@@ -863,7 +919,7 @@ class _IntervalSums:
         return self.before[index - 1] + min(t, self.ends[index - 1]) - self.starts[index - 1]
 
     def overlap(self, start: int, end: int) -> int:
-        if len(self.intervals) <= 64:
+        if len(self.intervals) <= 8:
             return sum(min(e, end) - max(s, start) for s, e in self.intervals
                        if e > start and s < end)
         return self._covered_until(end) - self._covered_until(start)
@@ -981,6 +1037,10 @@ def decode_state(data: bytes) -> RunState:
         attempt.last_event_us, attempt.watermark = item["last"], item["wm"]
         attempt.extra = set(item["extra"])
         state.attempts[attempt.attempt_id] = attempt
+        state._latest_us = max(state._latest_us, attempt.last_event_us)
+        if attempt.start_us is not None and (
+                state._live_start is None or (attempt.start_us, attempt.attempt_id) > state._live_start):
+            state._live, state._live_start = attempt.attempt_id, (attempt.start_us, attempt.attempt_id)
     return state
 
 
