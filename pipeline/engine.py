@@ -255,7 +255,7 @@ class RunState:
         self.duplicates = 0
         # Step statistics of the steps fed so far: [(attempt id, inserts, steps fed)] in
         # segment order; extended while steps are only appended, rebuilt otherwise.
-        self._stats = StepStatistics()
+        self._stats = StepStatistics("q")
         self._stats_fed: list[tuple[str, int, int]] = []
         # The last snapshot's classified timeline up to its settle point (see _Timeline).
         self._classified: tuple[Any, ...] | None = None
@@ -413,7 +413,7 @@ class RunState:
         """Step statistics of the timeline's steps: fed incrementally when only appended."""
         layout = timeline.step_layout
         if layout is None:  # steps of attempts without a job_start: placed by time, no cache
-            stats = StepStatistics()
+            stats = StepStatistics("q")
             for sub in timeline.subsegments:
                 _feed(stats, sub.steps, sub.times, sub.lo, sub.hi)
             return stats
@@ -422,7 +422,7 @@ class RunState:
             fed[i][:2] == layout[i][:2] and fed[i][2] <= layout[i][2]
             and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
         if not extendable:
-            self._stats, fed = StepStatistics(), []
+            self._stats, fed = StepStatistics("q"), []
         for i, (attempt_id, _, count) in enumerate(layout):
             start = fed[i][2] if i < len(fed) else 0
             if count > start:

@@ -19,21 +19,31 @@ import bisect
 import collections
 import itertools
 import math
+from array import array
 from collections.abc import Sequence
+from typing import Any
 
 RECENT = 100
 BASELINE = 1000
 
 
 def kth_distance(values: Sequence[float], lo: int, hi: int, center: float, k: int) -> float:
-    """The k-th smallest (0-based) ``|v - center|`` over sorted ``values[lo:hi]``.
+    """The k-th smallest (0-based) ``|v - center|`` over sorted ``values[lo:hi]``."""
+    return kth_distances(values, lo, hi, center, k)[0]
+
+
+def kth_distances(values: Sequence[float], lo: int, hi: int, center: float,
+                  k: int) -> tuple[float, float]:
+    """The k-th and (k+1)-th smallest ``|v - center|`` over sorted ``values[lo:hi]`` (the
+    second is the first again when there is no (k+1)-th).
 
     The distances of the values below ``center``, read backwards from the split, and of those
     above it, read forwards, are two ascending runs; take ``taken`` from the first and
     ``k + 1 - taken`` from the second, and binary-search ``taken``.
     """
     split = bisect.bisect_left(values, center, lo, hi)
-    low, high = max(0, k + 1 - (hi - split)), min(k + 1, split - lo)
+    below, above = split - lo, hi - split
+    low, high = max(0, k + 1 - above), min(k + 1, below)
     while low < high:
         taken = (low + high) // 2
         # If the next distance from below is smaller than the last one taken from above,
@@ -42,12 +52,17 @@ def kth_distance(values: Sequence[float], lo: int, hi: int, center: float, k: in
             low = taken + 1
         else:
             high = taken
-    best = -math.inf
+    kth = -math.inf
     if low > 0:
-        best = center - values[split - low]
+        kth = center - values[split - low]
     if k + 1 - low > 0:
-        best = max(best, values[split + k - low] - center)
-    return best
+        kth = max(kth, values[split + k - low] - center)
+    following = math.inf
+    if low < below:
+        following = center - values[split - 1 - low]
+    if k + 1 - low < above:
+        following = min(following, values[split + k + 1 - low] - center)
+    return kth, (kth if following == math.inf else following)
 
 
 def median_distance(values: Sequence[float], lo: int, hi: int, center: float) -> float:
@@ -55,17 +70,15 @@ def median_distance(values: Sequence[float], lo: int, hi: int, center: float) ->
     n = hi - lo
     if n % 2:
         return kth_distance(values, lo, hi, center, n // 2)
-    return (kth_distance(values, lo, hi, center, n // 2 - 1)
-            + kth_distance(values, lo, hi, center, n // 2)) / 2
+    first, second = kth_distances(values, lo, hi, center, n // 2 - 1)
+    return (first + second) / 2
 
 
 def percentile_distance(values: Sequence[float], center: float, percentile: float) -> float:
     """The reference's linear-interpolation percentile of ``|v - center|`` over sorted values."""
     index = (len(values) - 1) * percentile / 100.0
     low = int(index)
-    high = min(low + 1, len(values) - 1)
-    a = kth_distance(values, 0, len(values), center, low)
-    b = kth_distance(values, 0, len(values), center, high)
+    a, b = kth_distances(values, 0, len(values), center, low)
     return a + (b - a) * (index - low)
 
 
@@ -76,12 +89,19 @@ def _median(values: Sequence[float], lo: int, hi: int) -> float:
 
 
 class StepStatistics:
-    """Step durations by step number, with the reference's ideal step time and deviation."""
+    """Step durations by step number, with the reference's ideal step time and deviation.
 
-    def __init__(self) -> None:
+    Args:
+        typecode: How the sorted durations are stored (``array`` typecode): ``"q"`` for integer
+            microseconds (exact, and an insert moves 8-byte values rather than objects),
+            ``"d"`` for float seconds.
+    """
+
+    def __init__(self, typecode: str = "d") -> None:
         self.durations: dict[int, float] = {}
-        self._sorted: list[float] = []
-        self._total = 0.0
+        self._typecode = typecode
+        self._sorted: array[Any] = array(typecode)
+        self._total: float = 0
         # The last RECENT + BASELINE steps in step-time order, and their values sorted.
         self._window: collections.deque[int] = collections.deque()
         self._recent: list[float] = []
@@ -99,14 +119,16 @@ class StepStatistics:
             if step in self._window:
                 self._rebuild_windows(replace=(step, duration))
                 self.durations[step] = duration
-                bisect.insort(self._sorted, duration)
-                self._total += duration
+                self._insert(duration)
                 return
         self.durations[step] = duration
-        bisect.insort(self._sorted, duration)
-        self._total += duration
+        self._insert(duration)
         if old is None:
             self._slide(step, duration)
+
+    def _insert(self, duration: float) -> None:
+        self._sorted.insert(bisect.bisect_right(self._sorted, duration), duration)
+        self._total += duration
 
     def set_many(self, pairs: list[tuple[int, float]]) -> None:
         """``set`` for each pair in order; many at once are sorted once instead of inserted."""
@@ -115,7 +137,7 @@ class StepStatistics:
                 self.set(step, duration)
             return
         self.durations.update(pairs)
-        self._sorted = sorted(self.durations.values())
+        self._sorted = array(self._typecode, sorted(self.durations.values()))
         self._total = sum(self._sorted)
         self._window = collections.deque(reversed(list(
             itertools.islice(reversed(self.durations), RECENT + BASELINE))))
@@ -159,7 +181,7 @@ class StepStatistics:
             kept = sum(values[lo:cut])
         else:
             kept = self._total - sum(values[:lo]) - sum(values[cut:])
-        return kept / (cut - lo)
+        return float(kept / (cut - lo))
 
     def deviation(self, ideal: float) -> float | None:
         """The reference's cumulative step-time deviation against ``ideal``."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_goodput_measurement.src import goodput_utils
 
-from pipeline.stepstats import StepStatistics, kth_distance
+from pipeline.stepstats import StepStatistics, kth_distance, kth_distances
 
 durations = st.floats(0.01, 100, allow_nan=False)
 
@@ -75,3 +75,15 @@ def test_set_many_equals_one_by_one(first, second):
         ideal = single.ideal()
         assert ideal is not None
         assert bulk.deviation(ideal) == pytest.approx(single.deviation(ideal), rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(durations, min_size=1, max_size=60), center=st.floats(-10, 110),
+       data=st.data())
+def test_kth_distances_gives_the_next_one_too(values, center, data):
+    """The pair is the k-th and (k+1)-th smallest distance (the k-th twice at the end)."""
+    values = sorted(values)
+    k = data.draw(st.integers(0, len(values) - 1))
+    distances = sorted(abs(v - center) for v in values)
+    expected = (distances[k], distances[min(k + 1, len(values) - 1)])
+    assert kth_distances(values, 0, len(values), center, k) == expected
