@@ -216,11 +216,6 @@ class Spool:
         self._prefix = f"{attempt_start_ns:020d}-{attempt_id}-"
         self.dropped_events = 0
 
-    @property
-    def has_pending(self) -> bool:
-        """Whether any segment of this run is on disk (sealed or being written)."""
-        return bool(self._segment_files())
-
     def close(self) -> None:
         """Seals the open segment and removes the run directory if nothing is left in it."""
         self.seal()

@@ -272,11 +272,6 @@ class PubSubBroker:
                 self._requeue(subscription, nacked)
             self._lock.notify_all()
 
-    def wait(self, timeout: float) -> None:
-        """Waits for a publish, an ack or a nack (or the timeout)."""
-        with self._lock:
-            self._lock.wait(timeout)
-
 
 def _check_name(name: str, kind: str) -> None:
     project, separator, resource = name.partition(kind)
@@ -415,9 +410,6 @@ class PubSubEmulator:
     def stop(self, grace_s: float = 1.0) -> None:
         self._stopping.set()
         self._server.stop(grace_s).wait()
-
-    def wait(self) -> None:
-        self._server.wait_for_termination()
 
     def __enter__(self) -> PubSubEmulator:
         return self.start()
