@@ -226,12 +226,15 @@ class GoodputRecorder:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _record(self, kind: str, when: object, name: str, body: dict[str, Any]) -> None:
+    def _record(self, kind: str, when: object, name: str, body: dict[str, Any],
+                clock_hint: bool = True) -> None:
         if when is None:
             time_us = time.time_ns() // 1000
         else:
             time_us = _time_us(when, name)
-            self._explicit_time = True
+            # An explicit time may be a simulated or backfilled clock: no more invented heartbeats.
+            # A checkpoint's start is always explicit, so it says nothing about the clock.
+            self._explicit_time = self._explicit_time or clock_hint
         worker = self._worker
         if worker is None:
             return
@@ -392,7 +395,7 @@ class GoodputRecorder:
             body = {"step": _count(step, "step"),
                     "blocking_s": self._blocking_s(start_time, end_time),
                     "persistent": bool(persistent)}
-            self._record("checkpoint_save", start_time, "start_time", body)
+            self._record("checkpoint_save", start_time, "start_time", body, clock_hint=False)
 
     def record_checkpoint_restore(
         self,
@@ -404,7 +407,7 @@ class GoodputRecorder:
         if self._worker is not None:
             body = {"step": _count(step, "step"),
                     "blocking_s": self._blocking_s(start_time, end_time)}
-            self._record("checkpoint_restore", start_time, "start_time", body)
+            self._record("checkpoint_restore", start_time, "start_time", body, clock_hint=False)
 
     def record_heartbeat(self, time_: datetime.datetime | None = None) -> None:
         """Records that the job is alive (automatic while idle on the real clock)."""
