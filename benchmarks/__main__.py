@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import logging
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(SECTIONS)}",
               file=sys.stderr)
         return 2
+    logging.basicConfig(level=logging.WARNING)  # quiet: only problems are logged
     parts = []
     for name in names:
         started = time.perf_counter()
