@@ -92,13 +92,13 @@ class Spool:
         self._buffered = 0
 
     def write_segment(self, records: list[Record]) -> None:
-        """Writes ``records`` (in seq order) as one sealed segment of this attempt."""
+        """Writes ``records`` (in seq order) as sealed segments of this attempt; what does not
+        fit is dropped and counted in ``dropped_events``."""
         if not records:
             return
         self.seal()
         for record in records:
-            if not self.append(record):
-                continue
+            self.append(record)
         self.seal()
 
     def seal(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.runners.runner import PipelineState
 
 from pipeline.live import TrackRunsLive
 from pipeline.options import GoodputOptions
@@ -121,8 +122,7 @@ def run_streaming(options: GoodputOptions) -> int:
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
     while not stop.wait(1.0):
-        if str(result.state) in ("DONE", "FAILED", "CANCELLED", "PipelineState.DONE",
-                                 "PipelineState.FAILED", "PipelineState.CANCELLED"):
+        if PipelineState.is_terminal(result.state):
             break
     result.cancel()
     print("stopped", file=sys.stderr, flush=True)

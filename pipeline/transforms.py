@@ -100,18 +100,13 @@ class _WriteAll(beam.DoFn):
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def process(self, element: tuple[int, Iterable[tuple[str, Row]]]) -> Iterator[tuple[str, int]]:
-        from pipeline.duckdb_sink import DuckDBSink
+    def process(self, element: tuple[int, Iterable[tuple[str, Row]]]) -> None:
+        from pipeline.duckdb_sink import append
 
         by_table: dict[str, list[Row]] = {}
         for table, row in element[1]:
             by_table.setdefault(table, []).append(row)
-        sink = DuckDBSink(self.path)
-        try:
-            for table, rows in sorted(by_table.items()):
-                yield table, sink.write(table, rows)
-        finally:
-            sink.close()
+        append(self.path, by_table)
 
 
 class _AppendPerBundle(beam.DoFn):
