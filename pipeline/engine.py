@@ -279,8 +279,9 @@ class RunState:
         self._apply(attempt, event.time_us, event.kind, event.body)
         return True
 
-    def add_batch(self, batch: Batch) -> None:
-        """Adds one message's events; in bulk when they are the attempt's next ones, in order."""
+    def add_batch(self, batch: Batch) -> int:
+        """Adds one message's events, in bulk when they are the attempt's next ones, in order;
+        returns how many were new (0 for a redelivered message)."""
         attempt = self.attempts.get(batch.attempt_id)
         if attempt is None:
             attempt = self.attempts[batch.attempt_id] = Attempt(batch.attempt_id)
@@ -292,9 +293,7 @@ class RunState:
                 and not (attempt.extra and min(attempt.extra) < first + total)
                 and all(times[i] <= times[i + 1] for i in range(len(times) - 1))
                 and (not times or not attempt.step_times or times[0] >= attempt.step_times[-1])):
-            for event in batch.events():
-                self.add(event)
-            return
+            return sum(self.add(event) for event in batch.events())
         attempt.watermark = first + total
         self.events += total
         if times:
@@ -308,6 +307,7 @@ class RunState:
             self._latest_us = max(self._latest_us, times[-1])
         for event in batch.others:
             self._apply(attempt, event.time_us, event.kind, event.body)
+        return total
 
     def _apply(self, attempt: Attempt, t: int, kind: str, body: dict[str, Any]) -> None:
         attempt.last_event_us = max(attempt.last_event_us, t)

@@ -14,7 +14,8 @@ Streaming, from a Pub/Sub subscription (locally: ``PUBSUB_EMULATOR_HOST`` set)::
         --subscription=projects/P/subscriptions/S --duckdb=goodput.duckdb [--snapshot_interval_s=30]
 
 On Dataflow: ``--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp``.
-SIGINT or SIGTERM stops the stream cleanly.
+SIGINT or SIGTERM stops the stream cleanly: within one snapshot interval, every message read
+is in a snapshot; a second signal stops it at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,7 +32,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.runner import PipelineState
 
-from pipeline.live import TrackRunsLive
+from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
 from pipeline.options import GoodputOptions
 from pipeline.transforms import ParseEvents, TrackRuns, WriteToDuckDB
 
@@ -105,26 +107,47 @@ def print_summary(duckdb_path: str, out: TextIO) -> None:
     out.write(f"{len(runs)} runs; {dead} rejected inputs in table dead_letter; tables in {duckdb_path}\n")
 
 
+DRAIN_GRACE_S = 2.0  # after the last interval timer is due: time for it to fire and be written
+
+
 def run_streaming(options: GoodputOptions) -> int:
-    """Runs the stream until SIGINT or SIGTERM, then cancels it cleanly."""
+    """Runs the stream until SIGINT or SIGTERM, then stops it cleanly: every message read so far
+    is in a snapshot before the pipeline is cancelled. A second signal cancels at once."""
     goodput = options.view_as(GoodputOptions)
     if not goodput.subscription:
         print("python -m pipeline: --streaming needs --subscription=projects/P/subscriptions/S",
               file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(*_: object) -> None:
+        (force if stop.is_set() else stop).set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
     pipeline = beam.Pipeline(options=options)
     build_streaming_pipeline(pipeline, goodput.subscription, goodput.duckdb, goodput.windows,
                              goodput.snapshot_interval_s, goodput.silence_s, goodput.gc_after_s)
     result = pipeline.run()
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
-    while not stop.wait(1.0):
-        if PipelineState.is_terminal(result.state):
-            break
-    result.cancel()
+    while not stop.wait(1.0) and not PipelineState.is_terminal(result.state):
+        pass
+    if not PipelineState.is_terminal(result.state):
+        # The DirectRunner cannot drain (see pipeline.live): report new messages at once, and
+        # wait until the interval snapshots pending for the others are due and written.
+        DRAINING.set()
+        due_s = next_snapshot_due(round(time.time() * 1e6), goodput.snapshot_interval_s) / 1e6
+        deadline = due_s + DRAIN_GRACE_S
+        print(f"stopping: final snapshots within {deadline - time.time():.0f} s "
+              "(signal again to stop at once)", file=sys.stderr, flush=True)
+        while time.time() < deadline and not force.wait(0.2):
+            if PipelineState.is_terminal(result.state):
+                break
+        result.cancel()
+    if result.state == PipelineState.FAILED:
+        print("python -m pipeline: the streaming pipeline failed (see the log above)", file=sys.stderr)
+        return 1
     print("stopped", file=sys.stderr, flush=True)
     return 0
 

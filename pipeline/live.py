@@ -7,10 +7,16 @@ by run id, so the pipeline scales out across workers. Snapshots are emitted
 * at once when the run records its end,
 * when the run falls silent for ``silence_s`` (SILENCE_TIMER): its elapsed time has kept
   growing with no step, so rolling goodput drops and an alert can fire;
+* when the input ends (FINAL_TIMER, on event time at the end of the window: a drained Dataflow
+  job, the end of a test stream), for every run with events no snapshot has reported yet;
 
-and the state is cleared ``gc_after_s`` after the run ends (GC_TIMER). All timers run on
+and the state is cleared ``gc_after_s`` after the run ends (GC_TIMER). The other timers run on
 processing time, so events with old event times (a backfill or a replay through the stream) are
 counted, never wiped by a timer that fires at once.
+
+The DirectRunner cannot drain: its Pub/Sub read holds the watermark at the wall clock. There the
+launcher sets ``DRAINING`` instead, after which every message is reported as it arrives, and
+stops the pipeline once the pending interval snapshots are due (``next_snapshot_due``).
 
 A snapshot is taken as of the run's own clock: its latest event time plus the processing time
 since that event arrived. For a live job that is now; for a replay it is the replayed time.
@@ -18,6 +24,7 @@ since that event arrived. For a live job that is now; for a replay it is the rep
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +42,14 @@ from pipeline.rows import Row, snapshot_rows
 
 _US = 1_000_000
 
+DRAINING = threading.Event()  # set in this process: report each message at once
+
+
+def next_snapshot_due(now_us: int, interval_s: float) -> int:
+    """The first interval boundary after ``now_us``: when an interval snapshot set now fires."""
+    interval_us = round(interval_s * _US)
+    return (now_us // interval_us + 1) * interval_us
+
 
 class TrackRunDoFn(beam.DoFn):
     """Keeps one run's state and emits its snapshot rows on the timers described above."""
@@ -45,6 +60,7 @@ class TrackRunDoFn(beam.DoFn):
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     SILENCE_TIMER = TimerSpec("silence", TimeDomain.REAL_TIME)
     GC_TIMER = TimerSpec("gc", TimeDomain.REAL_TIME)
+    FINAL_TIMER = TimerSpec("final", TimeDomain.WATERMARK)
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float, silence_s: float,
                  gc_after_s: float, clock: Callable[[], float] = time.time) -> None:
@@ -59,43 +75,57 @@ class TrackRunDoFn(beam.DoFn):
     def process(
         self,
         element: tuple[str, Batch],
+        window: Any = beam.DoFn.WindowParam,
         run_state: Any = beam.DoFn.StateParam(RUN_STATE),
         arrived: Any = beam.DoFn.StateParam(ARRIVED),
         snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
         gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
+        final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER),
     ) -> Iterator[tuple[str, Row]]:
         run_id, batch = element
         encoded = run_state.read()
-        state = engine.decode_state(encoded) if encoded else engine.RunState(run_id)
+        if encoded is None:
+            state = engine.RunState(run_id)
+            final_timer.set(window.max_timestamp())
+        else:
+            state = engine.decode_state(encoded)
         was_ended = _ended(state)
-        state.add_batch(batch)
+        if not state.add_batch(batch):
+            return  # a redelivered message: nothing new
         run_state.write(engine.encode_state(state))
         now_us = round(self.clock() * _US)
         arrived.write(now_us)
+        silence_timer.set(Timestamp(micros=now_us + round(self.silence_s * _US)))
+        ends_now = _ended(state) and not was_ended
+        if ends_now:
+            gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
+        if ends_now or DRAINING.is_set():
+            snapshot_due.clear()
+            yield from self._snapshot(state, now_us, now_us)
+            return
         due = snapshot_due.read()
         if due is None or due < now_us:  # set once per interval, not once per message
-            interval_us = round(self.snapshot_interval_s * _US)
-            due = (now_us // interval_us + 1) * interval_us
+            due = next_snapshot_due(now_us, self.snapshot_interval_s)
             snapshot_timer.set(Timestamp(micros=due))
             snapshot_due.write(due)
-        silence_timer.set(Timestamp(micros=now_us + round(self.silence_s * _US)))
-        if _ended(state) and not was_ended:
-            yield from self._snapshot(state, now_us, now_us)
-            gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
 
-    # A timer callback knows when it fires without a clock: it fires when it was set for.
+    # The processing-time timers know when they fire without a clock: when they were set for.
 
     @on_timer(SNAPSHOT_TIMER)
     def on_snapshot(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     arrived: Any = beam.DoFn.StateParam(ARRIVED),
                     snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
                     ) -> Iterator[tuple[str, Row]]:
-        encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
-        snapshot_due.clear()
-        if encoded and arrived_us is not None and due is not None:
-            yield from self._snapshot(engine.decode_state(encoded), arrived_us, due)
+        yield from self._report_pending(run_state, arrived, snapshot_due)
+
+    @on_timer(FINAL_TIMER)
+    def on_final(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+                 arrived: Any = beam.DoFn.StateParam(ARRIVED),
+                 snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
+                 ) -> Iterator[tuple[str, Row]]:
+        yield from self._report_pending(run_state, arrived, snapshot_due, round(self.clock() * _US))
 
     @on_timer(SILENCE_TIMER)
     def on_silence(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
@@ -109,11 +139,23 @@ class TrackRunDoFn(beam.DoFn):
 
     @on_timer(GC_TIMER)
     def on_gc(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
-              arrived: Any = beam.DoFn.StateParam(ARRIVED)) -> None:
+              arrived: Any = beam.DoFn.StateParam(ARRIVED),
+              snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)) -> None:
         encoded = run_state.read()
         if encoded and _ended(engine.decode_state(encoded)):  # not restarted since
             run_state.clear()
             arrived.clear()
+            snapshot_due.clear()
+
+    def _report_pending(self, run_state: Any, arrived: Any, snapshot_due: Any,
+                        at_us: int | None = None) -> Iterator[tuple[str, Row]]:
+        """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
+        when it is due."""
+        encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
+        snapshot_due.clear()
+        if encoded and arrived_us is not None and due is not None:
+            yield from self._snapshot(engine.decode_state(encoded), arrived_us,
+                                      due if at_us is None else at_us)
 
     def _snapshot(self, state: engine.RunState, arrived_us: int,
                   now_us: int) -> Iterator[tuple[str, Row]]:

@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 import apache_beam as beam
+import duckdb
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
@@ -18,7 +19,8 @@ from reference_harness import TraceBuilder, record_ours
 
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
-from pipeline.live import TrackRunsLive
+from pipeline.live import DRAINING, TrackRunsLive
+from pipeline.transforms import WriteToDuckDB
 
 WINDOWS = (300,)
 
@@ -144,3 +146,50 @@ def test_state_is_cleared_after_the_run_ends():
         assert {r["max_productive_step"] for r in ends} == {149}
 
     track(stream, check, snapshot_interval_s=10_000.0, silence_s=10_000.0)
+
+
+def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
+    """The input ends (a drained job) before the interval is up: FINAL_TIMER reports the run once,
+    with the engine's numbers; a run already reported at its end is not reported again.
+
+    Its rows carry the end of the window as their timestamp, which ``assert_that`` (a GroupByKey)
+    drops as late, so they are read back from the streaming DuckDB writer, as in production."""
+    pending, ended = run_batches(end=False), run_batches(end=True)
+    stream = (Stream()
+              .add_elements([("pending", b) for b in pending] + [("ended", b) for b in ended])
+              .advance_processing_time(10)
+              .advance_watermark_to_infinity())
+    database = tmp_path / "live.duckdb"
+    with BeamTestPipeline(options=streaming_options()) as pipeline:
+        (pipeline
+         | stream
+         | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
+         | TrackRunsLive(WINDOWS, 10_000.0, 10_000.0, 600.0, clock=lambda: 0.0)
+         | WriteToDuckDB(str(database), streaming=True))
+    with duckdb.connect(str(database), read_only=True) as connection:
+        rows = connection.execute("SELECT run_id, goodput_pct, max_productive_step, ended "
+                                  "FROM goodput_snapshots WHERE window_s = 0 ORDER BY run_id").fetchall()
+    expected = engine_snapshot(pending, latest_time(pending))
+    assert [(r[0], r[2], r[3]) for r in rows] == [
+        ("ended", 149, True), ("pending", expected.max_productive_step, False)]
+    assert abs(rows[1][1] - expected.cumulative.goodput_pct) < 1e-9
+
+
+def test_while_draining_every_message_is_reported_at_once():
+    """With DRAINING set (the launcher stopping a DirectRunner job) there is one snapshot per new
+    message, none for a redelivery, and no interval timer is waited for."""
+    batches = run_batches(end=False)
+    stream = (Stream()
+              .add_elements([("run", b) for b in batches[:3]])
+              .add_elements([("run", batches[0])])  # a redelivery
+              .advance_processing_time(1))
+    expected = [engine_snapshot(batches[:n], latest_time(batches[:n])).last_step for n in (1, 2, 3)]
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        assert sorted(r["last_step"] for r in rows if r["window_s"] == 0) == expected
+
+    DRAINING.set()
+    try:
+        track(stream, check, snapshot_interval_s=10_000.0)
+    finally:
+        DRAINING.clear()

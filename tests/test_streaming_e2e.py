@@ -9,18 +9,53 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
 from google.pubsub_v1.types import pubsub as types
 
-from pipeline.emulators.pubsub import PubSubEmulator
+from conftest import at
+from emitter import GoodputRecorder
+from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = "projects/goodput-local"
 TOPIC = f"{PROJECT}/topics/goodput"
+SUBSCRIPTION = f"{PROJECT}/subscriptions/pipeline"
+COPY = f"{PROJECT}/subscriptions/copy"  # the same messages, for the batch replay
 RUNS = {"run-a": ("300", "7"), "run-b": ("200", "3")}
+
+
+@pytest.fixture
+def emulator() -> Iterator[PubSubEmulator]:
+    """An emulator with the topic and both subscriptions."""
+    with PubSubEmulator() as started:
+        started.broker.create_topic(types.Topic(name=TOPIC))
+        for name in (SUBSCRIPTION, COPY):
+            started.broker.create_subscription(types.Subscription(name=name, topic=TOPIC))
+        yield started
+
+
+def start_stream(host: str, database: Path, interval_s: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
+         f"--subscription={SUBSCRIPTION}", f"--duckdb={database}", f"--snapshot_interval_s={interval_s}"],
+        cwd=REPO, env=environment(host), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def environment(host: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PUBSUB_EMULATOR_HOST": host}
+
+
+def stop_stream(stream: subprocess.Popen[str], signum: int = signal.SIGINT) -> str:
+    """Stops the stream with ``signum``; its output, once it exited cleanly."""
+    stream.send_signal(signum)
+    output, _ = stream.communicate(timeout=60)
+    assert stream.returncode == 0, output
+    assert "stopped" in output
+    return output
 
 
 def latest_cumulative(database: Path) -> dict[str, tuple]:
@@ -28,62 +63,96 @@ def latest_cumulative(database: Path) -> dict[str, tuple]:
     try:
         with duckdb.connect(str(database), read_only=True) as connection:
             rows = connection.execute(
-                "SELECT run_id, goodput_pct, total_time_s, disruptions, max_productive_step, ended "
-                "FROM latest_goodput WHERE window_s = 0").fetchall()
+                "SELECT run_id, goodput_pct, total_time_s, disruptions, max_productive_step, ended, "
+                "last_step FROM latest_goodput WHERE window_s = 0").fetchall()
     except (duckdb.IOException, duckdb.CatalogException):
         return {}
     return {row[0]: row[1:] for row in rows}
 
 
-def test_stream_and_batch_agree(tmp_path: Path):
+def replay_copies(broker: PubSubBroker, tmp_path: Path, host: str) -> tuple[Path, dict[str, tuple]]:
+    """Every message of the copy subscription, written to a file and replayed in batch."""
+    copies = tmp_path / "events.jsonl"
+    with copies.open("wb") as out:
+        while batch := broker.pull(COPY, 100, wait_s=0.2):
+            broker.acknowledge(COPY, [m.ack_id for m in batch])
+            for message in batch:
+                out.write(message.message.data + b"\n")
+    database = tmp_path / "batch.duckdb"
+    subprocess.run([sys.executable, "-m", "pipeline", f"--events={copies}", f"--duckdb={database}"],
+                   cwd=REPO, env=environment(host), check=True, capture_output=True, timeout=120)
+    return copies, latest_cumulative(database)
+
+
+def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
     """Two runs with a crash and a restart each: the live tables end with the batch numbers."""
-    with PubSubEmulator() as emulator:
-        broker = emulator.broker
-        broker.create_topic(types.Topic(name=TOPIC))
-        for name in ("pipeline", "copy"):
-            broker.create_subscription(types.Subscription(
-                name=f"{PROJECT}/subscriptions/{name}", topic=TOPIC))
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PUBSUB_EMULATOR_HOST": emulator.host}
-        live = tmp_path / "live.duckdb"
-        stream = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
-             f"--subscription={PROJECT}/subscriptions/pipeline", f"--duckdb={live}",
-             "--snapshot_interval_s=1"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            for run_id, (steps, seed) in RUNS.items():
-                subprocess.run([sys.executable, "examples/simulated_job.py", "--destination", TOPIC,
-                                "--run-id", run_id, "--steps", steps, "--seed", seed,
-                                "--output", str(tmp_path / "spool-home" / "x")],
-                               cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and stream.poll() is None:
-                rows = latest_cumulative(live)
-                if set(rows) == set(RUNS) and all(row[-1] for row in rows.values()):
-                    break
-                time.sleep(0.5)
-        finally:
-            stream.send_signal(signal.SIGINT)
-            output, _ = stream.communicate(timeout=60)
-        assert stream.returncode == 0, output
-        assert "stopped" in output
-        # The same messages, from the second subscription, replayed in batch.
-        copies = tmp_path / "events.jsonl"
-        with copies.open("wb") as out:
-            while batch := broker.pull(f"{PROJECT}/subscriptions/copy", 100, wait_s=0.2):
-                broker.acknowledge(f"{PROJECT}/subscriptions/copy", [m.ack_id for m in batch])
-                for message in batch:
-                    out.write(message.message.data + b"\n")
+    live = tmp_path / "live.duckdb"
+    stream = start_stream(emulator.host, live, interval_s=1)
+    try:
+        for run_id, (steps, seed) in RUNS.items():
+            subprocess.run([sys.executable, "examples/simulated_job.py", "--destination", TOPIC,
+                            "--run-id", run_id, "--steps", steps, "--seed", seed,
+                            "--output", str(tmp_path / "spool-home" / "x")],
+                           cwd=REPO, env=environment(emulator.host), check=True, capture_output=True,
+                           timeout=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and stream.poll() is None:
+            rows = latest_cumulative(live)
+            if set(rows) == set(RUNS) and all(row[4] for row in rows.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        stop_stream(stream)
+    copies, replayed = replay_copies(emulator.broker, tmp_path, emulator.host)
     assert {json.loads(line)["run_id"] for line in copies.read_text().splitlines()} == set(RUNS)
-    batch_db = tmp_path / "batch.duckdb"
-    subprocess.run([sys.executable, "-m", "pipeline", f"--events={copies}", f"--duckdb={batch_db}"],
-                   cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
-    streamed, replayed = latest_cumulative(live), latest_cumulative(batch_db)
+    streamed = latest_cumulative(live)
     assert set(streamed) == set(RUNS)
     for run_id in RUNS:
-        goodput, total, disruptions, max_step, ended = streamed[run_id]
+        goodput, total, disruptions, max_step, ended, _ = streamed[run_id]
         expected = replayed[run_id]
         assert goodput == pytest.approx(expected[0], abs=1e-9)
         assert total == pytest.approx(expected[1], abs=1e-6)
         assert (disruptions, max_step, ended) == (expected[2], expected[3], expected[4]) == (1, int(
             RUNS[run_id][0]) - 1, True)
+
+
+def test_an_outage_loses_nothing_and_a_stop_reports_everything(
+        tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
+    """Pub/Sub goes away mid-run for a few seconds: the emitter spools, the pipeline's reads
+    retry, and every event arrives once it is back. Then SIGTERM, before the next interval
+    snapshot is due, still leaves the run's latest events in DuckDB."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    live = tmp_path / "live.duckdb"
+    stream = start_stream(emulator.host, live, interval_s=5)
+    recorder = GoodputRecorder("run-outage", logging_enabled=True, destination=TOPIC,
+                               settings=make_settings(max_batch_events=20))
+    try:
+        recorder.record_job_start_time(at(0))
+        for step in range(50):
+            recorder.record_step_start_time(step, at(10 + step))
+        assert recorder.flush(timeout=20)
+        emulator.stop()
+        for step in range(50, 100):
+            recorder.record_step_start_time(step, at(10 + step))
+        assert recorder.flush(timeout=1) is False  # nowhere to deliver
+        time.sleep(3)  # Pub/Sub stays away: the pipeline's pulls fail meanwhile
+        emulator = PubSubEmulator(port=emulator.port, broker=emulator.broker).start()
+        assert recorder.flush(timeout=60)
+        deadline = time.monotonic() + 120
+        while emulator.broker.unacknowledged(SUBSCRIPTION) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert emulator.broker.unacknowledged(SUBSCRIPTION) == 0
+        output = stop_stream(stream, signal.SIGTERM)
+    finally:
+        recorder.close(timeout=5)
+        if stream.poll() is None:
+            stream.kill()
+        emulator.stop()
+    assert "final snapshots within" in output
+    copies, replayed = replay_copies(emulator.broker, tmp_path, emulator.host)
+    seqs = sorted(e["seq"] for line in copies.read_text().splitlines()
+                  for e in json.loads(line)["events"])
+    assert seqs == list(range(101))  # job start and 100 steps, each once
+    streamed = latest_cumulative(live)["run-outage"]
+    assert streamed[-1] == replayed["run-outage"][-1] == 99  # the last step, read before the stop
+    assert streamed[2:5] == replayed["run-outage"][2:5]  # disruptions, max productive step, ended

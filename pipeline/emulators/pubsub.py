@@ -246,6 +246,12 @@ class PubSubBroker:
         merged = sorted([*deliveries, *subscription.pending], key=lambda d: int(d.message.message_id))
         subscription.pending = collections.deque(merged)
 
+    def unacknowledged(self, name: str) -> int:
+        """How many of the subscription's messages are not acknowledged yet."""
+        with self._lock:
+            subscription = self._subscription(name)
+            return len(subscription.pending) + len(subscription.outstanding)
+
     def acknowledge(self, name: str, ack_ids: list[str]) -> None:
         with self._lock:
             subscription = self._subscription(name)
@@ -388,10 +394,15 @@ def _streaming_pull(broker: PubSubBroker, stopping: threading.Event,
 
 
 class PubSubEmulator:
-    """The emulator as a gRPC server on localhost; a context manager that stops it."""
+    """The emulator as a gRPC server on localhost; a context manager that stops it.
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", max_workers: int = 32) -> None:
-        self.broker = PubSubBroker()
+    Given the ``broker`` of an emulator that was stopped, a new one on the same port serves the
+    same topics, subscriptions and messages: a service that was away for a while, not a new one.
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", max_workers: int = 32,
+                 broker: PubSubBroker | None = None) -> None:
+        self.broker = broker or PubSubBroker()
         self._stopping = threading.Event()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pubsub-emulator"),
