@@ -187,6 +187,19 @@ class WindowFigures:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepSummary:
+    """The distribution of a run's step times (seconds), over every measured step."""
+
+    steps: int
+    mean_s: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+    recent_p50_s: float  # the median of the last 100 steps
+
+
+@dataclasses.dataclass(frozen=True)
 class Snapshot:
     """A run's figures as of ``as_of_us``."""
 
@@ -207,6 +220,7 @@ class Snapshot:
     metadata: dict[str, Any]
     stepping_slice_efficiency: float | None
     available_slice_efficiency: float | None
+    step_summary: StepSummary | None = None
 
 
 @dataclasses.dataclass
@@ -407,6 +421,7 @@ class RunState:
             metadata=timeline.metadata,
             stepping_slice_efficiency=stepping,
             available_slice_efficiency=available,
+            step_summary=_summary(stats),
         )
 
     def _step_statistics(self, timeline: _Timeline) -> StepStatistics:
@@ -430,6 +445,15 @@ class RunState:
                 _feed(self._stats, attempt.steps, attempt.step_times, max(0, start - 1), count)
         self._stats_fed = list(layout)
         return self._stats
+
+
+def _summary(stats: StepStatistics) -> StepSummary | None:
+    """The step-time distribution, from statistics kept in microseconds."""
+    mean, recent = stats.mean(), stats.recent_median()
+    if mean is None or recent is None:
+        return None
+    p50, p90, p99, top = (stats.quantile(q) or 0.0 for q in (0.5, 0.9, 0.99, 1.0))
+    return StepSummary(len(stats), mean / _US, p50 / _US, p90 / _US, p99 / _US, top / _US, recent / _US)
 
 
 def _feed(stats: StepStatistics, steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> None:

@@ -34,6 +34,7 @@ from apache_beam.runners.runner import PipelineState
 
 from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
 from pipeline.options import GoodputOptions
+from pipeline.rows import batch_rows
 from pipeline.transforms import ParseEvents, TrackRuns, WriteToDuckDB
 
 
@@ -46,36 +47,39 @@ def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
                 yield f"{path}:{number}", line
 
 
-def build_streaming_pipeline(pipeline: beam.Pipeline, subscription: str, duckdb_path: str | None,
-                             windows_s: tuple[int, ...], snapshot_interval_s: float,
-                             silence_s: float, gc_after_s: float) -> Any:
+def build_streaming_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
     """The streaming graph on ``pipeline``; returns the PCollection of (table, row) outputs."""
     parsed = (pipeline
-              | "ReadPubSub" >> beam.io.ReadFromPubSub(subscription=subscription, with_attributes=True)
+              | "ReadPubSub" >> beam.io.ReadFromPubSub(subscription=options.subscription,
+                                                       with_attributes=True)
               | "WithSource" >> beam.Map(
                   lambda m: (m.attributes.get("message_id") or m.message_id or "", m.data))
               | "ParseEvents" >> ParseEvents())
     snapshots = (parsed.events
                  | "Keyed" >> beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
-                 | "TrackRuns" >> TrackRunsLive(windows_s, snapshot_interval_s, silence_s, gc_after_s))
-    rows = (snapshots, parsed.dead_letter) | "AllRows" >> beam.Flatten()
-    if duckdb_path:
-        rows | "WriteToDuckDB" >> WriteToDuckDB(duckdb_path, streaming=True)
-    return rows
+                 | "TrackRuns" >> TrackRunsLive(options.windows, options.snapshot_interval_s,
+                                                options.silence_s, options.gc_after_s))
+    return _write(parsed, snapshots, options, streaming=True)
 
 
-def build_pipeline(pipeline: beam.Pipeline, events: Sequence[str], duckdb_path: str | None,
-                   as_of_us: int | None, windows_s: tuple[int, ...],
-                   exclusions: Sequence[tuple[int, int]] = ()) -> Any:
+def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
     """The batch graph on ``pipeline``; returns the PCollection of (table, row) outputs."""
     parsed = (pipeline
-              | "Files" >> beam.Create(list(events))
+              | "Files" >> beam.Create(list(options.events))
               | "ReadLines" >> beam.FlatMap(read_lines)
               | "ParseEvents" >> ParseEvents())
-    snapshots = parsed.events | "TrackRuns" >> TrackRuns(as_of_us, windows_s, tuple(exclusions))
-    rows = (snapshots, parsed.dead_letter) | "AllRows" >> beam.Flatten()
-    if duckdb_path:
-        rows | "WriteToDuckDB" >> WriteToDuckDB(duckdb_path)
+    snapshots = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
+                                                         tuple(options.exclude or ()))
+    return _write(parsed, snapshots, options, streaming=False)
+
+
+def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool) -> Any:
+    """Every output row (snapshots, raw events and run metadata, dead letters) to the sinks."""
+    raw_events = not options.no_raw_events
+    inputs = parsed.events | "InputRows" >> beam.FlatMap(lambda kv: batch_rows(kv[1], raw_events))
+    rows = (snapshots, inputs, parsed.dead_letter) | "AllRows" >> beam.Flatten()
+    if options.duckdb:
+        rows | "WriteToDuckDB" >> WriteToDuckDB(options.duckdb, streaming=streaming)
     return rows
 
 
@@ -126,8 +130,7 @@ def run_streaming(options: GoodputOptions) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
     pipeline = beam.Pipeline(options=options)
-    build_streaming_pipeline(pipeline, goodput.subscription, goodput.duckdb, goodput.windows,
-                             goodput.snapshot_interval_s, goodput.silence_s, goodput.gc_after_s)
+    build_streaming_pipeline(pipeline, goodput)
     result = pipeline.run()
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
@@ -165,8 +168,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"python -m pipeline: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     with beam.Pipeline(options=options) as pipeline:
-        build_pipeline(pipeline, goodput.events, goodput.duckdb, goodput.as_of, goodput.windows,
-                       goodput.exclude or ())
+        build_pipeline(pipeline, goodput)
     if goodput.duckdb:
         print_summary(goodput.duckdb, sys.stdout)
     return 0

@@ -53,6 +53,9 @@ class GoodputOptions(PipelineOptions):
                             help="an emitter file (one JSON message per line); repeat for more")
         parser.add_argument("--duckdb", default=None, metavar="FILE",
                             help="DuckDB file the output tables are appended to")
+        parser.add_argument("--no_raw_events", action="store_true",
+                            help="leave out the raw events table (snapshots, run metadata and dead "
+                                 "letters are still written)")
         parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
                             help="snapshot time (default: the latest event time in the input)")
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",

@@ -1,4 +1,5 @@
-"""Output rows: snapshots, disruptions and dead letters as rows of the output tables.
+"""Output rows: snapshots, step statistics, disruptions, raw events, run metadata and dead
+letters as rows of the output tables.
 
 The tables' schemas are the JSON files in ``schemas/tables/`` (BigQuery's format); every sink
 writes these rows. Times are timezone-aware ``datetime`` values.
@@ -7,15 +8,17 @@ writes these rows. Times are timezone-aware ``datetime`` values.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Iterator
 from typing import Any
 
 from pipeline.engine import Snapshot, WindowFigures
-from pipeline.events import DeadLetter
+from pipeline.events import Batch, DeadLetter
 
 Row = dict[str, Any]
-GOODPUT, BADPUT, DISRUPTIONS, DEAD_LETTER = (
-    "goodput_snapshots", "badput_snapshots", "disruptions", "dead_letter")
+GOODPUT, BADPUT, STEP_STATS, DISRUPTIONS, DEAD_LETTER, EVENTS, RUN_METADATA = (
+    "goodput_snapshots", "badput_snapshots", "step_stats", "disruptions", "dead_letter", "events",
+    "run_metadata")
 
 
 def timestamp(time_us: int | float) -> datetime.datetime:
@@ -36,6 +39,16 @@ def snapshot_rows(snapshot: Snapshot) -> Iterator[tuple[str, Row]]:
             yield BADPUT, {"run_id": snapshot.run_id, "snapshot_time": at, "window_s": window_s,
                            "badput_source": source, "seconds": seconds,
                            "pct": window.badput_pct(source)}
+    summary = snapshot.step_summary
+    if summary is not None:
+        yield STEP_STATS, {
+            "run_id": snapshot.run_id, "snapshot_time": at, "steps_measured": summary.steps,
+            "step_time_mean_s": summary.mean_s, "step_time_p50_s": summary.p50_s,
+            "step_time_p90_s": summary.p90_s, "step_time_p99_s": summary.p99_s,
+            "step_time_max_s": summary.max_s, "recent_step_time_p50_s": summary.recent_p50_s,
+            "ideal_step_time_s": snapshot.ideal_step_time_s,
+            "step_time_deviation_s": snapshot.step_time_deviation_s,
+        }
     for index, disruption in enumerate(snapshot.disruptions):
         yield DISRUPTIONS, {
             "run_id": snapshot.run_id, "snapshot_time": at, "disruption_index": index,
@@ -73,3 +86,30 @@ def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
 def dead_letter_row(letter: DeadLetter, received: datetime.datetime) -> Row:
     return {"received_time": received, "source": letter.source or None,
             "run_id": letter.run_id or None, "reason": letter.reason, "payload": letter.payload}
+
+
+def batch_rows(batch: Batch, raw_events: bool = True) -> Iterator[tuple[str, Row]]:
+    """(table, row) for a message's events (if ``raw_events``) and the run metadata it carries."""
+    if raw_events:
+        for seq, time_us, step in zip(batch.step_seqs, batch.step_times, batch.steps, strict=True):
+            yield EVENTS, {"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": seq,
+                           "event_time": timestamp(time_us), "kind": "step_start", "step": step,
+                           "body": None}
+    for event in batch.others:
+        if raw_events:
+            yield EVENTS, {"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": event.seq,
+                           "event_time": timestamp(event.time_us), "kind": event.kind,
+                           "step": event.body.get("step") if event.kind == "step_start" else None,
+                           "body": json.dumps(event.body, sort_keys=True, default=str)}
+        if event.kind == "job_start":
+            body = event.body
+            yield RUN_METADATA, {
+                "run_id": batch.run_id, "attempt_id": batch.attempt_id,
+                "start_time": timestamp(event.time_us), "run_group": body.get("run_group") or None,
+                "accelerator_type": body.get("accelerator_type") or None,
+                "chip_count": body.get("chip_count") or None,
+                "configured_ideal_step_time_s": body.get("configured_ideal_step_time_s"),
+                "location": body.get("location") or None,
+                "emitter_version": body.get("emitter_version") or None,
+                "labels": json.dumps(body["labels"], sort_keys=True) if body.get("labels") else None,
+            }

@@ -162,6 +162,19 @@ class StepStatistics:
         self._recent = sorted(values[-RECENT:])
         self._baseline = sorted(values[:-RECENT])
 
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0 to 1) of every duration, by nearest rank; None with none."""
+        if not self._sorted:
+            return None
+        return float(self._sorted[min(len(self._sorted) - 1, max(0, math.ceil(q * len(self._sorted)) - 1))])
+
+    def mean(self) -> float | None:
+        return float(self._total / len(self._sorted)) if self._sorted else None
+
+    def recent_median(self) -> float | None:
+        """The median of the most recent RECENT durations: where a regression shows first."""
+        return _median(self._recent, 0, len(self._recent)) if self._recent else None
+
     def any_below(self, value: float) -> bool:
         """Whether any duration is below ``value``."""
         return bool(self._sorted) and self._sorted[0] < value

@@ -6,6 +6,7 @@ schemas/goodput_event.proto`` (a test fails when it is out of date).
 """
 
 from pathlib import Path
+from typing import Any
 
 #: The directory holding the schema files.
 DIRECTORY = Path(__file__).resolve().parent
@@ -13,6 +14,12 @@ DIRECTORY = Path(__file__).resolve().parent
 EVENT_PROTO = DIRECTORY / "goodput_event.proto"
 #: BigQuery JSON schemas of the output tables, one file per table.
 TABLES_DIRECTORY = DIRECTORY / "tables"
+#: Each table's day partitioning field and clustering fields.
+TABLE_OPTIONS = DIRECTORY / "table_options.json"
+#: Fleet SQL in BigQuery's dialect, one saved query per file.
+SQL_DIRECTORY = DIRECTORY / "sql"
+#: Accelerator prices per chip-hour, seeded into the ``accelerator_prices`` table.
+ACCELERATOR_PRICES = DIRECTORY / "accelerator_prices.csv"
 
 
 def table_schema(name: str) -> list[dict[str, str]]:
@@ -21,6 +28,19 @@ def table_schema(name: str) -> list[dict[str, str]]:
 
     fields: list[dict[str, str]] = json.loads((TABLES_DIRECTORY / f"{name}.json").read_text())
     return fields
+
+
+def table_options(name: str) -> dict[str, Any]:
+    """``{"partition_field": ..., "cluster": [...]}`` of output table ``name``."""
+    import json
+
+    options: dict[str, Any] = json.loads(TABLE_OPTIONS.read_text())["tables"][name]
+    return options
+
+
+def saved_queries() -> dict[str, str]:
+    """Every saved fleet query by name (its file's stem), in BigQuery's dialect."""
+    return {path.stem: path.read_text() for path in sorted(SQL_DIRECTORY.glob("*.sql"))}
 
 
 def table_names() -> list[str]:

@@ -98,6 +98,30 @@ def test_tables_hold_the_engines_numbers(replayed):
         assert count == len(snapshot.disruptions) == 1
 
 
+def test_raw_events_run_metadata_and_step_statistics(replayed):
+    """Every valid event is a row of ``events``; every job_start a row of ``run_metadata``; the
+    step statistics are those of the run's step durations."""
+    events_file, database, _ = replayed
+    parsed = [e for source, line in read_lines(str(events_file)) for e in parse_message(line, source)[0]]
+    rows = query(database, "SELECT run_id, attempt_id, seq, kind, step FROM events")
+    assert sorted(rows) == sorted((e.run_id, e.attempt_id, e.seq, e.kind, e.body.get("step")
+                                   if e.kind == "step_start" else None) for e in parsed)
+    starts = sorted((e.run_id, e.attempt_id, e.body.get("chip_count")) for e in parsed
+                    if e.kind == "job_start")
+    assert sorted(query(database, "SELECT run_id, attempt_id, chip_count FROM run_metadata")) == starts
+    for run_id in ("run-a", "run-b"):
+        state = engine.RunState(run_id)
+        for event in parsed:
+            if event.run_id == run_id:
+                state.add(event)
+        summary = state.snapshot(max(e.time_us for e in parsed)).step_summary
+        assert summary is not None and summary.steps > 300
+        (row,) = query(database, "SELECT steps_measured, step_time_p50_s, step_time_max_s, "
+                                 f"recent_step_time_p50_s FROM step_stats WHERE run_id = '{run_id}'")
+        assert row == (summary.steps, summary.p50_s, summary.max_s, summary.recent_p50_s)
+        assert summary.p50_s <= summary.p90_s <= summary.p99_s <= summary.max_s
+
+
 def test_every_row_of_a_snapshot_shares_its_time(replayed):
     """Goodput, badput and disruption rows of one replay carry one snapshot_time: the latest event."""
     events_file, database, _ = replayed
