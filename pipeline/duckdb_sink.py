@@ -1,8 +1,9 @@
 """Writes output rows to a DuckDB file, in tables made from the JSON schemas in schemas/tables/.
 
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
-in BigQuery: a later snapshot is a new row, and "latest" is a view. Timestamps are stored as
-``TIMESTAMP`` in UTC.
+in BigQuery: a later snapshot is a new row, and "latest" is a view. ``accelerator_prices``, which
+the fleet SQL joins for costs, is seeded from ``schemas/accelerator_prices.csv`` while empty.
+Timestamps are stored as ``TIMESTAMP`` in UTC.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from goodput_schemas import table_names, table_schema
+from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema
 from pipeline.rows import Row
 
 _DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
@@ -57,10 +58,18 @@ class DuckDBSink:
         self._connection = duckdb.connect(str(self.path))
         for name in table_names():
             self._connection.execute(create_table_sql(name))
+        self._seed_prices()
         for name, query in _VIEWS.items():
             self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
         self._columns = {name: [(f["name"], _DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
                          for name in table_names()}
+
+    def _seed_prices(self) -> None:
+        """Fills an empty ``accelerator_prices`` table from the price list in ``schemas/``."""
+        if self._connection.execute("SELECT count(*) FROM accelerator_prices").fetchone() == (0,):
+            self._connection.execute("INSERT INTO accelerator_prices SELECT * FROM read_csv(?, header=true, "
+                                     "columns={'accelerator_type': 'VARCHAR', 'usd_per_chip_hour': "
+                                     "'DOUBLE', 'note': 'VARCHAR'})", [str(ACCELERATOR_PRICES)])
 
     def write(self, table: str, rows: Iterable[Row]) -> int:
         """Appends ``rows`` to ``table``; returns how many."""

@@ -1,0 +1,134 @@
+"""The ``goodput`` command: fleet queries on a local DuckDB file, and the local emulators.
+
+    goodput query --list                              the saved fleet queries
+    goodput query NAME --duckdb goodput.duckdb        run one, print a table
+    goodput query NAME --sql                          print its BigQuery SQL
+    goodput emulator pubsub --port 8085               a local Pub/Sub emulator
+
+The pipeline itself runs with ``python -m pipeline`` (see ``--help`` there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from goodput_schemas import saved_queries
+
+
+def _first_line(sql: str) -> str:
+    """A saved query's first comment line: what it answers."""
+    return next((line.lstrip("- ") for line in sql.splitlines() if line.startswith("--")), "")
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
+    """Rows under their column names, numbers right-aligned, NULL as ``-``."""
+    cells = [[_text(value) for value in row] for row in rows]
+    widths = [max([len(name), *(len(row[i]) for row in cells)]) for i, name in enumerate(columns)]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) and bool(rows)
+               for i in range(len(columns))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if n else v.ljust(w)
+                         for v, w, n in zip(values, widths, numeric, strict=True)).rstrip()
+
+    out.write(line(columns) + "\n")
+    out.write(line(["-" * w for w in widths]) + "\n")
+    for row in cells:
+        out.write(line(row) + "\n")
+    out.write(f"({len(rows)} rows)\n")
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ")
+    return str(value)
+
+
+def _query(args: argparse.Namespace, out: TextIO) -> int:
+    queries = saved_queries()
+    if args.list or not args.name:
+        for name, sql in queries.items():
+            out.write(f"{name:24} {_first_line(sql)}\n")
+        return 0
+    if args.name not in queries:
+        print(f"goodput query: no saved query {args.name!r}; there are: {', '.join(queries)}",
+              file=sys.stderr)
+        return 2
+    if args.sql:
+        out.write(queries[args.name])
+        return 0
+    if not args.duckdb:
+        print("goodput query: --duckdb FILE is required to run a query (or --sql to print it)",
+              file=sys.stderr)
+        return 2
+    if not Path(args.duckdb).is_file():
+        print(f"goodput query: no such file: {args.duckdb}", file=sys.stderr)
+        return 2
+    import duckdb
+
+    from pipeline.fleet_sql import run_saved
+
+    with duckdb.connect(args.duckdb, read_only=True) as connection:
+        try:
+            columns, rows = run_saved(args.name, connection)
+        except duckdb.CatalogException as error:
+            print(f"goodput query: {args.duckdb} lacks a table the query needs ({error}); write it "
+                  "with python -m pipeline --duckdb first", file=sys.stderr)
+            return 1
+    if args.format == "csv":
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif args.format == "json":
+        for row in rows:
+            out.write(json.dumps(dict(zip(columns, row, strict=True)), default=str) + "\n")
+    else:
+        format_table(columns, rows, out)
+    return 0
+
+
+def _emulator(args: argparse.Namespace, out: TextIO) -> int:
+    from pipeline.emulators import pubsub
+
+    return pubsub.main(["--port", str(args.port), "--host", args.host])
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="goodput", description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    query = commands.add_parser(
+        "query", help="run a saved fleet query (schemas/sql/) on a DuckDB file",
+        description="Runs a saved fleet query, written in BigQuery's dialect, on the DuckDB file "
+                    "the pipeline wrote (python -m pipeline --duckdb FILE).")
+    query.add_argument("name", nargs="?", help="the query (see --list)")
+    query.add_argument("--duckdb", metavar="FILE", help="the DuckDB file to query")
+    query.add_argument("--list", action="store_true", help="list the saved queries")
+    query.add_argument("--sql", action="store_true", help="print the query's BigQuery SQL")
+    query.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                       help="output format (default: %(default)s)")
+    query.set_defaults(handler=_query)
+    emulator = commands.add_parser("emulator", help="run a local stand-in of a Google Cloud service")
+    emulator.add_argument("service", choices=("pubsub",), help="the service")
+    emulator.add_argument("--port", type=int, default=8085, help="port (default: %(default)s)")
+    emulator.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
+    emulator.set_defaults(handler=_emulator)
+    return top
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.handler(args, out or sys.stdout)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
