@@ -4,6 +4,7 @@
     goodput query NAME --duckdb goodput.duckdb        run one, print a table
     goodput query NAME --sql                          print its BigQuery SQL
     goodput emulator pubsub --port 8085               a local Pub/Sub emulator
+    goodput emulator bigquery --port 9050             a local BigQuery API stand-in
 
 The pipeline itself runs with ``python -m pipeline`` (see ``--help`` there).
 """
@@ -96,10 +97,16 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _emulator(args: argparse.Namespace, out: TextIO) -> int:
-    from pipeline.emulators import pubsub
+_EMULATORS = {"pubsub": 8085, "bigquery": 9050}  # and their default ports
 
-    return pubsub.main(["--port", str(args.port), "--host", args.host])
+
+def _emulator(args: argparse.Namespace, out: TextIO) -> int:
+    import importlib
+
+    module = importlib.import_module(f"pipeline.emulators.{args.service}")
+    port = args.port or _EMULATORS[args.service]
+    code: int = module.main(["--port", str(port), "--host", args.host])
+    return code
 
 
 def parser() -> argparse.ArgumentParser:
@@ -117,8 +124,9 @@ def parser() -> argparse.ArgumentParser:
                        help="output format (default: %(default)s)")
     query.set_defaults(handler=_query)
     emulator = commands.add_parser("emulator", help="run a local stand-in of a Google Cloud service")
-    emulator.add_argument("service", choices=("pubsub",), help="the service")
-    emulator.add_argument("--port", type=int, default=8085, help="port (default: %(default)s)")
+    emulator.add_argument("service", choices=tuple(_EMULATORS), help="the service")
+    emulator.add_argument("--port", type=int, default=None,
+                          help="port (default: " + ", ".join(f"{k} {v}" for k, v in _EMULATORS.items()) + ")")
     emulator.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
     emulator.set_defaults(handler=_emulator)
     return top

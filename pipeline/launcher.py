@@ -32,10 +32,11 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.runner import PipelineState
 
+from pipeline.bigquery_sink import create_tables, make_client, parse_dataset
 from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
 from pipeline.options import GoodputOptions
 from pipeline.rows import batch_rows
-from pipeline.transforms import ParseEvents, TrackRuns, WriteToDuckDB
+from pipeline.transforms import ParseEvents, TrackRuns, WriteToBigQuery, WriteToDuckDB
 
 
 def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
@@ -80,6 +81,11 @@ def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool
     rows = (snapshots, inputs, parsed.dead_letter) | "AllRows" >> beam.Flatten()
     if options.duckdb:
         rows | "WriteToDuckDB" >> WriteToDuckDB(options.duckdb, streaming=streaming)
+    if options.bigquery_dataset:
+        project, dataset = parse_dataset(options.bigquery_dataset)
+        if options.bigquery_create_tables:
+            create_tables(make_client(project, options.bigquery_endpoint), project, dataset)
+        rows | "WriteToBigQuery" >> WriteToBigQuery(project, dataset, options.bigquery_endpoint)
     return rows
 
 

@@ -53,6 +53,14 @@ class GoodputOptions(PipelineOptions):
                             help="an emitter file (one JSON message per line); repeat for more")
         parser.add_argument("--duckdb", default=None, metavar="FILE",
                             help="DuckDB file the output tables are appended to")
+        parser.add_argument("--bigquery_dataset", default=None, metavar="PROJECT:DATASET",
+                            help="BigQuery dataset the output tables are appended to")
+        parser.add_argument("--bigquery_endpoint", default=None, metavar="URL",
+                            help="BigQuery API endpoint, e.g. a local stand-in "
+                                 "(python -m pipeline.emulators.bigquery); anonymous credentials")
+        parser.add_argument("--bigquery_create_tables", action="store_true",
+                            help="create the dataset and any missing output table first "
+                                 "(in production Terraform creates them)")
         parser.add_argument("--no_raw_events", action="store_true",
                             help="leave out the raw events table (snapshots, run metadata and dead "
                                  "letters are still written)")

@@ -8,7 +8,8 @@ every output row to a DuckDB file.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -109,12 +110,18 @@ class _WriteAll(beam.DoFn):
         append(self.path, by_table)
 
 
-class _AppendPerBundle(beam.DoFn):
-    """Streaming: buffers a bundle's rows and appends them when the bundle finishes."""
+Sink = Callable[[dict[str, list[Row]]], object]
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+
+class _WritePerBundle(beam.DoFn):
+    """Buffers a bundle's rows by table and hands them to a sink when the bundle finishes."""
+
+    def __init__(self, open_sink: Callable[[], Sink]) -> None:
+        self.open_sink = open_sink
         self._rows: dict[str, list[Row]] = {}
+
+    def setup(self) -> None:
+        self._sink = self.open_sink()
 
     def start_bundle(self) -> None:
         self._rows = {}
@@ -125,10 +132,33 @@ class _AppendPerBundle(beam.DoFn):
 
     def finish_bundle(self) -> None:
         if self._rows:
-            from pipeline.duckdb_sink import append
-
-            append(self.path, self._rows)
+            self._sink(self._rows)
             self._rows = {}
+
+
+def _duckdb_appender(path: str) -> Sink:
+    from pipeline.duckdb_sink import append
+
+    return functools.partial(append, path)
+
+
+def _bigquery_writer(project: str, dataset: str, endpoint: str | None) -> Sink:
+    from pipeline.bigquery_sink import BigQueryWriter, make_client
+
+    return BigQueryWriter(make_client(project, endpoint), project, dataset).write
+
+
+class WriteToBigQuery(beam.PTransform):
+    """Appends (table, row) pairs to the output tables of a BigQuery dataset, each bundle's rows
+    in a few streaming inserts; rows BigQuery rejects land in its ``dead_letter`` table (see
+    ``pipeline.bigquery_sink``)."""
+
+    def __init__(self, project: str, dataset: str, endpoint: str | None = None) -> None:
+        super().__init__()
+        self.open_sink = functools.partial(_bigquery_writer, project, dataset, endpoint)
+
+    def expand(self, rows: PCollection) -> Any:
+        return rows | "InsertPerBundle" >> beam.ParDo(_WritePerBundle(self.open_sink))
 
 
 class WriteToDuckDB(beam.PTransform):
@@ -147,7 +177,8 @@ class WriteToDuckDB(beam.PTransform):
 
     def expand(self, rows: PCollection) -> Any:
         if self.streaming:
-            return rows | "AppendPerBundle" >> beam.ParDo(_AppendPerBundle(self.path))
+            return rows | "AppendPerBundle" >> beam.ParDo(
+                _WritePerBundle(functools.partial(_duckdb_appender, self.path)))
         return (rows
                 | "OneWriter" >> beam.WithKeys(lambda _: 0)
                 | "Gather" >> beam.GroupByKey()

@@ -18,6 +18,7 @@ from google.pubsub_v1.types import pubsub as types
 
 from conftest import at
 from emitter import GoodputRecorder
+from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,10 +39,11 @@ def emulator() -> Iterator[PubSubEmulator]:
         yield started
 
 
-def start_stream(host: str, database: Path, interval_s: float) -> subprocess.Popen[str]:
+def start_stream(host: str, database: Path, interval_s: float, *more: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
-         f"--subscription={SUBSCRIPTION}", f"--duckdb={database}", f"--snapshot_interval_s={interval_s}"],
+         f"--subscription={SUBSCRIPTION}", f"--duckdb={database}", f"--snapshot_interval_s={interval_s}",
+         *more],
         cwd=REPO, env=environment(host), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -85,9 +87,12 @@ def replay_copies(broker: PubSubBroker, tmp_path: Path, host: str) -> tuple[Path
 
 
 def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
-    """Two runs with a crash and a restart each: the live tables end with the batch numbers."""
+    """Two runs with a crash and a restart each: the live tables end with the batch numbers, and
+    BigQuery receives the same rows as DuckDB."""
     live = tmp_path / "live.duckdb"
-    stream = start_stream(emulator.host, live, interval_s=1)
+    bigquery = BigQueryEmulator().start()
+    stream = start_stream(emulator.host, live, 1, "--bigquery_dataset=goodput-local:goodput",
+                          f"--bigquery_endpoint={bigquery.endpoint}", "--bigquery_create_tables")
     try:
         for run_id, (steps, seed) in RUNS.items():
             subprocess.run([sys.executable, "examples/simulated_job.py", "--destination", TOPIC,
@@ -103,6 +108,13 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
             time.sleep(0.5)
     finally:
         stop_stream(stream)
+        bigquery.stop()
+    with duckdb.connect(str(live), read_only=True) as connection:
+        local = connection.execute("SELECT run_id, snapshot_time, window_s, goodput_pct "
+                                   "FROM goodput_snapshots").fetchall()
+    remote = [(r["run_id"], r["snapshot_time"].replace(tzinfo=None), r["window_s"], r["goodput_pct"])
+              for r in bigquery.store.rows("goodput-local", "goodput", "goodput_snapshots")]
+    assert local and sorted(local, key=str) == sorted(remote, key=str)
     copies, replayed = replay_copies(emulator.broker, tmp_path, emulator.host)
     assert {json.loads(line)["run_id"] for line in copies.read_text().splitlines()} == set(RUNS)
     streamed = latest_cumulative(live)
