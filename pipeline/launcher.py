@@ -34,9 +34,16 @@ from apache_beam.runners.runner import PipelineState
 
 from pipeline.bigquery_sink import create_tables, make_client, parse_dataset
 from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
+from pipeline.monitoring_sink import MonitoringSettings
 from pipeline.options import GoodputOptions
 from pipeline.rows import batch_rows
-from pipeline.transforms import ParseEvents, TrackRuns, WriteToBigQuery, WriteToDuckDB
+from pipeline.transforms import (
+    ParseEvents,
+    TrackRuns,
+    WriteToBigQuery,
+    WriteToDuckDB,
+    WriteToMonitoring,
+)
 
 
 def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
@@ -86,6 +93,12 @@ def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool
         if options.bigquery_create_tables:
             create_tables(make_client(project, options.bigquery_endpoint), project, dataset)
         rows | "WriteToBigQuery" >> WriteToBigQuery(project, dataset, options.bigquery_endpoint)
+    if options.monitoring_project:
+        settings = MonitoringSettings(
+            options.monitoring_min_interval_s, options.monitoring_max_lag_s,
+            options.monitoring_latest_now, options.monitoring_location, options.monitoring_cluster_name)
+        rows | "WriteToMonitoring" >> WriteToMonitoring(options.monitoring_project, settings, streaming,
+                                                        options.monitoring_endpoint)
     return rows
 
 

@@ -61,6 +61,26 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--bigquery_create_tables", action="store_true",
                             help="create the dataset and any missing output table first "
                                  "(in production Terraform creates them)")
+        parser.add_argument("--monitoring_project", default=None, metavar="PROJECT",
+                            help="write the reference's Cloud Monitoring metrics of every run to "
+                                 "this project")
+        parser.add_argument("--monitoring_endpoint", default=None, metavar="HOST:PORT",
+                            help="Cloud Monitoring endpoint over an insecure channel, e.g. a local "
+                                 "stand-in (python -m pipeline.emulators.monitoring)")
+        parser.add_argument("--monitoring_min_interval_s", type=float, default=10.0, metavar="S",
+                            help="at most one point per series this often (default: %(default)s)")
+        parser.add_argument("--monitoring_max_lag_s", type=float, default=600.0, metavar="S",
+                            help="a snapshot older than this is history: not written to Cloud "
+                                 "Monitoring (default: %(default)s)")
+        parser.add_argument("--monitoring_latest_now", action="store_true",
+                            help="write each run's latest values, stamped now, even when they are "
+                                 "history (a batch replay writes nothing to Monitoring without it)")
+        parser.add_argument("--monitoring_location", default="global", metavar="LOCATION",
+                            help="the Workload resource's location for runs whose metadata has none "
+                                 "(default: %(default)s)")
+        parser.add_argument("--monitoring_cluster_name", default=None, metavar="NAME",
+                            help="add the reference's optional cluster_name label to every metric "
+                                 "with labels")
         parser.add_argument("--no_raw_events", action="store_true",
                             help="leave out the raw events table (snapshots, run metadata and dead "
                                  "letters are still written)")

@@ -7,18 +7,25 @@ every output row to a DuckDB file.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import AsSingleton, PCollection
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.utils.timestamp import Timestamp
 
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
-from pipeline.rows import DEAD_LETTER, Row, dead_letter_row, snapshot_rows
+from pipeline.monitoring_sink import MonitoringSettings, Point, snapshot_points
+from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Row, dead_letter_row, snapshot_rows
 
 DEAD_LETTER_TAG = "dead_letter"
 
@@ -183,3 +190,112 @@ class WriteToDuckDB(beam.PTransform):
                 | "OneWriter" >> beam.WithKeys(lambda _: 0)
                 | "Gather" >> beam.GroupByKey()
                 | "Append" >> beam.ParDo(_WriteAll(self.path)))
+
+
+class _GateSeries(beam.DoFn):
+    """Per run: gathers its snapshot rows and releases them as points, so that each of the run's
+    series has one writer, in time order, and no point sooner than ``min_interval_s`` after the
+    last: while streaming, ``settle_s`` after the first row not yet released (the rest of its
+    snapshot arrives meanwhile) and no sooner than the interval allows; at the end of the input
+    (the end of a batch, a drain), whatever is left."""
+
+    PENDING = BagStateSpec("pending", PickleCoder())
+    LAST = ReadModifyWriteStateSpec("last_us", VarIntCoder())  # end time of the last points
+    DUE = ReadModifyWriteStateSpec("due_us", VarIntCoder())  # a release is pending
+    RELEASE = TimerSpec("release", TimeDomain.REAL_TIME)
+    FINAL = TimerSpec("final", TimeDomain.WATERMARK)
+
+    def __init__(self, settings: MonitoringSettings, streaming: bool,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings, self.streaming, self.clock = settings, streaming, clock
+        self.stale = Metrics.counter("goodput", "monitoring_stale_points_not_written")
+
+    def process(self, element: tuple[str, tuple[str, Row]], window: Any = beam.DoFn.WindowParam,
+                pending: Any = beam.DoFn.StateParam(PENDING), last: Any = beam.DoFn.StateParam(LAST),
+                due: Any = beam.DoFn.StateParam(DUE), release: Any = beam.DoFn.TimerParam(RELEASE),
+                final: Any = beam.DoFn.TimerParam(FINAL)) -> None:
+        pending.add(element[1])
+        final.set(window.max_timestamp())
+        if self.streaming and due.read() is None:
+            interval_us = round(self.settings.min_interval_s * 1e6)
+            previous = last.read()
+            at = max(self._now_us() + round(self.settings.settle_s * 1e6),
+                     0 if previous is None else previous + interval_us)
+            release.set(Timestamp(micros=at))
+            due.write(at)
+
+    @on_timer(RELEASE)
+    def on_release(self, pending: Any = beam.DoFn.StateParam(PENDING), last: Any = beam.DoFn.StateParam(LAST),
+                   due: Any = beam.DoFn.StateParam(DUE)) -> Iterator[Point]:
+        yield from self._release(pending, last, due)
+
+    @on_timer(FINAL)
+    def on_final(self, pending: Any = beam.DoFn.StateParam(PENDING), last: Any = beam.DoFn.StateParam(LAST),
+                 due: Any = beam.DoFn.StateParam(DUE)) -> Iterator[Point]:
+        yield from self._release(pending, last, due)
+
+    def _release(self, pending: Any, last: Any, due: Any) -> Iterator[Point]:
+        rows, due_us = list(pending.read()), due.read() or 0
+        pending.clear()
+        due.clear()
+        settings = self.settings
+        points = snapshot_points(rows, settings.location, settings.cluster_name)
+        if not points:
+            return
+        now_us = self._now_us()
+        latest = max(row["snapshot_time"] for table, row in rows if table == GOODPUT)
+        lag_s = now_us / 1e6 - latest.timestamp()
+        if lag_s > settings.max_lag_s and not settings.latest_now:
+            self.stale.inc(len(points))
+            return
+        previous = last.read()
+        earliest = 0 if previous is None else previous + round(settings.min_interval_s * 1e6)
+        end_us = max(now_us, due_us, earliest)
+        last.write(end_us)
+        for point in points:
+            yield dataclasses.replace(point, end_us=end_us)
+
+    def _now_us(self) -> int:
+        return round(self.clock() * 1e6)
+
+
+class _WritePoints(beam.DoFn):
+    def __init__(self, project: str, endpoint: str | None) -> None:
+        self.project, self.endpoint = project, endpoint
+        self.refused = Metrics.counter("goodput", "monitoring_points_refused")
+        self._points: list[Point] = []
+
+    def setup(self) -> None:
+        from pipeline.monitoring_sink import MetricWriter, make_client
+
+        self._writer = MetricWriter(make_client(self.endpoint), self.project)
+
+    def start_bundle(self) -> None:
+        self._points = []
+
+    def process(self, point: Point) -> None:
+        self._points.append(point)
+
+    def finish_bundle(self) -> None:
+        if self._points:
+            self.refused.inc(self._writer.write(self._points))
+            self._points = []
+
+
+class WriteToMonitoring(beam.PTransform):
+    """Writes the reference's Cloud Monitoring metrics of every run from the snapshot rows (see
+    ``pipeline.monitoring_sink``), each run's series gated by ``_GateSeries``."""
+
+    def __init__(self, project: str, settings: MonitoringSettings, streaming: bool,
+                 endpoint: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.project, self.settings, self.streaming = project, settings, streaming
+        self.endpoint, self.clock = endpoint, clock
+
+    def expand(self, rows: PCollection) -> Any:
+        return (rows
+                | "Snapshots" >> beam.Filter(lambda tr: tr[0] in (GOODPUT, BADPUT))
+                | "ByRun" >> beam.Map(lambda tr: (tr[1]["run_id"], tr)).with_output_types(
+                    tuple[str, Any])
+                | "Gate" >> beam.ParDo(_GateSeries(self.settings, self.streaming, self.clock))
+                | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint)))

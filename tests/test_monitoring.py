@@ -1,0 +1,155 @@
+"""The Cloud Monitoring sink: the reference's metrics made from the rows, the per-run gate that
+paces each series, and writes through the real client to the local MetricService stand-in."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.test_stream import TestStream as Stream
+from apache_beam.testing.util import assert_that
+from reference_harness import TraceBuilder, record_ours
+
+from pipeline import engine
+from pipeline.monitoring_sink import (
+    CUSTOM,
+    MAX_SERIES_PER_REQUEST,
+    REFERENCE,
+    MonitoringSettings,
+    Point,
+    requests,
+    snapshot_points,
+)
+from pipeline.rows import snapshot_rows
+from pipeline.transforms import _GateSeries
+
+
+def run_rows(run_id: str = "run-1", after_s: float = 0.0, accelerator: str | None = "v5p",
+             windows: tuple[int, ...] = (300, 3600)) -> list[tuple[str, Any]]:
+    """The rows of a snapshot of a run with a restart, ``after_s`` after its last event."""
+    run = TraceBuilder(seed=4)
+    run.start_attempt()
+    run.steps(0, 100, compile_s=10)
+    run.wait(30)
+    run.start_attempt()
+    run.steps(80, 150)
+    state = engine.RunState(run_id)
+    for event in record_ours(run.attempts):
+        state.add(dataclasses.replace(event, run_id=run_id))
+    latest = max(a.last_event_us for a in state.attempts.values())
+    snapshot = state.snapshot(latest + round(after_s * 1e6), windows)
+    assert snapshot is not None
+    rows = list(snapshot_rows(snapshot))
+    for table, row in rows:
+        if table == "goodput_snapshots":
+            row.update(accelerator_type=accelerator, location="us-central2-b")
+    return rows
+
+
+def by_metric(points: list[Point]) -> dict[str, list[Point]]:
+    grouped: dict[str, list[Point]] = {}
+    for point in points:
+        grouped.setdefault(point.metric.removeprefix(REFERENCE), []).append(point)
+    return grouped
+
+
+def test_points_are_the_references_metrics_with_its_labels():
+    rows = run_rows()
+    cumulative = next(r for t, r in rows if t == "goodput_snapshots" and r["window_s"] == 0)
+    badput = {r["badput_source"]: r["seconds"] for t, r in rows
+              if t == "badput_snapshots" and r["window_s"] == 0}
+    grouped = by_metric(snapshot_points(rows))
+    assert set(grouped) == {"goodput_time", "badput_time", "disruptions", "max_productive_steps",
+                            "step_time_deviation", "total_elapsed_time", "performance",
+                            "interval_goodput", "interval_badput", CUSTOM + "goodput_pct"}
+    v5p = ("accelerator_type", "v5p")
+    (goodput,) = grouped["goodput_time"]
+    assert goodput.labels == (v5p, ("goodput_source", "TOTAL"))
+    assert goodput.value == cumulative["productive_time_s"]
+    assert (goodput.run_id, goodput.location) == ("run-1", "us-central2-b")
+    (disruptions,) = grouped["disruptions"]
+    assert (disruptions.labels, disruptions.value) == ((v5p, ("window_type", "cumulative")), 1)
+    assert isinstance(disruptions.value, int)
+    (elapsed,) = grouped["total_elapsed_time"]
+    assert elapsed.labels == (v5p, ("window_type", "cumulative"))
+    assert elapsed.value == cumulative["total_time_s"]
+    (steps,) = grouped["max_productive_steps"]
+    assert (steps.labels, steps.value) == ((v5p,), cumulative["max_productive_step"])
+    (performance,) = grouped["performance"]  # one writer: the ideal step time, no labels
+    assert (performance.labels, performance.value) == ((), cumulative["ideal_step_time_s"])
+    (deviation,) = grouped["step_time_deviation"]
+    assert (deviation.labels, deviation.value) == ((v5p,), cumulative["step_time_deviation_s"])
+    assert {dict(p.labels)["badput_source"]: p.value for p in grouped["badput_time"]} == {
+        source: seconds for source, seconds in badput.items() if source != "DATA_LOADING_ASYNC"}
+    assert all(dict(p.labels).keys() == {"badput_source", "accelerator_type"} for p in grouped["badput_time"])
+    interval = {dict(p.labels)["rolling_window_size"]: p for p in grouped["interval_goodput"]}
+    assert set(interval) == {"300", "3600"}
+    assert dict(interval["300"].labels) == {"goodput_source": "TOTAL", "accelerator_type": "v5p",
+                                            "rolling_window_size": "300"}
+    assert {dict(p.labels)["rolling_window_size"] for p in grouped["interval_badput"]} == {"300", "3600"}
+
+
+def test_unknown_accelerator_default_location_and_cluster_name():
+    rows = run_rows(accelerator=None)
+    for _, row in rows:
+        row.pop("location", None)
+    points = snapshot_points(rows, default_location="europe-west4", cluster_name="pool-a")
+    assert {p.location for p in points} == {"europe-west4"}
+    for point in points:
+        labels = dict(point.labels)
+        if point.metric == REFERENCE + "performance":
+            assert labels == {}
+        else:
+            assert labels["accelerator_type"] == "UNKNOWN" and labels["cluster_name"] == "pool-a"
+
+
+def test_requests_hold_at_most_200_series_each_once_in_time_order():
+    points = [Point("custom.googleapis.com/x", (("i", str(i)),), "run", "global", 1.0, 0) for i in range(450)]
+    repeated = [Point("custom.googleapis.com/y", (), "run", "global", float(t), t) for t in (3, 1, 2)]
+    batches = requests(points + repeated)
+    assert all(len(batch) <= MAX_SERIES_PER_REQUEST for batch in batches)
+    assert all(len({p.series for p in batch}) == len(batch) for batch in batches)
+    assert sum(map(len, batches)) == 453 and len(batches) == 3
+    assert [p.end_us for batch in batches for p in batch if p.metric.endswith("/y")] == [1, 2, 3]
+
+
+def streaming_options() -> PipelineOptions:
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
+    options.view_as(StandardOptions).streaming = True
+    return options
+
+
+def test_gate_releases_each_run_at_most_every_interval_with_its_latest_values():
+    """Three snapshots of a run within 12 s and one of another run: the first release waits for
+    the rest of the snapshot (1 s), the next comes no sooner than 10 s later, with the latest
+    values; each release carries every series of the run once."""
+    first, second, third = run_rows(), run_rows(after_s=5), run_rows(after_s=9)
+    other = run_rows("run-2")
+    stream = (Stream()
+              .add_elements([(r["run_id"], (t, r)) for t, r in first + other])
+              .advance_processing_time(2)  # released at 1 s
+              .add_elements([(r["run_id"], (t, r)) for t, r in second])
+              .advance_processing_time(2)
+              .add_elements([(r["run_id"], (t, r)) for t, r in third])
+              .advance_processing_time(20))  # one more release, at 11 s: the third snapshot
+
+    def elapsed(rows: list[tuple[str, Any]]) -> float:
+        return next(r["total_time_s"] for t, r in rows if t == "goodput_snapshots" and r["window_s"] == 0)
+
+    def check(points: list[Point]) -> None:
+        released = sorted((p.run_id, p.end_us, p.value) for p in points
+                          if p.metric == REFERENCE + "total_elapsed_time")
+        assert released == [("run-1", 1_000_000, elapsed(first)), ("run-1", 11_000_000, elapsed(third)),
+                            ("run-2", 1_000_000, elapsed(other))]
+        series = [p.series for p in points if p.end_us == 11_000_000]
+        assert len(series) == len(set(series)) == len(snapshot_points(third))
+
+    with BeamTestPipeline(options=streaming_options()) as pipeline:
+        points = (pipeline
+                  | stream
+                  | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
+                  | beam.ParDo(_GateSeries(MonitoringSettings(), streaming=True, clock=lambda: 0.0)))
+        assert_that(points, check)
