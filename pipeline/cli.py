@@ -5,6 +5,7 @@
     goodput query NAME --sql                          print its BigQuery SQL
     goodput emulator pubsub --port 8085               a local Pub/Sub emulator
     goodput emulator bigquery --port 9050             a local BigQuery API stand-in
+    goodput emulator monitoring --port 8086           a local Cloud Monitoring stand-in
 
 The pipeline itself runs with ``python -m pipeline`` (see ``--help`` there).
 """
@@ -97,7 +98,7 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-_EMULATORS = {"pubsub": 8085, "bigquery": 9050}  # and their default ports
+_EMULATORS = {"pubsub": 8085, "bigquery": 9050, "monitoring": 8086}  # and their default ports
 
 
 def _emulator(args: argparse.Namespace, out: TextIO) -> int:

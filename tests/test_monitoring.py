@@ -4,9 +4,19 @@ paces each series, and writes through the real client to the local MetricService
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import grpc
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
@@ -14,17 +24,23 @@ from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
 from pipeline import engine
+from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.monitoring_sink import (
     CUSTOM,
     MAX_SERIES_PER_REQUEST,
     REFERENCE,
+    MetricWriter,
     MonitoringSettings,
     Point,
+    make_client,
     requests,
     snapshot_points,
 )
 from pipeline.rows import snapshot_rows
 from pipeline.transforms import _GateSeries
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = "goodput-local"
 
 
 def run_rows(run_id: str = "run-1", after_s: float = 0.0, accelerator: str | None = "v5p",
@@ -153,3 +169,71 @@ def test_gate_releases_each_run_at_most_every_interval_with_its_latest_values():
                   | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
                   | beam.ParDo(_GateSeries(MonitoringSettings(), streaming=True, clock=lambda: 0.0)))
         assert_that(points, check)
+
+
+@pytest.fixture
+def monitoring() -> Iterator[MonitoringEmulator]:
+    with MonitoringEmulator(store=MetricStore(clock=lambda: NOW_S)) as started:
+        yield started
+
+
+NOW_S = datetime.datetime(2026, 11, 1, 9, tzinfo=datetime.timezone.utc).timestamp()
+
+
+def stamped(points: list[Point], at_s: float = NOW_S) -> list[Point]:
+    return [dataclasses.replace(p, end_us=round(at_s * 1e6)) for p in points]
+
+
+def test_writer_writes_every_series_through_the_real_client(monitoring):
+    points = stamped(snapshot_points(run_rows()))
+    writer = MetricWriter(make_client(monitoring.host), PROJECT)
+    assert writer.write(points) == 0
+    written = monitoring.store.points(REFERENCE + "goodput_time")
+    assert len(written) == 1
+    labels, resource, end_s, value = written[0]
+    assert labels == {"goodput_source": "TOTAL", "accelerator_type": "v5p"}
+    assert resource == {"location": "us-central2-b", "workload_id": "run-1", "replica_id": "0"}
+    assert (end_s, value) == (NOW_S, next(p.value for p in points if p.metric == REFERENCE + "goodput_time"))
+    (disruptions,) = monitoring.store.points(REFERENCE + "disruptions")
+    assert disruptions[3] == 1 and isinstance(disruptions[3], int)
+
+
+def test_writer_splits_requests_and_retries_transient_errors(monitoring):
+    points = stamped([p for i in range(3) for p in snapshot_points(run_rows(f"run-{i}", windows=()))]
+                     + [Point(CUSTOM + "probe", (("i", str(i)),), "run-x", "global", 1.0) for i in range(400)])
+    monitoring.store.fail_next(1, grpc.StatusCode.UNAVAILABLE)
+    before = monitoring.store.requests
+    assert MetricWriter(make_client(monitoring.host), PROJECT).write(points) == 0
+    assert monitoring.store.requests - before == 1 + math.ceil(len(points) / MAX_SERIES_PER_REQUEST)
+    assert len(monitoring.store.points(CUSTOM + "probe")) == 400
+
+
+def test_writer_logs_each_refused_series_and_keeps_the_rest(monitoring, caplog):
+    fresh = stamped(snapshot_points(run_rows("fresh", windows=())))
+    old = stamped(snapshot_points(run_rows("old", windows=())), NOW_S - 26 * 3600)
+    writer = MetricWriter(make_client(monitoring.host), PROJECT)
+    assert writer.write(fresh + old) == len(old)
+    assert {r[1]["workload_id"] for r in monitoring.store.points(REFERENCE + "goodput_time")} == {"fresh"}
+    assert f"Cloud Monitoring refused {REFERENCE}goodput_time" in caplog.text and "of run old" in caplog.text
+
+
+def test_a_replay_writes_monitoring_only_when_asked(tmp_path: Path):
+    """Old events: nothing is written; with --monitoring_latest_now, each run's latest values,
+    stamped now (the service takes nothing older than 25 h)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    events = tmp_path / "events.jsonl"
+    subprocess.run([sys.executable, "examples/simulated_job.py", "--output", str(events), "--steps", "300"],
+                   cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
+    with MonitoringEmulator() as monitoring:
+        for latest_now in (False, True):
+            started = time.time()
+            subprocess.run(
+                [sys.executable, "-m", "pipeline", f"--events={events}", f"--monitoring_project={PROJECT}",
+                 f"--monitoring_endpoint={monitoring.host}", *(["--monitoring_latest_now"] * latest_now)],
+                cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+            written = monitoring.store.points(REFERENCE + "total_elapsed_time")
+            if not latest_now:
+                assert written == []
+        (labels, resource, end_s, value), = written
+        assert started <= end_s <= time.time() and value > 0
+        assert resource["workload_id"] == "demo-llm-run" and labels["accelerator_type"] == "v5p"

@@ -1,0 +1,518 @@
+"""A local stand-in for Cloud Monitoring: the ``google.monitoring.v3.MetricService`` gRPC API.
+
+Cloud Monitoring has no emulator of its own, and its write rules are what a metrics sink gets
+wrong: too many series in a request, points out of order or too frequent, a value type that
+changes, a resource with the wrong labels. This stand-in keeps time series and metric
+descriptors in memory, speaks the real protocol and refuses what the service refuses, so a sink
+is tested with the unmodified client::
+
+    python -m pipeline.emulators.monitoring --port 8086
+
+    client = monitoring_v3.MetricServiceClient(
+        transport=MetricServiceGrpcTransport(channel=grpc.insecure_channel("127.0.0.1:8086")))
+
+or in-process: ``with MonitoringEmulator() as emulator: ...`` with ``emulator.host`` as the
+channel's address and ``emulator.store`` for assertions (``store.points(metric_type)``) and
+fault injection (``store.fail_next(n)``).
+
+Served: CreateTimeSeries with the documented rules (see ``MetricStore``), including the
+partial failure of the real service: the valid series of a request are written, and the error
+names the others (``timeSeries[3]: ...``) and carries a ``CreateTimeSeriesSummary``.
+ListTimeSeries understands the filters ``metric.type = "X"`` and ``... AND resource.type = "Y"``
+and the interval; it ignores aggregation and paging. Metric descriptors: create, get, list
+(``metric.type = starts_with("...")`` or ``metric.type = "..."``), delete. Anything else
+answers UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.api import metric_pb2  # type: ignore[import-untyped]
+from google.cloud.monitoring_v3 import types
+from google.protobuf import any_pb2, empty_pb2, timestamp_pb2
+from google.rpc import status_pb2  # type: ignore[import-untyped]
+from grpc_status import rpc_status  # type: ignore[import-untyped]
+
+_LOG = logging.getLogger(__name__)
+MAX_SERIES_PER_REQUEST = 200
+MAX_LABELS = 30
+MAX_LABEL_KEY = 100
+MAX_LABEL_VALUE = 1024
+MAX_PAST_S = 25 * 3600
+MAX_FUTURE_S = 5 * 60
+USER_DEFINED = ("custom.googleapis.com/", "workload.googleapis.com/", "external.googleapis.com/")
+PREDEFINED = ("compute.googleapis.com/workload/",)  # Google's, but written by the workloads themselves
+# Monitored resource types: their required labels, and the label the service fills in itself.
+RESOURCES: dict[str, tuple[frozenset[str], str | None]] = {
+    "compute.googleapis.com/Workload": (frozenset({"location", "workload_id", "replica_id"}), None),
+    "global": (frozenset(), "project_id"),
+    "generic_task": (frozenset({"location", "namespace", "job", "task_id"}), "project_id"),
+    "generic_node": (frozenset({"location", "namespace", "node_id"}), "project_id"),
+}
+MetricDescriptor = metric_pb2.MetricDescriptor  # a plain protobuf message, not a proto-plus one
+GAUGE, CUMULATIVE = MetricDescriptor.GAUGE, MetricDescriptor.CUMULATIVE
+_KIND, _TYPE = MetricDescriptor.MetricKind.Name, MetricDescriptor.ValueType.Name
+_VALUE_TYPES = {"bool_value": MetricDescriptor.BOOL, "int64_value": MetricDescriptor.INT64,
+                "double_value": MetricDescriptor.DOUBLE, "string_value": MetricDescriptor.STRING,
+                "distribution_value": MetricDescriptor.DISTRIBUTION}
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_]*")
+_CLAUSE = re.compile(r'\s*(metric|resource)\.type\s*=\s*(?:"([^"]*)"|starts_with\(\s*"([^"]*)"\s*\))\s*')
+_NS = 1_000_000_000
+
+SeriesKey = tuple[str, str, tuple[tuple[str, str], ...], str, tuple[tuple[str, str], ...]]
+
+
+class ServiceError(Exception):
+    """An error as the service answers it; a failed CreateTimeSeries also carries its summary."""
+
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 summary: types.CreateTimeSeriesSummary | None = None) -> None:
+        super().__init__(message)
+        self.code, self.summary = code, summary
+
+
+class _Refused(Exception):
+    """One series of a CreateTimeSeries request that is not written."""
+
+
+@dataclasses.dataclass
+class _Series:
+    metric: Any  # google.api.Metric
+    resource: Any  # google.api.MonitoredResource
+    kind: int
+    value_type: int
+    points: list[tuple[int, int, Any]] = dataclasses.field(default_factory=list)  # start, end (ns), value
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _project(name: str) -> str:
+    match = re.fullmatch(r"projects/([^/]+)", name)
+    if match is None:
+        raise _invalid(f"Name must be projects/PROJECT_ID, got: {name!r}")
+    return match.group(1)
+
+
+def _ns(stamp: timestamp_pb2.Timestamp) -> int:
+    return stamp.seconds * _NS + stamp.nanos
+
+
+def _stamp(ns: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ns // _NS, nanos=ns % _NS)
+
+
+def _check_labels(labels: Iterable[tuple[str, str]], what: str) -> None:
+    labels = list(labels)
+    if len(labels) > MAX_LABELS:
+        raise _Refused(f"{what} has {len(labels)} labels; at most {MAX_LABELS} are allowed")
+    for key, value in labels:
+        if len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
+            raise _Refused(f"{what} has an invalid label key {key!r}: lower-case letters, digits "
+                           f"and underscores, starting with a letter, at most {MAX_LABEL_KEY} characters")
+        if len(value) > MAX_LABEL_VALUE:
+            raise _Refused(f"{what} label {key!r} is longer than {MAX_LABEL_VALUE} characters")
+
+
+def _check_kind(kind: int, value_type: int, metric_type: str) -> None:
+    if kind not in (GAUGE, CUMULATIVE):
+        raise _Refused(f"Metric {metric_type} must be GAUGE or CUMULATIVE, not {_KIND(kind)}")
+    if value_type == MetricDescriptor.VALUE_TYPE_UNSPECIFIED:
+        raise _Refused(f"Metric {metric_type} needs a value type")
+    if kind == CUMULATIVE and value_type in (MetricDescriptor.BOOL, MetricDescriptor.STRING):
+        raise _Refused(f"A CUMULATIVE metric cannot have value type {_TYPE(value_type)}")
+
+
+def _parse_filter(text: str) -> dict[str, tuple[str, bool]]:
+    """The filters understood here: ``metric.type`` and ``resource.type``, each equal to a string
+    or ``starts_with`` one, joined by AND. Field name to (value, is a prefix)."""
+    conditions: dict[str, tuple[str, bool]] = {}
+    for clause in re.split(r"\s+AND\s+", text.strip()) if text.strip() else []:
+        match = _CLAUSE.fullmatch(clause)
+        if match is None or match.group(1) in conditions:
+            raise _invalid(f"Filter not understood by this stand-in (it takes metric.type = \"...\" "
+                           f"[AND resource.type = \"...\"]): {text!r}")
+        exact, prefix = match.group(2), match.group(3)
+        conditions[match.group(1)] = (prefix, True) if exact is None else (exact, False)
+    return conditions
+
+
+def _matches(conditions: dict[str, tuple[str, bool]], field: str, value: str) -> bool:
+    wanted, is_prefix = conditions.get(field, ("", True))
+    return value.startswith(wanted) if is_prefix else value == wanted
+
+
+class MetricStore:
+    """The stand-in's state and rules, independent of gRPC. Thread-safe.
+
+    ``clock`` is the service's now (seconds since the epoch), against which point times are
+    checked; ``min_interval_s`` is the shortest time between two points of a series.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time, min_interval_s: float = 5.0) -> None:
+        self._clock, self._min_interval_ns = clock, round(min_interval_s * _NS)
+        self._lock = threading.Lock()
+        self._descriptors: dict[tuple[str, str], Any] = {}  # (project, type): MetricDescriptor
+        self._series: dict[SeriesKey, _Series] = {}
+        self._written: list[tuple[SeriesKey, int, Any]] = []  # every accepted point, in write order
+        self._failures: list[grpc.StatusCode] = []
+        self.requests = 0
+
+    def fail_next(self, n: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        """The next ``n`` CreateTimeSeries calls fail with ``code`` and write nothing: an outage."""
+        with self._lock:
+            self._failures.extend([code] * n)
+
+    def points(self, metric_type: str) -> list[tuple[dict[str, str], dict[str, str], float, Any]]:
+        """The accepted points of a metric type, in write order: metric labels, resource labels,
+        end time (seconds since the epoch) and value (bool, int, float, str or a Distribution)."""
+        with self._lock:
+            return [(dict(key[2]), dict(key[4]), end / _NS, _value(value))
+                    for key, end, value in self._written if key[1] == metric_type]
+
+    # -- time series ------------------------------------------------------------------------
+
+    def create_time_series(self, name: str, time_series: Sequence[types.TimeSeries]) -> None:
+        """Writes the valid series; raises a ``ServiceError`` naming the others, if any."""
+        with self._lock:
+            self.requests += 1
+            if self._failures:
+                code = self._failures.pop(0)
+                raise ServiceError(code, f"Injected failure: {code.name}")
+            project = _project(name)
+            if not time_series:
+                raise _invalid("At least one TimeSeries must be written")
+            if len(time_series) > MAX_SERIES_PER_REQUEST:
+                raise _invalid(f"Field timeSeries had an invalid value: a maximum of "
+                               f"{MAX_SERIES_PER_REQUEST} TimeSeries can be written in a single request, "
+                               f"got {len(time_series)}")
+            now_ns = round(self._clock() * _NS)
+            seen: set[SeriesKey] = set()
+            refused: list[tuple[int, str, int]] = []
+            for index, series in enumerate(time_series):
+                pb = types.TimeSeries.pb(series)
+                try:
+                    self._write(project, pb, now_ns, seen)
+                except _Refused as reason:
+                    refused.append((index, str(reason), len(pb.points)))
+            if refused:
+                total = sum(len(types.TimeSeries.pb(s).points) for s in time_series)
+                raise _partial_failure(refused, total)
+
+    def _write(self, project: str, ts: Any, now_ns: int, seen: set[SeriesKey]) -> None:
+        metric_type = ts.metric.type
+        if not metric_type.startswith(USER_DEFINED + PREDEFINED) or len(metric_type) > 200:
+            raise _Refused(f"Metric type {metric_type!r} cannot be written: only custom.googleapis.com/, "
+                           "workload.googleapis.com/, external.googleapis.com/ and the predefined "
+                           "compute.googleapis.com/workload/ metrics can")
+        _check_labels(ts.metric.labels.items(), "The metric")
+        required, filled = RESOURCES.get(ts.resource.type, (None, None))
+        if required is None:
+            raise _Refused(f"Unknown monitored resource type {ts.resource.type!r}")
+        resource_labels = dict(ts.resource.labels)
+        if filled is not None:
+            resource_labels.setdefault(filled, project)
+        if set(resource_labels) != required | ({filled} if filled else set()):
+            raise _Refused(f"The labels of monitored resource {ts.resource.type} must be exactly "
+                           f"{sorted(required)}, got {sorted(ts.resource.labels)}")
+        if len(ts.points) != 1:
+            raise _Refused(f"Only one point can be written per TimeSeries per request, got {len(ts.points)}")
+        key: SeriesKey = (project, metric_type, tuple(sorted(ts.metric.labels.items())), ts.resource.type,
+                          tuple(sorted(resource_labels.items())))
+        if key in seen:
+            raise _Refused("Duplicate TimeSeries encountered: only one point can be written per TimeSeries "
+                           "per request")
+        seen.add(key)
+        point = ts.points[0]
+        value_field = point.value.WhichOneof("value")
+        if value_field is None:
+            raise _Refused("The point has no value")
+        value_type = _VALUE_TYPES[value_field]
+        if ts.value_type and ts.value_type != value_type:
+            raise _Refused(f"The TimeSeries value type {_TYPE(ts.value_type)} does not match "
+                           f"its point's value, {_TYPE(value_type)}")
+        descriptor = self._descriptors.get((project, metric_type))
+        if descriptor is None:  # the first write creates it, as the service does
+            kind = ts.metric_kind or GAUGE
+            if metric_type.startswith(PREDEFINED) and kind != GAUGE:
+                raise _Refused(f"Metric {metric_type} is GAUGE, not {_KIND(kind)}")
+            _check_kind(kind, value_type, metric_type)
+        else:
+            kind = descriptor.metric_kind
+            if ts.metric_kind and ts.metric_kind != kind:
+                raise _Refused(f"Metric {metric_type} is {_KIND(kind)}, not {_KIND(ts.metric_kind)}")
+            if value_type != descriptor.value_type:
+                wanted = _TYPE(descriptor.value_type)
+                raise _Refused(f"Value type for metric {metric_type} must be {wanted}, but is "
+                               f"{_TYPE(value_type)}")
+        if not point.interval.HasField("end_time"):
+            raise _Refused("The point has no end time")
+        end = _ns(point.interval.end_time)
+        start = _ns(point.interval.start_time) if point.interval.HasField("start_time") else None
+        if end < now_ns - MAX_PAST_S * _NS:
+            raise _Refused(f"The point's end time is more than {MAX_PAST_S // 3600} hours in the past")
+        if end > now_ns + MAX_FUTURE_S * _NS:
+            raise _Refused(f"The point's end time is more than {MAX_FUTURE_S // 60} minutes in the future")
+        series = self._series.get(key)
+        previous = series.points[-1] if series and series.points else None
+        if kind == GAUGE:
+            if start is not None and start != end:
+                raise _Refused(f"The start time must be equal to the end time for the GAUGE metric "
+                               f"{metric_type}")
+            start = end
+        elif start is None or start >= end:
+            raise _Refused(f"The start time must be before the end time for the CUMULATIVE metric "
+                           f"{metric_type}")
+        elif previous and start != previous[0] and start < previous[1] + _NS // 1000:
+            raise _Refused("The start time of a CUMULATIVE series must not change, except when it is "
+                           "reset: then the new start is after the previous point's end time")
+        if previous and end <= previous[1]:
+            raise _Refused("Points must be written in order. One or more of the points specified had an "
+                           "older end time than the most recent point")
+        if previous and end - previous[1] < self._min_interval_ns:
+            raise _Refused("One or more points were written more frequently than the maximum sampling "
+                           f"period configured for the metric ({self._min_interval_ns / _NS:g} s)")
+        if descriptor is None:
+            descriptor = MetricDescriptor(
+                name=f"projects/{project}/metricDescriptors/{metric_type}", type=metric_type,
+                metric_kind=kind, value_type=value_type)
+            self._descriptors[(project, metric_type)] = descriptor
+        if series is None:
+            series = self._series[key] = _Series(_copy(ts.metric), _copy(ts.resource), kind, value_type)
+            series.resource.labels.update(resource_labels)
+        value = _copy(point.value)
+        series.points.append((start, end, value))
+        self._written.append((key, end, value))
+
+    def list_time_series(self, name: str, filter_: str, interval: types.TimeInterval,
+                         headers_only: bool = False) -> list[types.TimeSeries]:
+        """The series of a metric type with points in ``interval``, each with those points, newest
+        first (as the service answers an unaggregated query)."""
+        project = _project(name)
+        conditions = _parse_filter(filter_)
+        metric_type, is_prefix = conditions.get("metric", ("", True))
+        if is_prefix:
+            raise _invalid('The filter must name one metric type: metric.type = "..."')
+        window = types.TimeInterval.pb(interval)
+        if not window.HasField("end_time"):
+            raise _invalid("The interval needs an end time")
+        end = _ns(window.end_time)
+        start = _ns(window.start_time) if window.HasField("start_time") else end
+        if start > end:
+            raise _invalid("The interval's start time is after its end time")
+        answer = []
+        with self._lock:
+            for key, series in self._series.items():
+                if key[:2] != (project, metric_type) or not _matches(conditions, "resource", key[3]):
+                    continue
+                points = [p for p in reversed(series.points) if p[1] == end or start < p[1] <= end]
+                if points:
+                    answer.append(types.TimeSeries.wrap(types.TimeSeries.pb()(
+                        metric=series.metric, resource=series.resource, metric_kind=series.kind,
+                        value_type=series.value_type, points=[] if headers_only else [
+                            types.Point.pb()(interval=types.TimeInterval.pb()(start_time=_stamp(s),
+                                                                              end_time=_stamp(e)), value=v)
+                            for s, e, v in points])))
+        return answer
+
+    # -- metric descriptors -----------------------------------------------------------------
+
+    def create_metric_descriptor(self, name: str, descriptor: Any) -> Any:
+        """Creates a user-defined metric, or updates it where its kind and value type stay (the
+        service never removes labels: the new ones are added)."""
+        project, metric_type = _project(name), descriptor.type
+        if not metric_type.startswith(USER_DEFINED):
+            raise _invalid(f"Only user-defined metric types ({', '.join(USER_DEFINED)}) can be created, "
+                           f"got {metric_type!r}")
+        try:
+            _check_kind(descriptor.metric_kind, descriptor.value_type, metric_type)
+            _check_labels(((label.key, "") for label in descriptor.labels), "The metric descriptor")
+        except _Refused as reason:
+            raise _invalid(str(reason)) from None
+        with self._lock:
+            created = _copy(descriptor)
+            created.name = f"projects/{project}/metricDescriptors/{metric_type}"
+            existing = self._descriptors.get((project, metric_type))
+            if existing is not None:
+                if (existing.metric_kind, existing.value_type) != (created.metric_kind, created.value_type):
+                    raise _invalid(f"Metric {metric_type} exists as {_KIND(existing.metric_kind)} "
+                                   f"{_TYPE(existing.value_type)}: its kind and value type cannot change")
+                known = {label.key for label in created.labels}
+                created.labels.extend(label for label in existing.labels if label.key not in known)
+            self._descriptors[(project, metric_type)] = created
+            return created
+
+    def get_metric_descriptor(self, name: str) -> Any:
+        with self._lock:
+            return self._descriptor(name)[1]
+
+    def list_metric_descriptors(self, name: str, filter_: str = "") -> list[Any]:
+        project = _project(name)
+        conditions = _parse_filter(filter_)
+        with self._lock:
+            return [d for (p, t), d in sorted(self._descriptors.items())
+                    if p == project and t.startswith(USER_DEFINED) and _matches(conditions, "metric", t)]
+
+    def delete_metric_descriptor(self, name: str) -> None:
+        """Deletes a user-defined metric with its data, as the service does."""
+        with self._lock:
+            key, _ = self._descriptor(name)
+            if not key[1].startswith(USER_DEFINED):
+                raise _invalid(f"Only user-defined metrics can be deleted, not {key[1]}")
+            del self._descriptors[key]
+            self._series = {k: s for k, s in self._series.items() if k[:2] != key}
+            self._written = [w for w in self._written if w[0][:2] != key]
+
+    def _descriptor(self, name: str) -> tuple[tuple[str, str], Any]:
+        match = re.fullmatch(r"projects/([^/]+)/metricDescriptors/(.+)", name)
+        if match is None:
+            raise _invalid(f"Invalid metric descriptor name: {name!r}")
+        key = (match.group(1), match.group(2))
+        if key not in self._descriptors:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"Could not find descriptor for metric {key[1]!r}")
+        return key, self._descriptors[key]
+
+
+def _copy(message: Any) -> Any:
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
+
+
+def _value(value: Any) -> Any:
+    field = value.WhichOneof("value")
+    return _copy(value.distribution_value) if field == "distribution_value" else getattr(value, field)
+
+
+def _partial_failure(refused: list[tuple[int, str, int]], total_points: int) -> ServiceError:
+    """The service's answer when some series were not written: INVALID_ARGUMENT naming each one,
+    with a summary of the points written and refused, grouped by reason."""
+    by_reason: dict[str, int] = {}
+    for _, reason, count in refused:
+        by_reason[reason] = by_reason.get(reason, 0) + count
+    summary = types.CreateTimeSeriesSummary(
+        total_point_count=total_points,
+        success_point_count=total_points - sum(by_reason.values()),
+        errors=[types.CreateTimeSeriesSummary.Error(
+            status=status_pb2.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=reason),
+            point_count=count) for reason, count in by_reason.items()])
+    named = "; ".join(f"timeSeries[{index}]: {reason}" for index, reason, _ in refused)
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"One or more TimeSeries could not be written: {named}", summary)
+
+
+# -- gRPC ----------------------------------------------------------------------------------------
+
+
+def _handlers(store: MetricStore) -> list[grpc.GenericRpcHandler]:
+    def unary(call: Callable[[Any], Any], request_type: Any, response_type: Any) -> Any:
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                result = call(request)
+            except ServiceError as error:
+                if error.summary is None:
+                    context.abort(error.code, str(error))
+                detail = any_pb2.Any()
+                detail.Pack(types.CreateTimeSeriesSummary.pb(error.summary))
+                context.abort_with_status(rpc_status.to_status(status_pb2.Status(
+                    code=error.code.value[0], message=str(error), details=[detail])))
+            return empty_pb2.Empty() if result is None else result
+
+        serializer = getattr(response_type, "serialize", None) or response_type.SerializeToString
+        return grpc.unary_unary_rpc_method_handler(
+            handle, request_deserializer=request_type.deserialize, response_serializer=serializer)
+
+    headers = types.ListTimeSeriesRequest.TimeSeriesView.HEADERS
+    methods = {
+        "CreateTimeSeries": unary(lambda r: store.create_time_series(r.name, list(r.time_series)),
+                                  types.CreateTimeSeriesRequest, empty_pb2.Empty),
+        "ListTimeSeries": unary(
+            lambda r: types.ListTimeSeriesResponse(time_series=store.list_time_series(
+                r.name, r.filter, r.interval, r.view == headers)),
+            types.ListTimeSeriesRequest, types.ListTimeSeriesResponse),
+        "CreateMetricDescriptor": unary(lambda r: store.create_metric_descriptor(r.name, r.metric_descriptor),
+                                        types.CreateMetricDescriptorRequest, MetricDescriptor),
+        "GetMetricDescriptor": unary(lambda r: store.get_metric_descriptor(r.name),
+                                     types.GetMetricDescriptorRequest, MetricDescriptor),
+        "ListMetricDescriptors": unary(
+            lambda r: types.ListMetricDescriptorsResponse(
+                metric_descriptors=store.list_metric_descriptors(r.name, r.filter)),
+            types.ListMetricDescriptorsRequest, types.ListMetricDescriptorsResponse),
+        "DeleteMetricDescriptor": unary(lambda r: store.delete_metric_descriptor(r.name),
+                                        types.DeleteMetricDescriptorRequest, empty_pb2.Empty),
+    }
+    return [grpc.method_handlers_generic_handler("google.monitoring.v3.MetricService", methods)]
+
+
+class MonitoringEmulator:
+    """The stand-in as a gRPC server on localhost; a context manager that stops it.
+
+    Given the ``store`` of a stand-in that was stopped, a new one serves the same series: a
+    service that was away for a while, not a new one.
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", store: MetricStore | None = None,
+                 max_workers: int = 16) -> None:
+        self.store = store or MetricStore()
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="monitoring-emulator"),
+            options=[("grpc.so_reuseport", 0)])  # a port in use is an error, not a shared port
+        self._server.add_generic_rpc_handlers(_handlers(self.store))
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.host = f"{host}:{self.port}"
+
+    def start(self) -> MonitoringEmulator:
+        self._server.start()
+        _LOG.info("Cloud Monitoring stand-in listening on %s", self.host)
+        return self
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        self._server.stop(grace_s).wait()
+
+    def __enter__(self) -> MonitoringEmulator:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.emulators.monitoring",
+        description="Run a local stand-in of Cloud Monitoring's MetricService (google.monitoring.v3 over "
+                    "gRPC, in memory) that enforces the CreateTimeSeries rules. Reach it with an insecure "
+                    "gRPC channel to HOST:PORT, e.g. the pipeline's --monitoring_endpoint=HOST:PORT.")
+    parser.add_argument("--port", type=int, default=8086, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--min_interval_s", type=float, default=5.0,
+                        help="shortest time between two points of a series (default: %(default)s)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    store = MetricStore(min_interval_s=args.min_interval_s)
+    emulator = MonitoringEmulator(args.port, args.host, store).start()
+    print(f"--monitoring_endpoint={emulator.host}", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    emulator.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
