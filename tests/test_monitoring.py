@@ -200,7 +200,8 @@ def test_writer_writes_every_series_through_the_real_client(monitoring):
 
 def test_writer_splits_requests_and_retries_transient_errors(monitoring):
     points = stamped([p for i in range(3) for p in snapshot_points(run_rows(f"run-{i}", windows=()))]
-                     + [Point(CUSTOM + "probe", (("i", str(i)),), "run-x", "global", 1.0) for i in range(400)])
+                     + [Point(CUSTOM + "probe", (("i", str(i)),), "run-x", "global", 1.0)
+                        for i in range(400)])
     monitoring.store.fail_next(1, grpc.StatusCode.UNAVAILABLE)
     before = monitoring.store.requests
     assert MetricWriter(make_client(monitoring.host), PROJECT).write(points) == 0
