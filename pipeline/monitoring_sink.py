@@ -170,7 +170,6 @@ class MetricWriter:
                                               exceptions.InternalServerError,
                                               exceptions.ResourceExhausted),
             initial=0.5, maximum=10.0, multiplier=2.0, timeout=retry_deadline_s)
-        self.failed = 0
 
     def write(self, points: Iterable[Point]) -> int:
         """Writes every point; returns how many the service refused (logged)."""
@@ -190,7 +189,6 @@ class MetricWriter:
                 _LOG.warning("Cloud Monitoring write of %d series failed: %s; first: %s", len(batch),
                              error, batch[0].describe())
                 failed += len(batch)
-        self.failed += failed
         return failed
 
     def _series(self, point: Point) -> Any:

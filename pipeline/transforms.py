@@ -287,15 +287,14 @@ class WriteToMonitoring(beam.PTransform):
     ``pipeline.monitoring_sink``), each run's series gated by ``_GateSeries``."""
 
     def __init__(self, project: str, settings: MonitoringSettings, streaming: bool,
-                 endpoint: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 endpoint: str | None = None) -> None:
         super().__init__()
-        self.project, self.settings, self.streaming = project, settings, streaming
-        self.endpoint, self.clock = endpoint, clock
+        self.project, self.settings, self.streaming, self.endpoint = project, settings, streaming, endpoint
 
     def expand(self, rows: PCollection) -> Any:
         return (rows
                 | "Snapshots" >> beam.Filter(lambda tr: tr[0] in (GOODPUT, BADPUT))
                 | "ByRun" >> beam.Map(lambda tr: (tr[1]["run_id"], tr)).with_output_types(
                     tuple[str, Any])
-                | "Gate" >> beam.ParDo(_GateSeries(self.settings, self.streaming, self.clock))
+                | "Gate" >> beam.ParDo(_GateSeries(self.settings, self.streaming))
                 | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint)))

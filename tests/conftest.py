@@ -72,3 +72,12 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         for event in batch["events"]:
             events.append({"run_id": batch["run_id"], "attempt_id": batch["attempt_id"], **event})
     return events
+
+
+def streaming_options() -> Any:
+    """Pipeline options for a streaming Beam test on the DirectRunner (with TestStream)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
+    options.view_as(StandardOptions).streaming = True
+    return options

@@ -11,12 +11,12 @@ from typing import Any
 
 import apache_beam as beam
 import duckdb
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
 from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
+from conftest import streaming_options
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
 from pipeline.live import DRAINING, TrackRunsLive
@@ -48,12 +48,6 @@ def run_batches(end: bool) -> tuple[Batch, ...]:
             assert batch is not None and not dead
             batches.append(batch)
     return tuple(batches)
-
-
-def streaming_options() -> PipelineOptions:
-    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
-    options.view_as(StandardOptions).streaming = True
-    return options
 
 
 def track(stream: Stream, check: Any, **timers: float) -> None:

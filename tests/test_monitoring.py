@@ -17,12 +17,12 @@ from typing import Any
 import apache_beam as beam
 import grpc
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
 from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
+from conftest import streaming_options
 from pipeline import engine
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.monitoring_sink import (
@@ -130,12 +130,6 @@ def test_requests_hold_at_most_200_series_each_once_in_time_order():
     assert all(len({p.series for p in batch}) == len(batch) for batch in batches)
     assert sum(map(len, batches)) == 453 and len(batches) == 3
     assert [p.end_us for batch in batches for p in batch if p.metric.endswith("/y")] == [1, 2, 3]
-
-
-def streaming_options() -> PipelineOptions:
-    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
-    options.view_as(StandardOptions).streaming = True
-    return options
 
 
 def test_gate_releases_each_run_at_most_every_interval_with_its_latest_values():

@@ -19,14 +19,11 @@ kept in memory for assertions. Queries (``jobs``) are not served: fleet SQL runs
 
 from __future__ import annotations
 
-import argparse
-import base64
 import datetime
 import json
 import logging
 import math
 import re
-import signal
 import sys
 import threading
 import time
@@ -34,6 +31,8 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from pipeline.emulators import emulator_parser, log_to_console, serve_until_signalled
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS = 50_000
@@ -288,8 +287,6 @@ class _Handler(BaseHTTPRequestHandler):
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime.datetime):
         return value.isoformat()
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     raise TypeError(type(value))
@@ -325,21 +322,13 @@ class BigQueryEmulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.emulators.bigquery",
-        description="Run a local stand-in of the BigQuery REST API (datasets, tables, insertAll; in "
-                    "memory). Point the client at it with client_options={'api_endpoint': URL}.")
-    parser.add_argument("--port", type=int, default=9050, help="port to listen on (default: %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser = emulator_parser(
+        "bigquery", "Run a local stand-in of the BigQuery REST API (datasets, tables, insertAll; in "
+                    "memory). Point the client at it with client_options={'api_endpoint': URL}.", 9050)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_console()
     emulator = BigQueryEmulator(args.port, args.host).start()
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    emulator.stop()
-    return 0
+    return serve_until_signalled(emulator)
 
 
 if __name__ == "__main__":

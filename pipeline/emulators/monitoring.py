@@ -26,11 +26,9 @@ answers UNIMPLEMENTED.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import re
-import signal
 import sys
 import threading
 import time
@@ -44,6 +42,8 @@ from google.cloud.monitoring_v3 import types
 from google.protobuf import any_pb2, empty_pb2, timestamp_pb2
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status  # type: ignore[import-untyped]
+
+from pipeline.emulators import emulator_parser, log_to_console, serve_until_signalled
 
 _LOG = logging.getLogger(__name__)
 MAX_SERIES_PER_REQUEST = 200
@@ -492,26 +492,19 @@ class MonitoringEmulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.emulators.monitoring",
-        description="Run a local stand-in of Cloud Monitoring's MetricService (google.monitoring.v3 over "
-                    "gRPC, in memory) that enforces the CreateTimeSeries rules. Reach it with an insecure "
-                    "gRPC channel to HOST:PORT, e.g. the pipeline's --monitoring_endpoint=HOST:PORT.")
-    parser.add_argument("--port", type=int, default=8086, help="port to listen on (default: %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser = emulator_parser(
+        "monitoring", "Run a local stand-in of Cloud Monitoring's MetricService (google.monitoring.v3 "
+                      "over gRPC, in memory) that enforces the CreateTimeSeries rules. Reach it with an "
+                      "insecure gRPC channel to HOST:PORT, e.g. the pipeline's "
+                      "--monitoring_endpoint=HOST:PORT.", 8086)
     parser.add_argument("--min_interval_s", type=float, default=5.0,
                         help="shortest time between two points of a series (default: %(default)s)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_console()
     store = MetricStore(min_interval_s=args.min_interval_s)
     emulator = MonitoringEmulator(args.port, args.host, store).start()
     print(f"--monitoring_endpoint={emulator.host}", flush=True)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    emulator.stop()
-    return 0
+    return serve_until_signalled(emulator)
 
 
 if __name__ == "__main__":

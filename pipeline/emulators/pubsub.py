@@ -20,14 +20,12 @@ UNIMPLEMENTED): schemas, snapshots, seek, push and export subscriptions, filters
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import datetime
 import itertools
 import logging
 import queue
-import signal
 import sys
 import threading
 import time
@@ -38,6 +36,8 @@ from typing import Any
 import grpc
 from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as types
+
+from pipeline.emulators import emulator_parser, log_to_console, serve_until_signalled
 
 _LOG = logging.getLogger(__name__)
 _DEFAULT_ACK_DEADLINE_S = 10
@@ -430,22 +430,14 @@ class PubSubEmulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.emulators.pubsub",
-        description="Run a local Pub/Sub emulator (google.pubsub.v1 over gRPC, in memory). "
-                    "Point clients at it with PUBSUB_EMULATOR_HOST=HOST:PORT.")
-    parser.add_argument("--port", type=int, default=8085, help="port to listen on (default: %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser = emulator_parser(
+        "pubsub", "Run a local Pub/Sub emulator (google.pubsub.v1 over gRPC, in memory). "
+                  "Point clients at it with PUBSUB_EMULATOR_HOST=HOST:PORT.", 8085)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_console()
     emulator = PubSubEmulator(args.port, args.host).start()
     print(f"export PUBSUB_EMULATOR_HOST={emulator.host}", flush=True)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    emulator.stop()
-    return 0
+    return serve_until_signalled(emulator)
 
 
 if __name__ == "__main__":
