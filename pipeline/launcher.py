@@ -160,6 +160,8 @@ def run_streaming(options: GoodputOptions) -> int:
         # wait until the interval snapshots pending for the others are due and written.
         DRAINING.set()
         due_s = next_snapshot_due(round(time.time() * 1e6), goodput.snapshot_interval_s) / 1e6
+        if goodput.monitoring_project:  # the last snapshots' points wait for their series' turn
+            due_s += goodput.monitoring_min_interval_s
         deadline = due_s + DRAIN_GRACE_S
         print(f"stopping: final snapshots within {deadline - time.time():.0f} s "
               "(signal again to stop at once)", file=sys.stderr, flush=True)

@@ -208,6 +208,12 @@ class MetricWriter:
 
 
 def _refused_indexes(message: str, size: int) -> list[int]:
-    """The series a partial failure names (``timeSeries[3]``); all of them if it names none."""
-    named = sorted({int(i) for i in re.findall(r"timeSeries\[(\d+)\]", message) if int(i) < size})
-    return named or list(range(size))
+    """The series a partial failure names (``timeSeries[3]``, ``timeSeries[0-199]``,
+    ``timeSeries[2,5-7]``); all of them if it names none."""
+    named: set[int] = set()
+    for listed in re.findall(r"timeSeries\[([\d,\s-]+)\]", message):
+        for item in filter(None, (part.strip() for part in listed.split(","))):
+            first, _, last = item.partition("-")
+            if first.isdigit() and (not last or last.isdigit()):
+                named.update(range(int(first), min(int(last or first), size - 1) + 1))
+    return sorted(named) or list(range(size))

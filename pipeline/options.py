@@ -33,6 +33,22 @@ def parse_windows(text: str) -> tuple[int, ...]:
     return windows
 
 
+MIN_POINT_INTERVAL_S = 5.0  # Cloud Monitoring takes one point per series per 5 s at most
+
+
+def parse_point_interval(text: str) -> float:
+    """Seconds between two points of a series: at least what Cloud Monitoring accepts."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds >= MIN_POINT_INTERVAL_S:
+        raise argparse.ArgumentTypeError(
+            f"Cloud Monitoring takes at most one point per series every {MIN_POINT_INTERVAL_S:g} s, "
+            f"got {text!r}")
+    return seconds
+
+
 def parse_exclusion(text: str) -> tuple[int, int]:
     """START/END, two ISO 8601 times, as (start_us, end_us)."""
     start, separator, end = text.partition("/")
@@ -67,8 +83,9 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--monitoring_endpoint", default=None, metavar="HOST:PORT",
                             help="Cloud Monitoring endpoint over an insecure channel, e.g. a local "
                                  "stand-in (python -m pipeline.emulators.monitoring)")
-        parser.add_argument("--monitoring_min_interval_s", type=float, default=10.0, metavar="S",
-                            help="at most one point per series this often (default: %(default)s)")
+        parser.add_argument("--monitoring_min_interval_s", type=parse_point_interval, default=10.0,
+                            metavar="S", help="at most one point per series this often, at least 5 "
+                                              "(default: %(default)s)")
         parser.add_argument("--monitoring_max_lag_s", type=float, default=600.0, metavar="S",
                             help="a snapshot older than this is history: not written to Cloud "
                                  "Monitoring (default: %(default)s)")

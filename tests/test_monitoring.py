@@ -32,6 +32,7 @@ from pipeline.monitoring_sink import (
     MetricWriter,
     MonitoringSettings,
     Point,
+    _refused_indexes,
     make_client,
     requests,
     snapshot_points,
@@ -210,6 +211,17 @@ def test_writer_logs_each_refused_series_and_keeps_the_rest(monitoring, caplog):
     assert writer.write(fresh + old) == len(old)
     assert {r[1]["workload_id"] for r in monitoring.store.points(REFERENCE + "goodput_time")} == {"fresh"}
     assert f"Cloud Monitoring refused {REFERENCE}goodput_time" in caplog.text and "of run old" in caplog.text
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("Field timeSeries[3].points[0] is invalid", [3]),
+    ("timeSeries[0-2]: points written more often than the sampling period", [0, 1, 2]),
+    ("timeSeries[1,4-5] refused; timeSeries[9] refused", [1, 4, 5, 9]),
+    ("timeSeries[8-400]: beyond the request", [8, 9]),
+    ("Internal error", list(range(10))),
+])
+def test_a_partial_failure_names_the_refused_series(message, expected):
+    assert _refused_indexes(message, 10) == expected
 
 
 def test_a_replay_writes_monitoring_only_when_asked(tmp_path: Path):

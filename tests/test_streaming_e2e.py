@@ -19,7 +19,9 @@ from google.pubsub_v1.types import pubsub as types
 from conftest import at
 from emitter import GoodputRecorder
 from pipeline.emulators.bigquery import BigQueryEmulator
+from pipeline.emulators.monitoring import MonitoringEmulator
 from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
+from pipeline.monitoring_sink import CUSTOM
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = "projects/goodput-local"
@@ -87,12 +89,15 @@ def replay_copies(broker: PubSubBroker, tmp_path: Path, host: str) -> tuple[Path
 
 
 def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
-    """Two runs with a crash and a restart each: the live tables end with the batch numbers, and
-    BigQuery receives the same rows as DuckDB."""
+    """Two runs with a crash and a restart each: the live tables end with the batch numbers,
+    BigQuery receives the same rows as DuckDB, and Cloud Monitoring each run's latest goodput."""
     live = tmp_path / "live.duckdb"
     bigquery = BigQueryEmulator().start()
+    monitoring = MonitoringEmulator().start()
     stream = start_stream(emulator.host, live, 1, "--bigquery_dataset=goodput-local:goodput",
-                          f"--bigquery_endpoint={bigquery.endpoint}", "--bigquery_create_tables")
+                          f"--bigquery_endpoint={bigquery.endpoint}", "--bigquery_create_tables",
+                          "--monitoring_project=goodput-local", f"--monitoring_endpoint={monitoring.host}",
+                          "--monitoring_min_interval_s=5", "--monitoring_latest_now")
     try:
         for run_id, (steps, seed) in RUNS.items():
             subprocess.run([sys.executable, "examples/simulated_job.py", "--destination", TOPIC,
@@ -107,8 +112,10 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
                 break
             time.sleep(0.5)
     finally:
-        stop_stream(stream)
+        output = stop_stream(stream)
         bigquery.stop()
+        monitoring.stop()
+    assert "Cloud Monitoring refused" not in output
     with duckdb.connect(str(live), read_only=True) as connection:
         local = connection.execute("SELECT run_id, snapshot_time, window_s, goodput_pct "
                                    "FROM goodput_snapshots").fetchall()
@@ -126,6 +133,10 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
         assert total == pytest.approx(expected[1], abs=1e-6)
         assert (disruptions, max_step, ended) == (expected[2], expected[3], expected[4]) == (1, int(
             RUNS[run_id][0]) - 1, True)
+    points = monitoring.store.points(CUSTOM + "goodput_pct")
+    for run_id in RUNS:
+        series = [value for _, resource, _, value in points if resource["workload_id"] == run_id]
+        assert series and series[-1] == pytest.approx(streamed[run_id][0], abs=1e-9)
 
 
 def test_an_outage_loses_nothing_and_a_stop_reports_everything(
