@@ -17,19 +17,13 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema
+from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema, views
 from pipeline.rows import Row
 
 _DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
                  "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP"}
 _ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(),
                 "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
-_VIEWS = {
-    "latest_goodput": "SELECT * FROM goodput_snapshots QUALIFY snapshot_time = "
-                      "max(snapshot_time) OVER (PARTITION BY run_id)",
-    "latest_badput": "SELECT * FROM badput_snapshots QUALIFY snapshot_time = "
-                     "max(snapshot_time) OVER (PARTITION BY run_id)",
-}
 
 
 def create_table_sql(name: str) -> str:
@@ -59,7 +53,7 @@ class DuckDBSink:
         for name in table_names():
             self._connection.execute(create_table_sql(name))
         self._seed_prices()
-        for name, query in _VIEWS.items():
+        for name, query in views("main").items():
             self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
         self._columns = {name: [(f["name"], _DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
                          for name in table_names()}

@@ -135,12 +135,14 @@ DRAIN_GRACE_S = 2.0  # after the last interval timer is due: time for it to fire
 
 def run_streaming(options: GoodputOptions) -> int:
     """Runs the stream until SIGINT or SIGTERM, then stops it cleanly: every message read so far
-    is in a snapshot before the pipeline is cancelled. A second signal cancels at once."""
+    is in a snapshot before the pipeline is cancelled. A second signal cancels at once. On a
+    runner that runs jobs on its own (Dataflow), submits the job and returns."""
     goodput = options.view_as(GoodputOptions)
     if not goodput.subscription:
         print("python -m pipeline: --streaming needs --subscription=projects/P/subscriptions/S",
               file=sys.stderr)
         return 2
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
     stop, force = threading.Event(), threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -151,6 +153,9 @@ def run_streaming(options: GoodputOptions) -> int:
     pipeline = beam.Pipeline(options=options)
     build_streaming_pipeline(pipeline, goodput)
     result = pipeline.run()
+    if "Direct" not in runner:  # e.g. Dataflow, which runs the job on its own: submitted is done
+        print(f"submitted the streaming job to {runner}", file=sys.stderr)
+        return 0
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
     while not stop.wait(1.0) and not PipelineState.is_terminal(result.state):

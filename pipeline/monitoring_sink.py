@@ -33,6 +33,25 @@ WORKLOAD = "compute.googleapis.com/Workload"
 REFERENCE = "compute.googleapis.com/workload/"
 CUSTOM = "custom.googleapis.com/fleet_goodput/"
 MAX_SERIES_PER_REQUEST = 200
+#: The Workload resource's labels (``project_id`` is filled in by the service).
+WORKLOAD_LABELS = frozenset({"project_id", "location", "workload_id", "replica_id"})
+#: Every metric written, with its labels; each metric with labels may also carry ``cluster_name``.
+METRICS: dict[str, frozenset[str]] = {
+    REFERENCE + name: frozenset(labels) for name, labels in {
+        "goodput_time": {"goodput_source", "accelerator_type"},
+        "badput_time": {"badput_source", "accelerator_type"},
+        "total_elapsed_time": {"accelerator_type", "window_type"},
+        "disruptions": {"accelerator_type", "window_type"},
+        "max_productive_steps": {"accelerator_type"},
+        "step_time_deviation": {"accelerator_type"},
+        "performance": set(),
+        "stepping_slice_efficiency": {"accelerator_type", "window_type", "rolling_window_size"},
+        "available_slice_efficiency": {"accelerator_type", "window_type", "rolling_window_size"},
+        "interval_goodput": {"goodput_source", "accelerator_type", "rolling_window_size"},
+        "interval_badput": {"badput_source", "accelerator_type", "rolling_window_size"},
+    }.items()
+} | {CUSTOM + "goodput_pct": frozenset({"accelerator_type"})}
+OPTIONAL_LABEL = "cluster_name"
 UNKNOWN_ACCELERATOR = "UNKNOWN"  # the reference's value when the accelerator type is not known
 
 

@@ -18,6 +18,8 @@ TABLES_DIRECTORY = DIRECTORY / "tables"
 TABLE_OPTIONS = DIRECTORY / "table_options.json"
 #: Fleet SQL in BigQuery's dialect, one saved query per file.
 SQL_DIRECTORY = DIRECTORY / "sql"
+#: Views over the tables, one per file: BigQuery SQL with the tables' dataset as ``${dataset}``.
+VIEWS_DIRECTORY = DIRECTORY / "views"
 #: Accelerator prices per chip-hour, seeded into the ``accelerator_prices`` table.
 ACCELERATOR_PRICES = DIRECTORY / "accelerator_prices.csv"
 
@@ -41,6 +43,15 @@ def table_options(name: str) -> dict[str, Any]:
 def saved_queries() -> dict[str, str]:
     """Every saved fleet query by name (its file's stem), in BigQuery's dialect."""
     return {path.stem: path.read_text() for path in sorted(SQL_DIRECTORY.glob("*.sql"))}
+
+
+def views(dataset: str) -> dict[str, str]:
+    """Every view's query by name, reading its tables from ``dataset`` (e.g. ```project.dataset```
+    in BigQuery, ``main`` in DuckDB)."""
+    from string import Template
+
+    return {path.stem: Template(path.read_text()).substitute(dataset=dataset)
+            for path in sorted(VIEWS_DIRECTORY.glob("*.sql"))}
 
 
 def table_names() -> list[str]:

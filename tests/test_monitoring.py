@@ -28,6 +28,8 @@ from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.monitoring_sink import (
     CUSTOM,
     MAX_SERIES_PER_REQUEST,
+    METRICS,
+    OPTIONAL_LABEL,
     REFERENCE,
     MetricWriter,
     MonitoringSettings,
@@ -121,6 +123,21 @@ def test_unknown_accelerator_default_location_and_cluster_name():
             assert labels == {}
         else:
             assert labels["accelerator_type"] == "UNKNOWN" and labels["cluster_name"] == "pool-a"
+
+
+@pytest.mark.parametrize("cluster_name", [None, "pool-a"])
+def test_metrics_declares_every_metric_written_with_its_labels(cluster_name):
+    """METRICS (what dashboards and alerts may use) is exactly what the points carry."""
+    rows = run_rows()
+    for table, row in rows:
+        if table == "goodput_snapshots" and row["window_s"] == 0:
+            row.update(stepping_slice_efficiency=99.0, available_slice_efficiency=98.0)
+    points = snapshot_points(rows, cluster_name=cluster_name)
+    assert {p.metric for p in points} == set(METRICS)
+    for point in points:
+        declared = METRICS[point.metric]
+        optional = {OPTIONAL_LABEL} if cluster_name and declared else set()
+        assert {key for key, _ in point.labels} == declared | optional, point.metric
 
 
 def test_requests_hold_at_most_200_series_each_once_in_time_order():

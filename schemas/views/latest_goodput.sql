@@ -1,0 +1,6 @@
+-- Each run's latest goodput snapshot: its cumulative row and one row per rolling window.
+-- The dataset of the tables is a template parameter, filled in by Terraform and the DuckDB sink.
+SELECT *
+FROM ${dataset}.goodput_snapshots
+WHERE TRUE
+QUALIFY snapshot_time = MAX(snapshot_time) OVER (PARTITION BY run_id)

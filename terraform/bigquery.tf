@@ -1,0 +1,86 @@
+# Results out: one dataset; every table is the JSON schema in schemas/tables/ with the layout in
+# schemas/table_options.json; the views are schemas/views/*.sql.
+
+resource "google_bigquery_dataset" "goodput" {
+  # checkov:skip=CKV_GCP_81: customer-managed encryption is optional (var.kms_key_name); Google-managed keys by default
+  dataset_id                 = var.dataset_id
+  location                   = var.dataset_location
+  description                = "Fleet goodput: snapshots, badput, disruptions, step statistics and raw events of every training run."
+  labels                     = local.labels
+  delete_contents_on_destroy = false
+
+  dynamic "default_encryption_configuration" {
+    for_each = var.kms_key_name == null ? [] : [var.kms_key_name]
+    content {
+      kms_key_name = default_encryption_configuration.value
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_bigquery_table" "tables" {
+  # checkov:skip=CKV_GCP_80: customer-managed encryption is inherited from the dataset's default (var.kms_key_name)
+  for_each = local.table_options
+
+  dataset_id          = google_bigquery_dataset.goodput.dataset_id
+  table_id            = each.key
+  schema              = file("${local.schemas}/tables/${each.key}.json")
+  clustering          = each.value.cluster
+  labels              = local.labels
+  deletion_protection = var.deletion_protection
+
+  dynamic "time_partitioning" {
+    for_each = each.value.partition_field == null ? [] : [each.value.partition_field]
+    content {
+      type          = "DAY"
+      field         = time_partitioning.value
+      expiration_ms = var.partition_expiration_days == null ? null : var.partition_expiration_days * 86400000
+    }
+  }
+}
+
+resource "google_bigquery_table" "views" {
+  # checkov:skip=CKV_GCP_80: a view holds no data of its own to encrypt
+  for_each = fileset("${local.schemas}/views", "*.sql")
+
+  dataset_id          = google_bigquery_dataset.goodput.dataset_id
+  table_id            = trimsuffix(each.value, ".sql")
+  labels              = local.labels
+  deletion_protection = var.deletion_protection
+
+  view {
+    query          = templatefile("${local.schemas}/views/${each.value}", { dataset = "`${var.project_id}.${var.dataset_id}`" })
+    use_legacy_sql = false
+  }
+
+  depends_on = [google_bigquery_table.tables]
+}
+
+# The example accelerator prices of schemas/accelerator_prices.csv, loaded on every change of the
+# file (replace them with your own: the lost-chip-hours query reads this table).
+resource "google_storage_bucket_object" "accelerator_prices" {
+  bucket       = google_storage_bucket.dataflow.name
+  name         = "seed/accelerator_prices.csv"
+  source       = "${local.schemas}/accelerator_prices.csv"
+  content_type = "text/csv"
+}
+
+resource "google_bigquery_job" "accelerator_prices" {
+  job_id   = "${replace(var.name, "-", "_")}_prices_${filemd5("${local.schemas}/accelerator_prices.csv")}"
+  location = var.dataset_location
+  labels   = local.labels
+
+  load {
+    source_uris       = ["gs://${google_storage_bucket.dataflow.name}/${google_storage_bucket_object.accelerator_prices.name}"]
+    source_format     = "CSV"
+    skip_leading_rows = 1
+    write_disposition = "WRITE_TRUNCATE"
+
+    destination_table {
+      project_id = var.project_id
+      dataset_id = google_bigquery_dataset.goodput.dataset_id
+      table_id   = google_bigquery_table.tables["accelerator_prices"].table_id
+    }
+  }
+}

@@ -1,0 +1,243 @@
+# Dashboards and alerts on the metrics the pipeline writes (the reference's workload metrics on the
+# compute.googleapis.com/Workload resource, and custom.googleapis.com/fleet_goodput/*), and the
+# pipeline watching itself (Pub/Sub backlog and dead letters, Dataflow failure and lag).
+
+locals {
+  workload       = "resource.type = \"compute.googleapis.com/Workload\""
+  stall_window_s = tostring(min(var.rolling_windows_s...))
+  job_filter     = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
+  subscription_filter = {
+    pipeline    = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.pipeline.name}\""
+    dead_letter = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.dead_letter.name}\""
+  }
+  alert_documentation = "Fleet goodput pipeline (${var.name}). The dashboard \"${var.name}\" shows the run; the BigQuery dataset ${var.dataset_id} holds its history (saved queries: goodput query --list)."
+}
+
+resource "google_monitoring_dashboard" "fleet" {
+  dashboard_json = templatefile("${path.module}/dashboards/fleet_goodput.json.tftpl", {
+    display_name               = "Fleet goodput (${var.name})"
+    subscription               = google_pubsub_subscription.pipeline.name
+    dead_letter_subscription   = google_pubsub_subscription.dead_letter.name
+    job_name                   = var.name
+    stall_window_s             = local.stall_window_s
+    goodput_threshold_pct      = var.goodput_threshold_pct
+    step_deviation_threshold_s = var.step_deviation_threshold_s
+  })
+
+  depends_on = [google_project_service.apis]
+}
+
+# -- Training runs ------------------------------------------------------------------------------
+
+resource "google_monitoring_alert_policy" "low_goodput" {
+  display_name          = "${var.name}: goodput below ${var.goodput_threshold_pct}%"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "Cumulative goodput of a run below ${var.goodput_threshold_pct}% for ${var.goodput_window_s} s"
+    condition_threshold {
+      filter          = "${local.workload} AND metric.type = \"custom.googleapis.com/fleet_goodput/goodput_pct\""
+      comparison      = "COMPARISON_LT"
+      threshold_value = var.goodput_threshold_pct
+      duration        = "${var.goodput_window_s}s"
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_MEAN"
+        cross_series_reducer = "REDUCE_MEAN"
+        group_by_fields      = ["resource.label.workload_id"]
+      }
+    }
+  }
+
+  documentation {
+    content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "disruption" {
+  display_name          = "${var.name}: a run was disrupted"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "A run's disruption count went up"
+    condition_prometheus_query_language {
+      query               = "max by (workload_id) (delta({\"__name__\"=\"compute.googleapis.com/workload/disruptions\", \"monitored_resource\"=\"compute.googleapis.com/Workload\", \"window_type\"=\"cumulative\"}[10m])) > 0"
+      duration            = "0s"
+      evaluation_interval = "60s"
+    }
+  }
+
+  documentation {
+    content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "step_deviation" {
+  display_name          = "${var.name}: step time off its ideal"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "Step-time deviation of a run above ${var.step_deviation_threshold_s} s"
+    condition_threshold {
+      filter          = "${local.workload} AND metric.type = \"compute.googleapis.com/workload/step_time_deviation\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.step_deviation_threshold_s
+      duration        = "600s"
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_MEAN"
+        cross_series_reducer = "REDUCE_MEAN"
+        group_by_fields      = ["resource.label.workload_id"]
+      }
+    }
+  }
+
+  documentation {
+    content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "stalled" {
+  display_name          = "${var.name}: a run is stalled"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "No productive time in a run's last ${local.stall_window_s} s, for ${var.stall_after_s} s"
+    condition_threshold {
+      filter          = "${local.workload} AND metric.type = \"compute.googleapis.com/workload/interval_goodput\" AND metric.label.rolling_window_size = \"${local.stall_window_s}\""
+      comparison      = "COMPARISON_LT"
+      threshold_value = 0.001
+      duration        = "${var.stall_after_s}s"
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_MAX"
+        cross_series_reducer = "REDUCE_MAX"
+        group_by_fields      = ["resource.label.workload_id"]
+      }
+    }
+  }
+
+  documentation {
+    content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+}
+
+# -- The pipeline itself ------------------------------------------------------------------------
+
+resource "google_monitoring_alert_policy" "backlog" {
+  display_name          = "${var.name}: the pipeline falls behind"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "More than ${var.backlog_threshold} undelivered messages"
+    condition_threshold {
+      filter          = "${local.subscription_filter.pipeline} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.backlog_threshold
+      duration        = "300s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  conditions {
+    display_name = "Oldest unacknowledged message older than ${var.oldest_unacked_threshold_s} s"
+    condition_threshold {
+      filter          = "${local.subscription_filter.pipeline} AND metric.type = \"pubsub.googleapis.com/subscription/oldest_unacked_message_age\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.oldest_unacked_threshold_s
+      duration        = "300s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  conditions {
+    display_name = "Dataflow system lag above ${var.system_lag_threshold_s} s"
+    condition_threshold {
+      filter          = "${local.job_filter} AND metric.type = \"dataflow.googleapis.com/job/system_lag\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.system_lag_threshold_s
+      duration        = "300s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  documentation {
+    content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "dead_letters" {
+  display_name          = "${var.name}: messages dead-lettered"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "Messages waiting on the dead-letter subscription"
+    condition_threshold {
+      filter          = "${local.subscription_filter.dead_letter} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  documentation {
+    content   = "${local.alert_documentation} Pub/Sub gave up delivering these messages to the pipeline: read them from the subscription ${google_pubsub_subscription.dead_letter.name}, fix the cause, and publish them again."
+    mime_type = "text/markdown"
+  }
+}
+
+resource "google_monitoring_alert_policy" "job_failed" {
+  display_name          = "${var.name}: the Dataflow job failed"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "Dataflow job ${var.name} failed"
+    condition_threshold {
+      filter          = "${local.job_filter} AND metric.type = \"dataflow.googleapis.com/job/is_failed\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  documentation {
+    content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+}

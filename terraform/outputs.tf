@@ -1,0 +1,44 @@
+output "topic" {
+  description = "The events topic: the emitter's destination (GoodputRecorder(destination=...))."
+  value       = google_pubsub_topic.events.id
+}
+
+output "subscription" {
+  description = "The pipeline's subscription."
+  value       = google_pubsub_subscription.pipeline.id
+}
+
+output "dead_letter_subscription" {
+  description = "Messages Pub/Sub could not deliver to the pipeline."
+  value       = google_pubsub_subscription.dead_letter.id
+}
+
+output "dataset" {
+  description = "The BigQuery dataset, as PROJECT:DATASET (the pipeline's --bigquery_dataset)."
+  value       = "${var.project_id}:${google_bigquery_dataset.goodput.dataset_id}"
+}
+
+output "emitter_service_account" {
+  description = "The service account training jobs publish as."
+  value       = google_service_account.emitter.email
+}
+
+output "pipeline_service_account" {
+  description = "The service account the Dataflow job runs as."
+  value       = google_service_account.pipeline.email
+}
+
+output "bucket" {
+  description = "The bucket of the template spec and Dataflow's temporary files."
+  value       = google_storage_bucket.dataflow.name
+}
+
+output "job_id" {
+  description = "The Dataflow job's id (null until container_image is set)."
+  value       = one(google_dataflow_flex_template_job.pipeline[*].job_id)
+}
+
+output "dashboard" {
+  description = "The Cloud Monitoring dashboard's id."
+  value       = google_monitoring_dashboard.fleet.id
+}

@@ -1,0 +1,77 @@
+# terraform test: the module's behaviour with mocked providers (no cloud needed).
+
+mock_provider "google" {
+  mock_data "google_project" {
+    defaults = {
+      number = "123456789012"
+    }
+  }
+}
+
+mock_provider "google-beta" {}
+
+variables {
+  project_id = "goodput-test"
+}
+
+run "without_an_image_everything_but_the_job_is_deployed" {
+  command = plan
+
+  assert {
+    condition     = length(google_dataflow_flex_template_job.pipeline) == 0
+    error_message = "No container_image: no Dataflow job."
+  }
+
+  assert {
+    condition     = length(google_bigquery_table.tables) == length(fileset("${path.module}/../schemas/tables", "*.json"))
+    error_message = "Every table of schemas/tables/ is deployed."
+  }
+}
+
+run "the_pipeline_streams_with_its_state_kept_on_update" {
+  variables {
+    container_image = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+  }
+
+  assert {
+    condition     = google_dataflow_flex_template_job.pipeline[0].enable_streaming_engine && google_dataflow_flex_template_job.pipeline[0].on_delete == "drain"
+    error_message = "The job runs on Streaming Engine and is drained, not cancelled, on destroy."
+  }
+
+  assert {
+    condition     = google_dataflow_flex_template_job.pipeline[0].parameters["subscription"] == google_pubsub_subscription.pipeline.id
+    error_message = "The job reads the pipeline's subscription."
+  }
+
+  assert {
+    condition     = jsondecode(google_storage_bucket_object.template[0].content).image == var.container_image
+    error_message = "The template spec names the image."
+  }
+}
+
+run "undeliverable_messages_go_to_the_dead_letter_topic" {
+  assert {
+    condition     = google_pubsub_subscription.pipeline.dead_letter_policy[0].dead_letter_topic == google_pubsub_topic.dead_letter.id
+    error_message = "The pipeline's subscription dead-letters to its dead-letter topic."
+  }
+
+  assert {
+    condition     = google_pubsub_topic_iam_member.dead_letter_publisher.member == "serviceAccount:service-123456789012@gcp-sa-pubsub.iam.gserviceaccount.com"
+    error_message = "Pub/Sub's service agent may publish to the dead-letter topic."
+  }
+
+  assert {
+    condition     = google_pubsub_topic.events.schema_settings[0].encoding == "JSON"
+    error_message = "The events topic checks JSON messages against the event schema."
+  }
+}
+
+run "points_more_often_than_every_5_s_are_refused" {
+  command = plan
+
+  variables {
+    monitoring_min_interval_s = 2
+  }
+
+  expect_failures = [var.monitoring_min_interval_s]
+}

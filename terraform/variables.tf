@@ -1,0 +1,213 @@
+# -- Project ------------------------------------------------------------------------------------
+
+variable "project_id" {
+  description = "The project to deploy into."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the Dataflow job and its bucket."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "name" {
+  description = "Prefix of every resource name (topic, subscriptions, service accounts, job)."
+  type        = string
+  default     = "fleet-goodput"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{2,20}$", var.name))
+    error_message = "name must be 3 to 21 characters: lower-case letters, digits and hyphens, starting with a letter."
+  }
+}
+
+variable "labels" {
+  description = "Labels added to every resource that takes labels."
+  type        = map(string)
+  default     = {}
+}
+
+variable "enable_apis" {
+  description = "Enable the Google APIs the system uses (never disabled on destroy)."
+  type        = bool
+  default     = true
+}
+
+variable "kms_key_name" {
+  description = "Cloud KMS key for the topics, the dataset and the Dataflow job (null: Google-managed keys)."
+  type        = string
+  default     = null
+}
+
+# -- Pub/Sub ------------------------------------------------------------------------------------
+
+variable "message_retention_duration" {
+  description = "How long the topic and the pipeline's subscription keep messages, e.g. \"604800s\" (7 days): the window in which a stopped pipeline can catch up."
+  type        = string
+  default     = "604800s"
+}
+
+variable "ack_deadline_seconds" {
+  description = "Ack deadline of the pipeline's subscription."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.ack_deadline_seconds >= 10 && var.ack_deadline_seconds <= 600
+    error_message = "ack_deadline_seconds must be between 10 and 600."
+  }
+}
+
+variable "max_delivery_attempts" {
+  description = "Deliveries of a message before Pub/Sub moves it to the dead-letter topic."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
+    error_message = "max_delivery_attempts must be between 5 and 100."
+  }
+}
+
+variable "emitter_members" {
+  description = "Principals allowed to act as the emitter service account, e.g. GKE workload identities \"serviceAccount:PROJECT.svc.id.goog[NAMESPACE/KSA]\"."
+  type        = list(string)
+  default     = []
+}
+
+# -- BigQuery -----------------------------------------------------------------------------------
+
+variable "dataset_id" {
+  description = "BigQuery dataset of the output tables and views."
+  type        = string
+  default     = "fleet_goodput"
+}
+
+variable "dataset_location" {
+  description = "Location of the BigQuery dataset."
+  type        = string
+  default     = "US"
+}
+
+variable "partition_expiration_days" {
+  description = "Days a day partition of the partitioned tables is kept (null: forever)."
+  type        = number
+  default     = null
+}
+
+variable "deletion_protection" {
+  description = "Refuse to destroy the tables (and the data in them) with terraform destroy."
+  type        = bool
+  default     = true
+}
+
+# -- Dataflow -----------------------------------------------------------------------------------
+
+variable "container_image" {
+  description = "The pipeline image built from dataflow/Dockerfile (launcher and workers), e.g. \"REGION-docker.pkg.dev/PROJECT/REPO/fleet-goodput:TAG\". Null: everything but the Dataflow job is deployed."
+  type        = string
+  default     = null
+}
+
+variable "machine_type" {
+  description = "Dataflow worker machine type."
+  type        = string
+  default     = "n2-standard-2"
+}
+
+variable "num_workers" {
+  description = "Dataflow workers at the start."
+  type        = number
+  default     = 1
+}
+
+variable "max_workers" {
+  description = "Most Dataflow workers autoscaling may use."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.max_workers >= 1
+    error_message = "max_workers must be at least 1."
+  }
+}
+
+variable "subnetwork" {
+  description = "Subnetwork of the workers as \"regions/REGION/subnetworks/NAME\" (null: the default network). Workers have no public IP: it needs Private Google Access."
+  type        = string
+  default     = null
+}
+
+variable "snapshot_interval_s" {
+  description = "Seconds between two snapshots of a run that keeps sending events."
+  type        = number
+  default     = 30
+}
+
+variable "rolling_windows_s" {
+  description = "Rolling windows of the interval goodput, in seconds; the shortest one also tells stalled runs."
+  type        = list(number)
+  default     = [60, 300, 900, 3600]
+}
+
+variable "monitoring_min_interval_s" {
+  description = "At most one Cloud Monitoring point per series this often (at least 5)."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.monitoring_min_interval_s >= 5
+    error_message = "Cloud Monitoring takes at most one point per series every 5 s."
+  }
+}
+
+# -- Alerts -------------------------------------------------------------------------------------
+
+variable "notification_channels" {
+  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) every alert notifies."
+  type        = list(string)
+  default     = []
+}
+
+variable "goodput_threshold_pct" {
+  description = "Alert when a run's cumulative goodput stays below this percentage."
+  type        = number
+  default     = 80
+}
+
+variable "goodput_window_s" {
+  description = "How long a run's goodput must stay below the threshold before the alert fires."
+  type        = number
+  default     = 1800
+}
+
+variable "step_deviation_threshold_s" {
+  description = "Alert when a run's step-time deviation from its ideal step time exceeds this many seconds."
+  type        = number
+  default     = 1
+}
+
+variable "stall_after_s" {
+  description = "Alert when a run that has not ended made no productive progress in its shortest rolling window for this long."
+  type        = number
+  default     = 600
+}
+
+variable "backlog_threshold" {
+  description = "Alert when the pipeline's subscription holds more undelivered messages than this."
+  type        = number
+  default     = 100000
+}
+
+variable "oldest_unacked_threshold_s" {
+  description = "Alert when the oldest unacknowledged message of the pipeline's subscription is older than this."
+  type        = number
+  default     = 600
+}
+
+variable "system_lag_threshold_s" {
+  description = "Alert when the Dataflow job's system lag exceeds this."
+  type        = number
+  default     = 300
+}
