@@ -1,9 +1,16 @@
-# Dashboards and alerts on the metrics the pipeline writes (the reference's workload metrics on the
-# compute.googleapis.com/Workload resource, and custom.googleapis.com/fleet_goodput/*), and the
-# pipeline watching itself (Pub/Sub backlog and dead letters, Dataflow failure and lag).
+# The dashboard and alerts on the metrics the pipeline writes: the reference's workload metrics on
+# the compute.googleapis.com/Workload resource (Cloud Monitoring takes custom.googleapis.com metrics
+# only on a few other resources, so they are left out here). And the pipeline watching itself:
+# Pub/Sub backlog and dead letters, Dataflow failure and lag.
 
 locals {
-  workload       = "resource.type = \"compute.googleapis.com/Workload\""
+  workload = "resource.type = \"compute.googleapis.com/Workload\""
+  # PromQL selectors of the reference's metrics (goodput % is productive over total time).
+  promql = {
+    goodput_time = "{\"__name__\"=\"compute.googleapis.com/workload/goodput_time\", \"monitored_resource\"=\"compute.googleapis.com/Workload\"}"
+    total_time   = "{\"__name__\"=\"compute.googleapis.com/workload/total_elapsed_time\", \"monitored_resource\"=\"compute.googleapis.com/Workload\", \"window_type\"=\"cumulative\"}"
+    disruptions  = "{\"__name__\"=\"compute.googleapis.com/workload/disruptions\", \"monitored_resource\"=\"compute.googleapis.com/Workload\", \"window_type\"=\"cumulative\"}"
+  }
   stall_window_s = tostring(min(var.rolling_windows_s...))
   job_filter     = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
   subscription_filter = {
@@ -37,17 +44,10 @@ resource "google_monitoring_alert_policy" "low_goodput" {
 
   conditions {
     display_name = "Cumulative goodput of a run below ${var.goodput_threshold_pct}% for ${var.goodput_window_s} s"
-    condition_threshold {
-      filter          = "${local.workload} AND metric.type = \"custom.googleapis.com/fleet_goodput/goodput_pct\""
-      comparison      = "COMPARISON_LT"
-      threshold_value = var.goodput_threshold_pct
-      duration        = "${var.goodput_window_s}s"
-      aggregations {
-        alignment_period     = "300s"
-        per_series_aligner   = "ALIGN_MEAN"
-        cross_series_reducer = "REDUCE_MEAN"
-        group_by_fields      = ["resource.label.workload_id"]
-      }
+    condition_prometheus_query_language {
+      query               = "100 * sum by (workload_id) (${local.promql.goodput_time}) / sum by (workload_id) (${local.promql.total_time}) < ${var.goodput_threshold_pct}"
+      duration            = "${var.goodput_window_s}s"
+      evaluation_interval = "60s"
     }
   }
 
@@ -66,7 +66,7 @@ resource "google_monitoring_alert_policy" "disruption" {
   conditions {
     display_name = "A run's disruption count went up"
     condition_prometheus_query_language {
-      query               = "max by (workload_id) (delta({\"__name__\"=\"compute.googleapis.com/workload/disruptions\", \"monitored_resource\"=\"compute.googleapis.com/Workload\", \"window_type\"=\"cumulative\"}[10m])) > 0"
+      query               = "max by (workload_id) (delta(${local.promql.disruptions}[10m])) > 0"
       duration            = "0s"
       evaluation_interval = "60s"
     }

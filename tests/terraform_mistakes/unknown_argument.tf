@@ -1,4 +1,5 @@
 # A deliberate mistake: an argument google_pubsub_topic does not have.
-resource "google_pubsub_topic" "events" {
+resource "google_pubsub_topic" "typo" {
+  name             = "typo"
   message_ordering = true
 }

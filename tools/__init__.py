@@ -1,0 +1,1 @@
+"""Developer tooling of the repository (not part of the installed packages)."""
