@@ -6,7 +6,9 @@ run id, ``replica_id`` = "0"), the metric labels and the units are the reference
 and alerts built on it keep working. Its one collision is fixed: the reference writes
 ``performance`` from two workers, the ideal step time and, every 10 s, the step-time deviation;
 here ``performance`` is only the ideal step time (the deviation has its own
-``step_time_deviation``). What is new is under ``custom.googleapis.com/fleet_goodput/``.
+``step_time_deviation``). What is new is under ``custom.googleapis.com/fleet_goodput/``, on the
+``generic_task`` resource (``job`` = the run id): Cloud Monitoring takes user-defined metrics only
+on a few resource types, and the Workload is not one of them.
 
 The write rules are Cloud Monitoring's: at most 200 series per request, one point per series per
 request, points of a series in order and no more often than every ``min_interval_s`` (the
@@ -33,8 +35,11 @@ WORKLOAD = "compute.googleapis.com/Workload"
 REFERENCE = "compute.googleapis.com/workload/"
 CUSTOM = "custom.googleapis.com/fleet_goodput/"
 MAX_SERIES_PER_REQUEST = 200
-#: The Workload resource's labels (``project_id`` is filled in by the service).
+GENERIC_TASK = "generic_task"
+NAMESPACE = "fleet_goodput"  # the generic_task namespace of the custom metrics
+#: The resources' labels (``project_id`` is filled in by the service).
 WORKLOAD_LABELS = frozenset({"project_id", "location", "workload_id", "replica_id"})
+GENERIC_TASK_LABELS = frozenset({"project_id", "location", "namespace", "job", "task_id"})
 #: Every metric written, with its labels; each metric with labels may also carry ``cluster_name``.
 METRICS: dict[str, frozenset[str]] = {
     REFERENCE + name: frozenset(labels) for name, labels in {
@@ -52,6 +57,11 @@ METRICS: dict[str, frozenset[str]] = {
     }.items()
 } | {CUSTOM + "goodput_pct": frozenset({"accelerator_type"})}
 OPTIONAL_LABEL = "cluster_name"
+
+
+def resource_of(metric: str) -> tuple[str, frozenset[str]]:
+    """The monitored resource type a metric is written on, and that resource's labels."""
+    return (GENERIC_TASK, GENERIC_TASK_LABELS) if metric.startswith(CUSTOM) else (WORKLOAD, WORKLOAD_LABELS)
 UNKNOWN_ACCELERATOR = "UNKNOWN"  # the reference's value when the accelerator type is not known
 
 
@@ -69,7 +79,7 @@ class MonitoringSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One point of one series: the metric, its labels, the run's Workload resource, the value."""
+    """One point of one series: the metric, its labels, the run's resource, the value."""
 
     metric: str
     labels: tuple[tuple[str, str], ...]
@@ -216,9 +226,13 @@ class MetricWriter:
         series = monitoring_v3.TimeSeries()
         series.metric.type = point.metric
         series.metric.labels.update(dict(point.labels))
-        series.resource.type = WORKLOAD
-        series.resource.labels.update({"location": point.location, "workload_id": point.run_id,
-                                       "replica_id": "0"})
+        series.resource.type = resource_of(point.metric)[0]
+        if series.resource.type == WORKLOAD:
+            series.resource.labels.update({"location": point.location, "workload_id": point.run_id,
+                                           "replica_id": "0"})
+        else:
+            series.resource.labels.update({"location": point.location, "namespace": NAMESPACE,
+                                           "job": point.run_id, "task_id": "0"})
         end = datetime.datetime.fromtimestamp(point.end_us / 1e6, datetime.timezone.utc)
         value = (monitoring_v3.TypedValue(int64_value=point.value) if isinstance(point.value, int)
                  else monitoring_v3.TypedValue(double_value=point.value))

@@ -1,7 +1,7 @@
 # The dashboard and alerts on the metrics the pipeline writes: the reference's workload metrics on
-# the compute.googleapis.com/Workload resource (Cloud Monitoring takes custom.googleapis.com metrics
-# only on a few other resources, so they are left out here). And the pipeline watching itself:
-# Pub/Sub backlog and dead letters, Dataflow failure and lag.
+# the compute.googleapis.com/Workload resource, so that they also work on the reference's own data
+# (goodput % is goodput_time over total_elapsed_time). And the pipeline watching itself: Pub/Sub
+# backlog and dead letters, Dataflow failure and lag.
 
 locals {
   workload = "resource.type = \"compute.googleapis.com/Workload\""

@@ -18,7 +18,7 @@ from google.cloud import monitoring_dashboard_v1
 from google.protobuf import json_format
 
 from goodput_schemas import EVENT_PROTO, table_names, table_options, table_schema, views
-from pipeline.monitoring_sink import METRICS, OPTIONAL_LABEL, WORKLOAD, WORKLOAD_LABELS
+from pipeline.monitoring_sink import METRICS, OPTIONAL_LABEL, resource_of
 from pipeline.options import GoodputOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,10 +135,11 @@ def check_query(query: str, group_by: list[str] | tuple[str, ...] = ()) -> list[
         if metric not in METRICS:
             problems.append(f"no pipeline writes metric {metric}")
             continue
-        if resource_types - {WORKLOAD}:
-            problems.append(f"{metric} is written on {WORKLOAD}, not {sorted(resource_types)}")
+        resource, resource_labels = resource_of(metric)
+        if resource_types - {resource}:
+            problems.append(f"{metric} is written on {resource}, not {sorted(resource_types)}")
         for kind, label in _LABEL.findall(text):
-            known = WORKLOAD_LABELS if kind == "resource" else METRICS[metric] | {OPTIONAL_LABEL}
+            known = resource_labels if kind == "resource" else METRICS[metric] | {OPTIONAL_LABEL}
             if label not in known:
                 problems.append(f"{metric} has no {kind} label {label}")
     return problems
@@ -150,9 +151,9 @@ def check_promql(query: str) -> list[str]:
     if not names:
         return [f"no \"__name__\" matcher in PromQL {query!r}"]
     problems = [f"no pipeline writes metric {name}" for name in names if name not in METRICS]
-    known = set(WORKLOAD_LABELS | {OPTIONAL_LABEL, "__name__", "monitored_resource"})
+    known = {OPTIONAL_LABEL, "__name__", "monitored_resource"}
     for name in names:
-        known |= METRICS.get(name, frozenset())
+        known |= METRICS.get(name, frozenset()) | resource_of(name)[1]
     used = set(_PROMQL_MATCHER.findall(query))
     for group in _PROMQL_BY.findall(query):
         used |= {label.strip() for label in group.split(",") if label.strip()}

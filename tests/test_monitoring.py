@@ -208,6 +208,9 @@ def test_writer_writes_every_series_through_the_real_client(monitoring):
     assert (end_s, value) == (NOW_S, next(p.value for p in points if p.metric == REFERENCE + "goodput_time"))
     (disruptions,) = monitoring.store.points(REFERENCE + "disruptions")
     assert disruptions[3] == 1 and isinstance(disruptions[3], int)
+    (goodput_pct,) = monitoring.store.points(CUSTOM + "goodput_pct")  # user-defined: not on the Workload
+    assert goodput_pct[1] == {"location": "us-central2-b", "namespace": "fleet_goodput", "job": "run-1",
+                              "task_id": "0", "project_id": PROJECT.removeprefix("projects/")}
 
 
 def test_writer_splits_requests_and_retries_transient_errors(monitoring):

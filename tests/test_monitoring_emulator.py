@@ -21,7 +21,10 @@ from pipeline.monitoring_sink import _refused_indexes
 
 PROJECT = "projects/local"
 CUSTOM = "custom.googleapis.com/test/value"
-WORKLOAD = "compute.googleapis.com/Workload"
+WORKLOAD, TASK = "compute.googleapis.com/Workload", "generic_task"
+GOODPUT_TIME = "compute.googleapis.com/workload/goodput_time"
+RESOURCE_LABELS = {WORKLOAD: {"location": "us-central2-b", "workload_id": "run-1", "replica_id": "0"},
+                   TASK: {"location": "us-central2-b", "namespace": "fleet", "job": "run-1", "task_id": "0"}}
 NOW = datetime.datetime(2026, 11, 1, 9, tzinfo=datetime.timezone.utc).timestamp()
 Descriptor = metric_pb2.MetricDescriptor
 
@@ -60,13 +63,12 @@ def stamp(seconds: float) -> datetime.datetime:
 
 def series(metric: str = CUSTOM, value: Any = 1.0, end: float = NOW, start: float | None = None,
            labels: dict[str, str] | None = None, resource: dict[str, str] | None = None,
-           resource_type: str = WORKLOAD, points: int = 1, kind: int = 0) -> Any:
+           resource_type: str = TASK, points: int = 1, kind: int = 0) -> Any:
     ts = monitoring_v3.TimeSeries(metric_kind=kind)
     ts.metric.type = metric
     ts.metric.labels.update(labels or {})
     ts.resource.type = resource_type
-    ts.resource.labels.update({"location": "us-central2-b", "workload_id": "run-1", "replica_id": "0"}
-                              if resource is None else resource)
+    ts.resource.labels.update(RESOURCE_LABELS[resource_type] if resource is None else resource)
     field = {bool: "bool_value", int: "int64_value", float: "double_value", str: "string_value"}[type(value)]
     interval = monitoring_v3.TimeInterval(end_time=stamp(end))
     if start is not None:
@@ -107,9 +109,8 @@ def test_accepted_points_are_read_back_newest_first(client, emulator):
     write(client, series(value=3.0, end=NOW, labels={"source": "a"}))
     (found,) = read(client)
     assert dict(found.metric.labels) == {"source": "a"}
-    assert found.resource.type == WORKLOAD
-    assert dict(found.resource.labels) == {"location": "us-central2-b", "workload_id": "run-1",
-                                           "replica_id": "0"}
+    assert found.resource.type == TASK
+    assert dict(found.resource.labels) == {**RESOURCE_LABELS[TASK], "project_id": PROJECT.split("/")[1]}
     assert found.metric_kind == Descriptor.GAUGE and found.value_type == Descriptor.DOUBLE
     assert [p.value.double_value for p in found.points] == [3.0, 2.0, 1.0]
     assert [p.interval.end_time.timestamp() for p in found.points] == [NOW, NOW - 10, NOW - 20]
@@ -118,7 +119,7 @@ def test_accepted_points_are_read_back_newest_first(client, emulator):
     (recent,) = read(client, start=NOW - 15)  # (start, end]: the two newest
     assert [p.value.double_value for p in recent.points] == [3.0, 2.0]
     assert read(client, resource_type="global") == []
-    assert len(read(client, resource_type=WORKLOAD)) == 1
+    assert len(read(client, resource_type=TASK)) == 1
     assert read(client, metric=CUSTOM + "_other") == []
 
 
@@ -197,7 +198,7 @@ def test_the_first_write_fixes_the_value_type(client, emulator):
 def test_monitored_resource_labels_must_match_its_type(client, emulator):
     for labels in ({"location": "l", "workload_id": "w"},
                    {"location": "l", "workload_id": "w", "replica_id": "0", "zone": "z"}):
-        message, _ = refused(client, series(resource=labels))
+        message, _ = refused(client, series(metric=GOODPUT_TIME, resource_type=WORKLOAD, resource=labels))
         assert "compute.googleapis.com/Workload must be exactly" in message
     message, _ = refused(client, series(resource_type="gce_thing", resource={}))
     assert "Unknown monitored resource type" in message
@@ -214,12 +215,22 @@ def test_only_user_defined_and_workload_metrics_are_writable(client, emulator):
     assert "cannot be written" in message
     message, _ = refused(client, series(metric="example.com/metric"))
     assert "cannot be written" in message
-    write(client, series(metric="compute.googleapis.com/workload/goodput_time"),
+    write(client, series(metric=GOODPUT_TIME, resource_type=WORKLOAD),
           series(metric="workload.googleapis.com/app/requests"))
-    assert len(emulator.store.points("compute.googleapis.com/workload/goodput_time")) == 1
+    assert len(emulator.store.points(GOODPUT_TIME)) == 1
     message, _ = refused(client, series(metric="compute.googleapis.com/workload/disruptions", start=NOW - 60,
-                                        value=1, kind=Descriptor.CUMULATIVE))
+                                        value=1, kind=Descriptor.CUMULATIVE, resource_type=WORKLOAD))
     assert "is GAUGE" in message
+
+
+def test_user_defined_metrics_go_on_their_resources_and_workload_metrics_on_the_workload(client, emulator):
+    message, _ = refused(client, series(resource_type=WORKLOAD))
+    assert f"{CUSTOM} cannot be written on monitored resource type {WORKLOAD}" in message
+    message, _ = refused(client, series(metric=GOODPUT_TIME))
+    assert f"{GOODPUT_TIME} cannot be written on monitored resource type generic_task" in message
+    write(client, series(resource_type="global", resource={}),
+          series(metric=GOODPUT_TIME, resource_type=WORKLOAD))
+    assert len(emulator.store.points(CUSTOM)) == len(emulator.store.points(GOODPUT_TIME)) == 1
 
 
 def test_metric_label_limits(client, emulator):

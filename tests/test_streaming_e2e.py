@@ -135,7 +135,7 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
             RUNS[run_id][0]) - 1, True)
     points = monitoring.store.points(CUSTOM + "goodput_pct")
     for run_id in RUNS:
-        series = [value for _, resource, _, value in points if resource["workload_id"] == run_id]
+        series = [value for _, resource, _, value in points if resource["job"] == run_id]
         assert series and series[-1] == pytest.approx(streamed[run_id][0], abs=1e-9)
 
 

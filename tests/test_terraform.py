@@ -157,7 +157,10 @@ WORKLOAD = 'resource.type = "compute.googleapis.com/Workload"'
 
 
 @pytest.mark.parametrize(("query", "group_by", "problem"), [
-    (f'{WORKLOAD} AND metric.type = "custom.googleapis.com/fleet_goodput/goodput_pct"', [], None),
+    ('resource.type = "generic_task" AND metric.type = "custom.googleapis.com/fleet_goodput/goodput_pct"',
+     ["resource.label.job"], None),
+    (f'{WORKLOAD} AND metric.type = "custom.googleapis.com/fleet_goodput/goodput_pct"', [],
+     "is written on generic_task"),
     (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/interval_goodput" AND '
      'metric.label.rolling_window_size = "60"', ["resource.label.workload_id"], None),
     (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/goodput"', [], "no pipeline writes"),
@@ -165,7 +168,7 @@ WORKLOAD = 'resource.type = "compute.googleapis.com/Workload"'
      ["metric.label.badput_source"], "has no metric label badput_source"),
     (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/disruptions"',
      ["resource.label.zone"], "has no resource label zone"),
-    ('resource.type = "gce_instance" AND metric.type = "custom.googleapis.com/fleet_goodput/goodput_pct"',
+    ('resource.type = "gce_instance" AND metric.type = "compute.googleapis.com/workload/goodput_time"',
      [], "is written on compute.googleapis.com/Workload"),
     ('resource.type = "dataflow_job" AND metric.type = "dataflow.googleapis.com/job/system_lag"', [], None),
     ('resource.type = "dataflow_job" AND metric.type = "dataflow.googleapis.com/job/elements_produced_count"',

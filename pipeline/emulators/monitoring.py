@@ -2,9 +2,9 @@
 
 Cloud Monitoring has no emulator of its own, and its write rules are what a metrics sink gets
 wrong: too many series in a request, points out of order or too frequent, a value type that
-changes, a resource with the wrong labels. This stand-in keeps time series and metric
-descriptors in memory, speaks the real protocol and refuses what the service refuses, so a sink
-is tested with the unmodified client::
+changes, a resource with the wrong labels or one that does not take the metric. This stand-in
+keeps time series and metric descriptors in memory, speaks the real protocol and refuses what the
+service refuses, so a sink is tested with the unmodified client::
 
     python -m pipeline.emulators.monitoring --port 8086
 
@@ -54,13 +54,17 @@ MAX_PAST_S = 25 * 3600
 MAX_FUTURE_S = 5 * 60
 USER_DEFINED = ("custom.googleapis.com/", "workload.googleapis.com/", "external.googleapis.com/")
 PREDEFINED = ("compute.googleapis.com/workload/",)  # Google's, but written by the workloads themselves
+WORKLOAD = "compute.googleapis.com/Workload"
 # Monitored resource types: their required labels, and the label the service fills in itself.
 RESOURCES: dict[str, tuple[frozenset[str], str | None]] = {
-    "compute.googleapis.com/Workload": (frozenset({"location", "workload_id", "replica_id"}), None),
+    WORKLOAD: (frozenset({"location", "workload_id", "replica_id"}), None),
     "global": (frozenset(), "project_id"),
     "generic_task": (frozenset({"location", "namespace", "job", "task_id"}), "project_id"),
     "generic_node": (frozenset({"location", "namespace", "node_id"}), "project_id"),
 }
+# User-defined metrics go only on some resource types (of those here, not the Workload); the
+# predefined workload metrics only on the Workload.
+USER_DEFINED_RESOURCES = frozenset({"global", "generic_task", "generic_node"})
 MetricDescriptor = metric_pb2.MetricDescriptor  # a plain protobuf message, not a proto-plus one
 GAUGE, CUMULATIVE = MetricDescriptor.GAUGE, MetricDescriptor.CUMULATIVE
 _KIND, _TYPE = MetricDescriptor.MetricKind.Name, MetricDescriptor.ValueType.Name
@@ -222,6 +226,10 @@ class MetricStore:
         required, filled = RESOURCES.get(ts.resource.type, (None, None))
         if required is None:
             raise _Refused(f"Unknown monitored resource type {ts.resource.type!r}")
+        allowed = USER_DEFINED_RESOURCES if metric_type.startswith(USER_DEFINED) else {WORKLOAD}
+        if ts.resource.type not in allowed:
+            raise _Refused(f"Metric {metric_type} cannot be written on monitored resource type "
+                           f"{ts.resource.type}; it can on {', '.join(sorted(allowed))}")
         resource_labels = dict(ts.resource.labels)
         if filled is not None:
             resource_labels.setdefault(filled, project)
