@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # checkov pins its own HCL parser: it lives in a venv of its own.
 CHECKOV := .venv-checkov/bin/checkov
+# The HTML report is tested in Debian's chromium, driven by playwright (no browser download).
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: install demo test lint typecheck unit bench clean
 
@@ -13,18 +15,22 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[pipeline,test]'
+	$(PY) -m pip install --quiet -e '.[pipeline,test,demo]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/simulated_job.py --output demo-output/events.jsonl
-	rm -f demo-output/goodput.duckdb
-	$(PY) -m pipeline --events=demo-output/events.jsonl --duckdb=demo-output/goodput.duckdb
+	$(PY) -m pipeline.demo
 
 $(CHECKOV):
 	$(PYTHON) -m venv .venv-checkov
 	.venv-checkov/bin/pip install --quiet --upgrade pip
 	.venv-checkov/bin/pip install --quiet checkov==3.3.30
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null); \
+	else echo "chromium is not installed (apt-get install chromium, as root): the browser test will skip"; fi
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -32,7 +38,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-unit: $(STAMP) $(CHECKOV)
+unit: $(STAMP) $(CHECKOV) $(CHROMIUM)
 	$(PY) -m pytest
 
 test: lint typecheck unit

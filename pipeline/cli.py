@@ -1,5 +1,10 @@
-"""The ``goodput`` command: fleet queries on a local DuckDB file, and the local emulators.
+"""The ``goodput`` command: the demo, batch replays, reports and fleet queries on a local DuckDB
+file, imports of the reference's history, and the local emulators.
 
+    goodput demo                                      a live local fleet, end to end, and its report
+    goodput replay --events=events.jsonl --duckdb=goodput.duckdb   batch (python -m pipeline)
+    goodput report --duckdb goodput.duckdb --output report.html    a self-contained HTML report
+    goodput import exported.json --output events.jsonl             the reference's Cloud Logging history
     goodput query --list                              the saved fleet queries
     goodput query NAME --duckdb goodput.duckdb        run one, print a table
     goodput query NAME --sql                          print its BigQuery SQL
@@ -7,7 +12,7 @@
     goodput emulator bigquery --port 9050             a local BigQuery API stand-in
     goodput emulator monitoring --port 8086           a local Cloud Monitoring stand-in
 
-The pipeline itself runs with ``python -m pipeline`` (see ``--help`` there).
+The streaming pipeline runs with ``python -m pipeline --streaming`` (see ``--help`` there).
 """
 
 from __future__ import annotations
@@ -98,6 +103,28 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    from pipeline.report import write_report
+
+    if not Path(args.duckdb).is_file():
+        print(f"goodput report: no such file: {args.duckdb}", file=sys.stderr)
+        return 2
+    write_report(Path(args.duckdb), Path(args.output))
+    out.write(f"wrote {args.output}\n")
+    return 0
+
+
+def _replay(argv: Sequence[str]) -> int:
+    """``goodput replay ARGS``: the batch pipeline, ``python -m pipeline ARGS``."""
+    if "--streaming" in argv:
+        print("goodput replay: a replay is a batch run; for the stream, run python -m pipeline --streaming",
+              file=sys.stderr)
+        return 2
+    from pipeline.launcher import run
+
+    return run(list(argv))
+
+
 _EMULATORS = {"pubsub": 8085, "bigquery": 9050, "monitoring": 8086}  # and their default ports
 
 
@@ -111,8 +138,31 @@ def _emulator(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="goodput", description=__doc__.split("\n\n")[0])
+    top = argparse.ArgumentParser(
+        prog="goodput", description="Fleet goodput on a workstation: the demo, batch replays, HTML reports, "
+                                    "fleet queries, imports of the reference's history, local emulators.")
     commands = top.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "demo", add_help=False, help="a live local fleet, end to end, in under 3 minutes, with an HTML "
+                                     "report (goodput demo --help for its options)")
+    commands.add_parser(
+        "replay", add_help=False, help="replay emitter files in batch into DuckDB and BigQuery "
+                                       "(python -m pipeline; goodput replay --help for its options)")
+    report = commands.add_parser(
+        "report", help="write a self-contained HTML report of a DuckDB file",
+        description="Writes one HTML file (plots inline, nothing loaded from the network): goodput over "
+                    "time, badput, disruptions, step-time deviation, the alerts the Terraform policies "
+                    "would have fired, and every saved fleet query.")
+    report.add_argument("--duckdb", metavar="FILE", required=True, help="the DuckDB file the pipeline wrote")
+    report.add_argument("--output", metavar="FILE", default="report.html",
+                        help="where to write the report (default: %(default)s)")
+    report.set_defaults(handler=_report)
+    from pipeline import importer
+
+    imported = commands.add_parser(
+        "import", help="import ml-goodput-measurement history from a Cloud Logging export")
+    importer.build_parser(imported)
+    imported.set_defaults(handler=importer.run)
     query = commands.add_parser(
         "query", help="run a saved fleet query (schemas/sql/) on a DuckDB file",
         description="Runs a saved fleet query, written in BigQuery's dialect, on the DuckDB file "
@@ -134,6 +184,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["replay"]:  # the pipeline's own options, parsed by the pipeline
+        return _replay(argv[1:])
+    if argv[:1] == ["demo"]:
+        from pipeline.demo import main as demo
+
+        return demo(argv[1:])
     args = parser().parse_args(argv)
     code: int = args.handler(args, out or sys.stdout)
     return code

@@ -5,8 +5,10 @@ by run id, so the pipeline scales out across workers. Snapshots are emitted
 
 * every ``snapshot_interval_s`` of processing time while events arrive (SNAPSHOT_TIMER),
 * at once when the run records its end,
-* when the run falls silent for ``silence_s`` (SILENCE_TIMER): its elapsed time has kept
-  growing with no step, so rolling goodput drops and an alert can fire;
+* when the run falls silent for ``silence_s`` (SILENCE_TIMER), and then every
+  ``snapshot_interval_s`` while it stays silent, up to ``gc_after_s`` of silence: its elapsed
+  time keeps growing with no step, so rolling goodput drops and stays down for as long as an
+  alert's duration needs;
 * when the input ends (FINAL_TIMER, on event time at the end of the window: a drained Dataflow
   job, the end of a test stream), for every run with events no snapshot has reported yet;
 
@@ -57,6 +59,7 @@ class TrackRunDoFn(beam.DoFn):
     RUN_STATE = ReadModifyWriteStateSpec("run_state", BytesCoder())
     ARRIVED = ReadModifyWriteStateSpec("arrived_us", VarIntCoder())  # processing time, last event
     SNAPSHOT_DUE = ReadModifyWriteStateSpec("snapshot_due_us", VarIntCoder())  # pending timer
+    SILENCE_DUE = ReadModifyWriteStateSpec("silence_due_us", VarIntCoder())  # pending silence timer
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     SILENCE_TIMER = TimerSpec("silence", TimeDomain.REAL_TIME)
     GC_TIMER = TimerSpec("gc", TimeDomain.REAL_TIME)
@@ -79,6 +82,7 @@ class TrackRunDoFn(beam.DoFn):
         run_state: Any = beam.DoFn.StateParam(RUN_STATE),
         arrived: Any = beam.DoFn.StateParam(ARRIVED),
         snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
+        silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
         gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
@@ -97,7 +101,9 @@ class TrackRunDoFn(beam.DoFn):
         run_state.write(engine.encode_state(state))
         now_us = round(self.clock() * _US)
         arrived.write(now_us)
-        silence_timer.set(Timestamp(micros=now_us + round(self.silence_s * _US)))
+        silence_at = now_us + round(self.silence_s * _US)
+        silence_timer.set(Timestamp(micros=silence_at))
+        silence_due.write(silence_at)
         ends_now = _ended(state) and not was_ended
         if ends_now:
             gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
@@ -129,23 +135,31 @@ class TrackRunDoFn(beam.DoFn):
 
     @on_timer(SILENCE_TIMER)
     def on_silence(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
-                   arrived: Any = beam.DoFn.StateParam(ARRIVED)) -> Iterator[tuple[str, Row]]:
-        encoded, arrived_us = run_state.read(), arrived.read()
-        if encoded and arrived_us is not None:
+                   arrived: Any = beam.DoFn.StateParam(ARRIVED),
+                   silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
+                   silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[tuple[str, Row]]:
+        encoded, arrived_us, due = run_state.read(), arrived.read(), silence_due.read()
+        silence_due.clear()
+        if encoded and arrived_us is not None and due is not None:
             state = engine.decode_state(encoded)
             if not _ended(state):
-                self.stalled.inc()
-                yield from self._snapshot(state, arrived_us, arrived_us + round(self.silence_s * _US))
+                if due == arrived_us + round(self.silence_s * _US):
+                    self.stalled.inc()
+                yield from self._snapshot(state, arrived_us, due)
+                again = due + round(self.snapshot_interval_s * _US)
+                if again - arrived_us <= round(self.gc_after_s * _US):
+                    silence_timer.set(Timestamp(micros=again))
+                    silence_due.write(again)
 
     @on_timer(GC_TIMER)
     def on_gc(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
               arrived: Any = beam.DoFn.StateParam(ARRIVED),
-              snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)) -> None:
+              snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
+              silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE)) -> None:
         encoded = run_state.read()
         if encoded and _ended(engine.decode_state(encoded)):  # not restarted since
-            run_state.clear()
-            arrived.clear()
-            snapshot_due.clear()
+            for state in (run_state, arrived, snapshot_due, silence_due):
+                state.clear()
 
     def _report_pending(self, run_state: Any, arrived: Any, snapshot_due: Any,
                         at_us: int | None = None) -> Iterator[tuple[str, Row]]:

@@ -109,9 +109,12 @@ class GoodputOptions(PipelineOptions):
                             help="streaming: snapshot each active run this often (default: %(default)s)")
         parser.add_argument("--silence_s", type=float, default=300.0, metavar="S",
                             help="streaming: a run with no event for this long is stalled: it gets "
-                                 "a snapshot showing the lost time (default: %(default)s)")
+                                 "a snapshot showing the lost time, and another every snapshot "
+                                 "interval while it stays silent, up to --gc_after_s "
+                                 "(default: %(default)s)")
         parser.add_argument("--gc_after_s", type=float, default=3600.0, metavar="S",
-                            help="streaming: forget a run this long after it ends (default: %(default)s)")
+                            help="streaming: forget a run this long after it ends; stop reporting a "
+                                 "silent run this long after its last event (default: %(default)s)")
         parser.add_argument("--exclude", type=parse_exclusion, action="append", default=None,
                             metavar="START/END",
                             help="leave this interval (ISO 8601 times) out of elapsed time and "

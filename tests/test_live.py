@@ -100,6 +100,30 @@ def test_interval_snapshot_and_then_silence():
     track(stream, check)
 
 
+def test_a_silent_run_is_reported_every_interval_until_gc_after_s():
+    """Silent from the start: the silence snapshot at 300 s, then one every 30 s while no event
+    comes, up to 600 s of silence (gc_after_s); each loses the time since the last event."""
+    batches = run_batches(end=False)
+    latest = latest_time(batches)
+    stream = (Stream()
+              .add_elements([("run", b) for b in batches])
+              .advance_processing_time(31)   # SNAPSHOT_TIMER at 30 s
+              .advance_processing_time(900)  # SILENCE_TIMER at 300 s, 330 s, ..., 600 s
+              .advance_watermark_to_infinity())
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        cumulative = sorted((r for r in rows if r["window_s"] == 0), key=lambda r: r["snapshot_time"])
+        assert len(cumulative) == 1 + 11, [r["snapshot_time"] for r in cumulative]
+        for row, seconds_after in zip(cumulative, (30, *range(300, 601, 30)), strict=True):
+            expected = engine_snapshot(batches, latest + seconds_after * 1_000_000)
+            assert row["total_time_s"] == expected.cumulative.total_s
+            assert abs(row["goodput_pct"] - expected.cumulative.goodput_pct) < 1e-9
+        assert all(r["goodput_pct"] == 0.0 for r in rows if r["window_s"] == 60
+                   and r["snapshot_time"] > cumulative[0]["snapshot_time"])
+
+    track(stream, check)
+
+
 def test_duplicates_and_reordering_do_not_change_the_final_numbers():
     """Messages delivered twice and in reverse order: an end snapshot as soon as the end is
     known, and the interval snapshot that follows equals the engine's on the distinct events."""

@@ -1,0 +1,478 @@
+"""The reference's ``goodput`` module, answered from the pipeline's tables instead of Cloud Logging.
+
+Switching from ``ml-goodput-measurement`` is one import::
+
+    from ml_goodput_measurement import goodput      # before
+    from emitter import goodput                     # after
+
+    recorder = goodput.GoodputRecorder(job_name, logger_name, logging_enabled=True)
+    calculator = goodput.GoodputCalculator(job_name, logger_name, duckdb_path="goodput.duckdb")
+    goodput_pct, badput, last_step = calculator.get_job_goodput(include_badput_breakdown=True)
+
+``GoodputCalculator`` reads the latest snapshot the pipeline wrote for the run (``job_name`` is
+the run id) from a DuckDB file or a BigQuery dataset, chosen by a constructor argument or, so an
+unchanged constructor call works, by ``$GOODPUT_DUCKDB`` or ``$GOODPUT_BIGQUERY_DATASET``. It
+never reads Cloud Logging and never recomputes: one small query per call. ``duckdb`` and
+``google-cloud-bigquery`` are imported only when a calculator first queries, so a training image
+that only records pulls neither (a reader installs the one it uses).
+
+Return values have the reference's shapes and types. Badput breakdowns are keyed by
+``BadputType`` (the reference's enum: same names, same values), custom events nested under
+``BadputType.CUSTOM_BADPUT_EVENTS`` by their upper-cased type. The numbers are the pipeline's,
+which match the reference wherever it is right (``docs/differences.md`` lists where it is not);
+in particular goodput plus every bucket but ``DATA_LOADING_ASYNC`` is 100 %. A bucket the
+reference has no member for is added to ``OTHER`` in the breakdown; the tables keep it by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from emitter.recorder import ElasticGoodputRecorder, GoodputRecorder
+
+_LOG = logging.getLogger(__name__)
+UTC = datetime.timezone.utc
+
+#: Environment variables naming where a calculator reads when its constructor does not say.
+DUCKDB_ENV = "GOODPUT_DUCKDB"
+BIGQUERY_DATASET_ENV = "GOODPUT_BIGQUERY_DATASET"
+
+
+class BadputType(enum.Enum):
+    """The reference's badput buckets (``goodput_utils.BadputType``): same names and values."""
+
+    TPU_INITIALIZATION = 1
+    TRAINING_PREP = 2
+    PROGRAM_STARTUP = 3
+    DATA_LOADING_SYNC = 4
+    DATA_LOADING_ASYNC = 5
+    UNPRODUCTIVE_CHECKPOINT_SAVE_TIME = 6
+    UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME = 7
+    WASTED_PROGRESS_FROM_DISRUPTION = 8
+    INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION = 9
+    CUSTOM_BADPUT_EVENTS = 10
+    OTHER = 11
+    ELASTIC_SLICE_DOWN = 12
+    ELASTIC_SCALE_UP = 13
+    ELASTIC_REINITIALIZATION = 14
+
+
+class GoodputType(enum.Enum):
+    """The reference's goodput types: productive time is not broken down."""
+
+    TOTAL = 1
+
+
+#: A badput breakdown: a value per bucket; custom events as {TYPE: value}.
+BadputBreakdown = dict[BadputType, "float | dict[str, float]"]
+
+_CUSTOM_PREFIX = "CUSTOM_BADPUT_EVENTS."
+# The buckets the reference's base calculator always reports, in its order.
+_BASE_BUCKETS = (
+    BadputType.TPU_INITIALIZATION, BadputType.TRAINING_PREP, BadputType.DATA_LOADING_SYNC,
+    BadputType.DATA_LOADING_ASYNC, BadputType.UNPRODUCTIVE_CHECKPOINT_SAVE_TIME,
+    BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME, BadputType.PROGRAM_STARTUP,
+    BadputType.WASTED_PROGRESS_FROM_DISRUPTION, BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION,
+)
+_ELASTIC_BUCKETS = (BadputType.ELASTIC_SLICE_DOWN, BadputType.ELASTIC_SCALE_UP,
+                    BadputType.ELASTIC_REINITIALIZATION)
+_BY_NAME = {member.name: member for member in BadputType}
+
+
+# -- queries ---------------------------------------------------------------------------------------
+# Written once for both BigQuery and DuckDB. Values are always query parameters (@name); the only
+# text put into the SQL is a table reference, checked against a strict pattern first.
+
+_LATEST_CUMULATIVE = """
+SELECT snapshot_time, goodput_pct, productive_time_s, total_time_s, disruptions,
+       max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
+       available_slice_efficiency
+FROM {latest_goodput}
+WHERE run_id = @run_id AND window_s = 0
+ORDER BY snapshot_time DESC
+LIMIT 1
+"""
+_CUMULATIVE_AT_OR_BEFORE = """
+SELECT snapshot_time, goodput_pct, productive_time_s, total_time_s, disruptions,
+       max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
+       available_slice_efficiency
+FROM {goodput_snapshots}
+WHERE run_id = @run_id AND window_s = 0 AND snapshot_time <= @bound
+ORDER BY snapshot_time DESC
+LIMIT 1
+"""
+_BADPUT_OF_SNAPSHOT = """
+SELECT badput_source, seconds
+FROM {badput_snapshots}
+WHERE run_id = @run_id AND window_s = 0 AND snapshot_time = @snapshot_time
+"""
+_TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots")
+_PARAMETER = re.compile(r"@([a-z_]+)")
+
+
+class _Source(Protocol):
+    def rows(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Rows of a query whose ``{table}`` fields are already filled in."""
+
+    def table(self, name: str) -> str:
+        """The SQL reference to output table or view ``name``."""
+
+
+class _DuckDBSource:
+    """A DuckDB file the pipeline writes (``--duckdb``), opened read-only for each query."""
+
+    def __init__(self, path: str | os.PathLike[str], attempts: int = 50) -> None:
+        self.path = os.fspath(path)
+        self.attempts = attempts
+
+    def table(self, name: str) -> str:
+        return f'"{name}"'
+
+    def rows(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        try:
+            import duckdb
+        except ImportError as error:  # the emitter does not depend on it: only readers need it
+            raise ImportError("GoodputCalculator(duckdb_path=...) needs duckdb: "
+                              "pip install 'fleet-goodput[read]'") from error
+
+        values = {name: _naive_utc(value) for name, value in parameters.items()}
+        sql = _PARAMETER.sub(r"$\1", sql)
+        for attempt in range(self.attempts):
+            try:
+                try:
+                    connection = duckdb.connect(self.path, read_only=True)
+                except duckdb.ConnectionException:
+                    # This process already holds the file open for writing (a sink, a live demo):
+                    # DuckDB then shares only a connection with the same configuration.
+                    connection = duckdb.connect(self.path)
+            except duckdb.IOException:
+                # The pipeline holds the file while it appends a bundle; it lets go within moments.
+                if attempt == self.attempts - 1:
+                    raise
+                time.sleep(0.1)
+                continue
+            try:
+                cursor = connection.execute(sql, values)
+                names = [column[0] for column in cursor.description or ()]
+                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            finally:
+                connection.close()
+        raise AssertionError("unreachable")
+
+
+_PROJECT = r"(?:[a-z][a-z0-9.-]*:)?[a-z][a-z0-9-]{4,61}[a-z0-9]"
+_DATASET = re.compile(rf"(?P<project>{_PROJECT})[.:](?P<dataset>[A-Za-z0-9_]{{1,1024}})")
+
+
+class _BigQuerySource:
+    """A BigQuery dataset the pipeline writes (``--bigquery_dataset``), through the real client."""
+
+    def __init__(self, dataset: str, client: Any = None) -> None:
+        match = _DATASET.fullmatch(dataset)
+        if match is None:
+            raise ValueError(f"a BigQuery dataset is PROJECT.DATASET (or PROJECT:DATASET), got {dataset!r}")
+        self.project, self.dataset = match["project"], match["dataset"]
+        self._client = client
+
+    def table(self, name: str) -> str:
+        return f"`{self.project}.{self.dataset}.{name}`"
+
+    def rows(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        try:
+            from google.cloud import bigquery
+        except ImportError as error:  # the emitter does not depend on it: only readers need it
+            raise ImportError("GoodputCalculator(bigquery_dataset=...) needs google-cloud-bigquery: "
+                              "pip install 'fleet-goodput[read]'") from error
+
+        if self._client is None:
+            self._client = bigquery.Client(project=self.project)
+        query_parameters = [bigquery.ScalarQueryParameter(name, _bigquery_type(value), value)
+                            for name, value in parameters.items()]
+        rows = self._client.query_and_wait(
+            sql, job_config=bigquery.QueryJobConfig(query_parameters=query_parameters))
+        return [dict(row.items()) for row in rows]
+
+
+def _bigquery_type(value: object) -> str:
+    if isinstance(value, datetime.datetime):
+        return "TIMESTAMP"
+    if isinstance(value, bool):
+        return "BOOL"
+    if isinstance(value, int):
+        return "INT64"
+    if isinstance(value, float):
+        return "FLOAT64"
+    return "STRING"
+
+
+def _naive_utc(value: object) -> object:
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+def _aware_utc(value: datetime.datetime) -> datetime.datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _optional(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _moment(value: object, name: str) -> datetime.datetime:
+    if not isinstance(value, datetime.datetime):
+        raise TypeError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None:
+        raise ValueError(f"{name} must be timezone-aware (UTC), got {value!r}")
+    return value.astimezone(UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Snapshot:
+    """One cumulative snapshot of a run: its goodput row and its badput seconds by source."""
+
+    time: datetime.datetime
+    productive_s: float
+    total_s: float
+    disruptions: int
+    max_productive_step: int
+    last_step: int | None
+    ideal_step_time_s: float | None
+    badput_s: dict[str, float]
+    stepping_slice_efficiency: float | None = None
+    available_slice_efficiency: float | None = None
+
+
+class GoodputCalculator:
+    """The reference's ``GoodputCalculator``, reading the pipeline's snapshots of one run.
+
+    Args:
+        job_name: The run (the recorder's ``job_name``).
+        logger_name: Accepted for the reference's signature; not used (nothing reads a log).
+        cloud_logger: Accepted for the reference's signature; not used.
+        using_pathways: Accepted for the reference's signature; it has no effect there either.
+        max_logs_retention_period: Accepted for the reference's signature; not used.
+        gcs_path: Accepted for the reference's signature; there is no cache to sync.
+        cache_dir: Accepted for the reference's signature; there is no cache.
+        duckdb_path: Read this DuckDB file (the pipeline's ``--duckdb``). Defaults to
+            ``$GOODPUT_DUCKDB``.
+        bigquery_dataset: Read this BigQuery dataset, ``PROJECT.DATASET`` (the pipeline's
+            ``--bigquery_dataset``). Defaults to ``$GOODPUT_BIGQUERY_DATASET``.
+        bigquery_client: A ``google.cloud.bigquery.Client`` to query with; by default one is
+            made for the dataset's project with the application default credentials.
+
+    Raises:
+        ValueError: Neither or both of a DuckDB file and a BigQuery dataset are given.
+    """
+
+    #: Whether the breakdown always holds the elastic buckets (the reference's elastic calculator).
+    _ELASTIC = False
+
+    def __init__(
+        self,
+        job_name: str,
+        logger_name: str | None = None,
+        cloud_logger: object = None,
+        using_pathways: bool = False,
+        max_logs_retention_period: datetime.timedelta | None = None,
+        gcs_path: str | None = None,
+        cache_dir: str | None = None,
+        *,
+        duckdb_path: str | os.PathLike[str] | None = None,
+        bigquery_dataset: str | None = None,
+        bigquery_client: Any = None,
+    ) -> None:
+        if not isinstance(job_name, str) or not job_name:
+            raise ValueError(f"job_name must be a non-empty string, got {job_name!r}")
+        self.job_name = job_name
+        self.logger_name = logger_name
+        self.using_pathways = using_pathways
+        if duckdb_path is None and bigquery_dataset is None:
+            duckdb_path = os.environ.get(DUCKDB_ENV, "").strip() or None
+            bigquery_dataset = os.environ.get(BIGQUERY_DATASET_ENV, "").strip() or None
+        if (duckdb_path is None) == (bigquery_dataset is None):
+            raise ValueError(
+                "say where the pipeline's tables are: duckdb_path=... or bigquery_dataset='PROJECT.DATASET' "
+                f"(or ${DUCKDB_ENV} / ${BIGQUERY_DATASET_ENV}), exactly one of them")
+        self._source: _Source = (_DuckDBSource(duckdb_path) if duckdb_path is not None
+                                 else _BigQuerySource(str(bigquery_dataset), bigquery_client))
+        self._tables = {name: self._source.table(name) for name in _TABLES}
+        self._last: _Snapshot | None = None
+
+    # -- the reference's API ---------------------------------------------------------------------
+
+    def get_job_goodput(
+        self,
+        include_badput_breakdown: bool = False,
+        configured_ideal_step_time: float | None = None,
+    ) -> tuple[float, BadputBreakdown, int]:
+        """The run's cumulative goodput as of its latest snapshot.
+
+        Args:
+            include_badput_breakdown: Whether to return the badput breakdown; ``{}`` otherwise.
+            configured_ideal_step_time: Accepted for the reference's signature. It does not change
+                goodput there either; the pipeline takes the configured ideal step time from the
+                recorder (``GoodputRecorder(configured_ideal_step_time=...)``).
+
+        Returns:
+            (goodput %, badput % by ``BadputType``, max productive step), as the reference.
+
+        Raises:
+            ValueError: The tables hold no snapshot of the run, or its elapsed time is zero.
+        """
+        del configured_ideal_step_time
+        snapshot = self._latest()
+        breakdown = self._breakdown(snapshot.badput_s, snapshot.total_s, percent=True) \
+            if include_badput_breakdown else {}
+        return 100.0 * snapshot.productive_s / snapshot.total_s, breakdown, snapshot.max_productive_step
+
+    def get_job_goodput_interval(
+        self, interval_start: datetime.datetime, interval_end: datetime.datetime
+    ) -> tuple[float, BadputBreakdown, int, float, int]:
+        """Goodput and badput within ``[interval_start, interval_end]``, from cumulative snapshots.
+
+        The figures are the difference between the run's last cumulative snapshot at or before
+        ``interval_end`` and its last one at or before ``interval_start`` (none: the run started
+        inside the interval, and counts from its start). So the interval measured really runs
+        from the first of those snapshots to the second: each bound is early by at most one
+        snapshot interval (the streaming pipeline's ``--snapshot_interval_s``, 30 s by default;
+        a batch replay writes one snapshot per run and ``--as_of``). A bucket that shrank between
+        the two snapshots (time first counted as OTHER, later explained) counts 0, as the
+        reference's sanitizing does.
+
+        Returns:
+            (goodput %, badput % by ``BadputType``, max productive step, elapsed seconds,
+            disruptions), as the reference.
+
+        Raises:
+            ValueError: No snapshot at or before ``interval_end``, or no elapsed time between the
+                two snapshots.
+        """
+        start = _moment(interval_start, "interval_start")
+        end = _moment(interval_end, "interval_end")
+        if start >= end:
+            raise ValueError(f"interval_start {start} must be before interval_end {end}")
+        last = self._at_or_before(end)
+        if last is None:
+            raise ValueError(f"no goodput snapshot of run {self.job_name!r} at or before {end}")
+        # None: the run started inside the interval and counts from its start.
+        first = self._at_or_before(start) or _Snapshot(start, 0.0, 0.0, 0, 0, None, None, {})
+        total = last.total_s - first.total_s
+        if total <= 0:
+            raise ValueError(f"run {self.job_name!r} has no elapsed time between its snapshots at "
+                             f"{first.time} and {last.time}")
+        productive = min(max(0.0, last.productive_s - first.productive_s), total)
+        badput = {source: last.badput_s.get(source, 0.0) - first.badput_s.get(source, 0.0)
+                  for source in last.badput_s.keys() | first.badput_s.keys()}
+        badput = {source: seconds if 0.0 <= seconds <= total else 0.0 for source, seconds in badput.items()}
+        return (100.0 * productive / total, self._breakdown(badput, total, percent=True),
+                last.max_productive_step, total, max(0, last.disruptions - first.disruptions))
+
+    def get_job_goodput_details(self) -> dict[str, Any]:
+        """The reference's ``WorkloadMetricDetails`` of the latest snapshot, in seconds.
+
+        ``step_time_deviation`` is ``{}``: the tables keep the deviation's summary
+        (``goodput_snapshots.step_time_deviation_s``), not one value per step.
+        """
+        snapshot = self._latest()
+        return {
+            "goodput_time": {GoodputType.TOTAL: snapshot.productive_s},
+            "badput_time": self._breakdown(snapshot.badput_s, snapshot.total_s, percent=False),
+            "max_productive_step": snapshot.max_productive_step,
+            "total_elapsed_time": snapshot.total_s,
+            "disruption_count": snapshot.disruptions,
+            "step_time_deviation": {},
+            "ideal_step_time": snapshot.ideal_step_time_s or 0.0,
+            "total_excluded_time": 0.0,
+        }
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _latest(self) -> _Snapshot:
+        rows = self._query(_LATEST_CUMULATIVE, {"run_id": self.job_name})
+        if not rows:
+            raise ValueError(f"no goodput snapshot of run {self.job_name!r}: "
+                             "has the pipeline seen its events?")
+        snapshot = self._snapshot(rows[0])
+        if snapshot.total_s <= 0:
+            raise ValueError(f"total job time of run {self.job_name!r} is zero; goodput cannot be calculated")
+        self._last = snapshot
+        return snapshot
+
+    def _at_or_before(self, bound: datetime.datetime) -> _Snapshot | None:
+        rows = self._query(_CUMULATIVE_AT_OR_BEFORE, {"run_id": self.job_name, "bound": bound})
+        return self._snapshot(rows[0]) if rows else None
+
+    def _snapshot(self, row: Mapping[str, Any]) -> _Snapshot:
+        at = _aware_utc(row["snapshot_time"])
+        badput: dict[str, float] = {}
+        for bucket in self._query(_BADPUT_OF_SNAPSHOT, {"run_id": self.job_name, "snapshot_time": at}):
+            badput[str(bucket["badput_source"])] = float(bucket["seconds"])  # a re-run's rows repeat
+        return _Snapshot(
+            time=at, productive_s=float(row["productive_time_s"]), total_s=float(row["total_time_s"]),
+            disruptions=int(row["disruptions"]), max_productive_step=int(row["max_productive_step"]),
+            last_step=None if row["last_step"] is None else int(row["last_step"]),
+            ideal_step_time_s=_optional(row["ideal_step_time_s"]),
+            badput_s=badput, stepping_slice_efficiency=_optional(row.get("stepping_slice_efficiency")),
+            available_slice_efficiency=_optional(row.get("available_slice_efficiency")))
+
+    def _query(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return self._source.rows(sql.format(**self._tables), parameters)
+
+    def _breakdown(self, badput_s: Mapping[str, float], total_s: float, percent: bool) -> BadputBreakdown:
+        scale = 100.0 / total_s if percent else 1.0
+        breakdown: BadputBreakdown = dict.fromkeys(_BASE_BUCKETS, 0.0)
+        if self._ELASTIC:
+            breakdown.update(dict.fromkeys(_ELASTIC_BUCKETS, 0.0))
+        custom: dict[str, float] = {}
+        other = 0.0
+        for source, seconds in sorted(badput_s.items()):
+            if source.startswith(_CUSTOM_PREFIX):
+                sub = source[len(_CUSTOM_PREFIX):]
+                custom[sub] = custom.get(sub, 0.0) + seconds * scale
+            elif source in _BY_NAME and source != BadputType.CUSTOM_BADPUT_EVENTS.name:
+                member = _BY_NAME[source]
+                if member is BadputType.OTHER:
+                    other += seconds * scale
+                else:
+                    breakdown[member] = seconds * scale
+            else:
+                _LOG.debug("badput bucket %r has no BadputType; reported in OTHER", source)
+                other += seconds * scale
+        breakdown[BadputType.CUSTOM_BADPUT_EVENTS] = custom
+        breakdown[BadputType.OTHER] = other
+        return breakdown
+
+
+class ElasticGoodputCalculator(GoodputCalculator):
+    """The reference's ``ElasticGoodputCalculator``: the breakdown always holds the elastic buckets,
+    and the details the time-weighted slice efficiencies (fractions) when the run recorded slice
+    counts."""
+
+    _ELASTIC = True
+
+    def get_job_goodput_details(self) -> dict[str, Any]:
+        details = super().get_job_goodput_details()
+        snapshot = self._last
+        if snapshot is not None and snapshot.stepping_slice_efficiency is not None:
+            details["stepping_slice_efficiency"] = snapshot.stepping_slice_efficiency
+            details["available_slice_efficiency"] = snapshot.available_slice_efficiency
+        return details
+
+
+__all__ = [
+    "BadputType",
+    "ElasticGoodputCalculator",
+    "ElasticGoodputRecorder",
+    "GoodputCalculator",
+    "GoodputRecorder",
+    "GoodputType",
+]

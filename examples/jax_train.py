@@ -1,0 +1,178 @@
+"""A real JAX training job instrumented with the emitter: a small MLP regression on synthetic data.
+
+Everything it records is measured on the wall clock: the job start, device initialization
+(the reference's TPU initialization: here whatever devices JAX finds, a CPU is enough),
+training preparation (parameters, optimizer state and the compiled update step), data loading,
+each step, an evaluation on held-out data every ``--eval-every`` steps (a custom badput event)
+and a checkpoint save every ``--checkpoint-every`` steps (the parameters written with numpy to
+a temporary directory), then the job end::
+
+    pip install 'jax[cpu]'
+    python examples/jax_train.py --destination file:demo-output/jax_train.jsonl --steps 300
+    python -m pipeline --events=demo-output/jax_train.jsonl --duckdb=demo-output/jax.duckdb
+
+Only JAX process 0 records (``emitter.jax.is_process_zero``). ``--destination`` also takes a
+Pub/Sub topic, ``projects/P/topics/T`` (with ``PUBSUB_EMULATOR_HOST`` for a local emulator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from emitter import GoodputRecorder
+from emitter.jax import is_process_zero
+
+_LOG = logging.getLogger("jax_train")
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--destination", default=os.environ.get("GOODPUT_DESTINATION")
+                        or "file:demo-output/jax_train.jsonl",
+                        help="file:PATH or projects/P/topics/T (default: $GOODPUT_DESTINATION, else "
+                             "%(default)s)")
+    parser.add_argument("--run-id", default="jax-mlp-regression", help="the run id (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="examples per step (default: %(default)s)")
+    parser.add_argument("--hidden", type=int, default=256,
+                        help="width of the hidden layers (default: %(default)s)")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="save a checkpoint every this many steps; 0 for none (default: %(default)s)")
+    parser.add_argument("--eval-every", type=int, default=100,
+                        help="evaluate every this many steps; 0 for never (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.hidden < 1:
+        parser.error("--steps, --batch-size and --hidden must be positive")
+    return args
+
+
+def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
+    """Trains, recording every phase; returns the final training loss."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    init_start = now()
+    devices = jax.devices()
+    jnp.zeros(()).block_until_ready()  # the backend is up and runs a computation
+    init_end = now()
+    if args.destination.startswith("file:"):
+        Path(args.destination[len("file:"):]).parent.mkdir(parents=True, exist_ok=True)
+    recorder = GoodputRecorder(args.run_id, f"goodput_{args.run_id}", is_process_zero(),
+                               destination=args.destination, run_group="examples",
+                               accelerator_type=devices[0].platform, chip_count=jax.device_count(),
+                               labels={"framework": "jax", "model": "mlp"})
+    with recorder:
+        recorder.record_job_start_time(job_start)
+        recorder.record_tpu_init_start_time(init_start)
+        recorder.record_tpu_init_end_time(init_end)
+
+        recorder.record_training_preparation_start_time(now())
+        features = 32
+        key = jax.random.PRNGKey(args.seed)
+        k1, k2, k3 = jax.random.split(key, 3)
+        scale = lambda fan_in: (2.0 / fan_in) ** 0.5  # noqa: E731
+        params = {
+            "w1": jax.random.normal(k1, (features, args.hidden)) * scale(features),
+            "b1": jnp.zeros(args.hidden),
+            "w2": jax.random.normal(k2, (args.hidden, args.hidden)) * scale(args.hidden),
+            "b2": jnp.zeros(args.hidden),
+            "w3": jax.random.normal(k3, (args.hidden, 1)) * scale(args.hidden),
+            "b3": jnp.zeros(1),
+        }
+        velocity = jax.tree_util.tree_map(jnp.zeros_like, params)
+
+        def loss_fn(p: Any, x: Any, y: Any) -> Any:
+            h = jax.nn.relu(x @ p["w1"] + p["b1"])
+            h = jax.nn.relu(h @ p["w2"] + p["b2"])
+            return jnp.mean((h @ p["w3"] + p["b3"] - y) ** 2)
+
+        def update(p: Any, v: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
+            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+            v = jax.tree_util.tree_map(lambda vi, g: 0.9 * vi + g, v, grads)
+            p = jax.tree_util.tree_map(lambda pi, vi: pi - 0.01 * vi, p, v)
+            return p, v, loss
+
+        x_spec = jax.ShapeDtypeStruct((args.batch_size, features), jnp.float32)
+        y_spec = jax.ShapeDtypeStruct((args.batch_size, 1), jnp.float32)
+        step_fn = jax.jit(update).lower(params, velocity, x_spec, y_spec).compile()
+        eval_fn = jax.jit(loss_fn)
+        recorder.record_training_preparation_end_time(now())
+
+        recorder.record_data_loading_start_time(now())
+        rng = np.random.default_rng(args.seed)
+        examples = args.batch_size * 64
+        true_w = (rng.normal(size=(features, 1)) / features**0.5).astype(np.float32)
+        x_all = rng.normal(size=(examples + 1024, features)).astype(np.float32)
+        y_all = np.sin(x_all @ true_w) + 0.1 * (x_all[:, :1] ** 2) \
+            + 0.05 * rng.normal(size=(len(x_all), 1)).astype(np.float32)
+        x_train, y_train = jnp.asarray(x_all[:examples]), jnp.asarray(y_all[:examples])
+        x_eval, y_eval = jnp.asarray(x_all[examples:]), jnp.asarray(y_all[examples:])
+        recorder.record_data_loading_end_time(now())
+
+        checkpoints = Path(tempfile.mkdtemp(prefix="jax-train-ckpt-"))
+        batches = examples // args.batch_size
+        loss = float("nan")
+        for step in range(args.steps):
+            start = now()
+            recorder.record_step_start_time(step, start)
+            first = (step % batches) * args.batch_size
+            x = x_train[first:first + args.batch_size]
+            y = y_train[first:first + args.batch_size]
+            params, velocity, loss_value = step_fn(params, velocity, x, y)
+            loss = float(loss_value)  # waits for the step
+            end = now()
+            seconds = (end - start).total_seconds()
+            recorder.record_model_metrics(step, loss=loss, step_time_s=seconds,
+                                          samples_per_s=args.batch_size / max(seconds, 1e-9), time_=end)
+            if args.eval_every and (step + 1) % args.eval_every == 0:
+                recorder.record_custom_badput_event_start_time(now(), "EVAL_STEP")
+                eval_loss = float(eval_fn(params, x_eval, y_eval))
+                recorder.record_custom_badput_event_end_time(now(), "EVAL_STEP")
+                _LOG.info("step %d: loss %.4f, eval loss %.4f", step, loss, eval_loss)
+            if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+                save_start = now()
+                host = {name: np.asarray(value) for name, value in params.items()}
+                np.savez(checkpoints / f"step_{step:08d}.npz", **host)
+                recorder.record_checkpoint_save(step, save_start, now())
+        recorder.record_job_end_time(now())
+        for saved in checkpoints.iterdir():
+            saved.unlink()
+        checkpoints.rmdir()
+        if not recorder.flush(timeout=30):
+            _LOG.warning("some events were not delivered yet; they stay in the spool")
+    return loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_start = now()
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        print("jax_train: JAX is not installed (pip install 'jax[cpu]')", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    loss = train(args, job_start)
+    print(f"jax_train: {args.steps} steps of run {args.run_id!r} in {time.monotonic() - started:.1f} s, "
+          f"final loss {loss:.4f}; events sent to {args.destination}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The training-run alert policies of ``terraform/monitoring.tf``, replayed on a snapshot history.
+
+Cloud Monitoring evaluates the policies on the points the pipeline writes; this module evaluates
+the same conditions on the snapshots in a DuckDB file (``goodput_snapshots``), so a replay, a demo
+or a post-mortem can tell which alerts would have fired, for which run, and when::
+
+    from pipeline.alerts import AlertThresholds, evaluate_file
+    for alert in evaluate_file("goodput.duckdb", AlertThresholds()):
+        print(alert.policy, alert.run_id, alert.fired_at)
+
+The thresholds are the Terraform variables, with their defaults (a test reads
+``terraform/variables.tf`` so the two cannot drift); the other numbers are written in the
+policies themselves and are constants here. The conditions, per run (``workload_id``):
+
+``low_goodput``
+    PromQL ``100 * goodput_time / total_elapsed_time < goodput_threshold_pct`` for
+    ``goodput_window_s``: the cumulative row's ``productive_time_s / total_time_s`` (no value while
+    ``total_time_s`` is 0, as PromQL's NaN compares false).
+``disruption``
+    PromQL ``delta(disruptions[10m]) > 0``, for 0 s: the cumulative ``disruptions`` count is above
+    that of the run's earliest snapshot in the 10 minutes before. ``delta`` needs two samples in
+    its range, so a run's first snapshot never fires it.
+``step_deviation``
+    ``step_time_deviation`` above ``step_deviation_threshold_s`` for 600 s, each point the mean of
+    the run's values in the 300 s before (``ALIGN_MEAN`` over a 300 s alignment period).
+``stalled``
+    ``interval_goodput`` of the shortest rolling window below 0.001 % for ``stall_after_s``, each
+    point the maximum of the run's values in the 60 s before (``ALIGN_MAX``); a window that holds
+    nothing of the run (``goodput_pct`` NULL) writes no point.
+
+Approximations, all from evaluating at snapshot times rather than Cloud Monitoring's continuous
+evaluation (every 60 s for the PromQL conditions):
+
+* A condition is evaluated at each of the run's snapshot times. It holds from the first snapshot
+  where it is true; the alert fires at the first snapshot at least the policy's duration later,
+  provided it was true at every snapshot in between. One alert per such stretch (Cloud Monitoring
+  keeps one incident open while the condition holds).
+* A gap between two snapshots longer than a point stays visible ends the stretch, as missing data
+  does in Cloud Monitoring: the alignment period for the threshold conditions, the 5-minute
+  lookback of PromQL for the others. The policy needs points all the time a run is stalled,
+  which is why the streaming pipeline keeps snapshotting a silent run every snapshot interval
+  (``pipeline.live``).
+* Points are taken at snapshot times; the pipeline stamps them when it writes them (at most every
+  ``monitoring_min_interval_s``), which is the snapshot time for a live run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The policies replayed, by their Terraform resource names, with what each means.
+POLICIES: dict[str, str] = {
+    "low_goodput": "cumulative goodput below the threshold",
+    "disruption": "disruption count went up",
+    "step_deviation": "step-time deviation above the threshold",
+    "stalled": "no productive time in the shortest rolling window",
+}
+
+# Numbers written in the policies of terraform/monitoring.tf (a test reads them from there).
+#: ``delta(disruptions[10m])``: the range of the disruption condition.
+DISRUPTION_RANGE_S = 600
+#: The step-time deviation condition's duration and its ALIGN_MEAN alignment period.
+STEP_DEVIATION_DURATION_S = 600
+STEP_DEVIATION_ALIGNMENT_S = 300
+#: The stall condition's threshold on ``interval_goodput`` (a percentage) and its ALIGN_MAX period.
+STALL_BELOW_PCT = 0.001
+STALL_ALIGNMENT_S = 60
+#: How long Managed Service for Prometheus sees a sample (PromQL's default lookback delta).
+PROMQL_LOOKBACK_S = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertThresholds:
+    """The alert variables of ``terraform/variables.tf``, with the same names and defaults."""
+
+    goodput_threshold_pct: float = 80
+    goodput_window_s: float = 1800
+    step_deviation_threshold_s: float = 1
+    stall_after_s: float = 600
+    rolling_windows_s: tuple[int, ...] = (60, 300, 900, 3600)
+
+    def __post_init__(self) -> None:
+        if not self.rolling_windows_s:
+            raise ValueError("rolling_windows_s needs at least one window")
+        if min(self.goodput_window_s, self.stall_after_s) < 0:
+            raise ValueError("durations must not be negative")
+
+    @property
+    def stall_window_s(self) -> int:
+        """The rolling window the stall condition watches: the shortest one."""
+        return min(self.rolling_windows_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Alert:
+    """One alert that would have fired: its policy, the run, and when.
+
+    ``since`` is the first snapshot at which the condition held, ``fired_at`` the snapshot at which
+    it had held for the policy's duration, ``value`` the value the condition saw then.
+    """
+
+    policy: str
+    run_id: str
+    since: datetime.datetime
+    fired_at: datetime.datetime
+    value: float
+
+    @property
+    def description(self) -> str:
+        return POLICIES[self.policy]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    time: datetime.datetime
+    value: float | None
+
+
+def _seconds(later: datetime.datetime, earlier: datetime.datetime) -> float:
+    return (later - earlier).total_seconds()
+
+
+def _aligned(points: Sequence[_Point], period_s: float,
+             reduce: Callable[[list[float]], float]) -> list[_Point]:
+    """Each point's time with the reduction of the values in the ``period_s`` before it."""
+    aligned, first = [], 0
+    for index, point in enumerate(points):
+        while _seconds(point.time, points[first].time) >= period_s:
+            first += 1
+        values = [p.value for p in points[first:index + 1] if p.value is not None]
+        aligned.append(_Point(point.time, reduce(values) if values else None))
+    return aligned
+
+
+def _stretches(points: Sequence[_Point], holds: Callable[[float], bool], duration_s: float,
+               max_gap_s: float) -> list[tuple[datetime.datetime, _Point]]:
+    """(start, firing point) of each stretch in which ``holds`` was true for ``duration_s``."""
+    fired: list[tuple[datetime.datetime, _Point]] = []
+    start: datetime.datetime | None = None
+    previous: datetime.datetime | None = None
+    done = False
+    for point in points:
+        true = point.value is not None and holds(point.value)
+        if previous is not None and _seconds(point.time, previous) > max_gap_s:
+            start, done = None, False
+        previous = point.time
+        if not true:
+            start, done = None, False
+            continue
+        if start is None:
+            start = point.time
+        if not done and _seconds(point.time, start) >= duration_s:
+            fired.append((start, point))
+            done = True
+    return fired
+
+
+def _disruption_points(points: Sequence[_Point]) -> list[_Point]:
+    """Each snapshot's ``delta(disruptions[10m])``: its count less the earliest in the range."""
+    deltas, first = [], 0
+    for index, point in enumerate(points):
+        while _seconds(point.time, points[first].time) >= DISRUPTION_RANGE_S:
+            first += 1
+        earliest = next((p.value for p in points[first:index] if p.value is not None), None)
+        value = point.value - earliest if point.value is not None and earliest is not None else None
+        deltas.append(_Point(point.time, value))
+    return deltas
+
+
+def evaluate(goodput_rows: Iterable[Mapping[str, Any]],
+             thresholds: AlertThresholds | None = None) -> list[Alert]:
+    """The alerts that would have fired on these ``goodput_snapshots`` rows, in firing order.
+
+    Each row needs ``run_id``, ``snapshot_time``, ``window_s``, ``productive_time_s``,
+    ``total_time_s``, ``disruptions``, ``step_time_deviation_s`` and ``goodput_pct``.
+    """
+    thresholds = thresholds or AlertThresholds()
+    cumulative: dict[str, list[Mapping[str, Any]]] = {}
+    stall: dict[str, list[Mapping[str, Any]]] = {}
+    for row in goodput_rows:
+        if row["window_s"] == 0:
+            cumulative.setdefault(row["run_id"], []).append(row)
+        elif row["window_s"] == thresholds.stall_window_s:
+            stall.setdefault(row["run_id"], []).append(row)
+    alerts: list[Alert] = []
+
+    def add(policy: str, run_id: str, fired: list[tuple[datetime.datetime, _Point]]) -> None:
+        alerts.extend(Alert(policy, run_id, start, point.time, float(point.value or 0.0))
+                      for start, point in fired)
+
+    for run_id, rows in sorted(cumulative.items()):
+        rows = sorted(rows, key=lambda row: row["snapshot_time"])
+        goodput = [_Point(row["snapshot_time"], 100 * row["productive_time_s"] / row["total_time_s"]
+                          if row["total_time_s"] else None) for row in rows]
+        add("low_goodput", run_id, _stretches(goodput, lambda v: v < thresholds.goodput_threshold_pct,
+                                              thresholds.goodput_window_s, PROMQL_LOOKBACK_S))
+        counts = [_Point(row["snapshot_time"], row["disruptions"]) for row in rows]
+        add("disruption", run_id, _stretches(_disruption_points(counts), lambda v: v > 0, 0,
+                                             PROMQL_LOOKBACK_S))
+        deviation = _aligned([_Point(row["snapshot_time"], row["step_time_deviation_s"]) for row in rows],
+                             STEP_DEVIATION_ALIGNMENT_S, lambda values: sum(values) / len(values))
+        add("step_deviation", run_id, _stretches(
+            deviation, lambda v: v > thresholds.step_deviation_threshold_s, STEP_DEVIATION_DURATION_S,
+            STEP_DEVIATION_ALIGNMENT_S))
+    for run_id, rows in sorted(stall.items()):
+        rows = sorted(rows, key=lambda row: row["snapshot_time"])
+        interval = _aligned([_Point(row["snapshot_time"], row["goodput_pct"]) for row in rows],
+                            STALL_ALIGNMENT_S, max)
+        add("stalled", run_id, _stretches(interval, lambda v: v < STALL_BELOW_PCT, thresholds.stall_after_s,
+                                          STALL_ALIGNMENT_S))
+    return sorted(alerts, key=lambda alert: (alert.fired_at, alert.run_id, alert.policy))
+
+
+_COLUMNS = ("run_id", "snapshot_time", "window_s", "productive_time_s", "total_time_s", "disruptions",
+            "step_time_deviation_s", "goodput_pct")
+
+
+def evaluate_connection(connection: Any, thresholds: AlertThresholds | None = None) -> list[Alert]:
+    """``evaluate`` on the ``goodput_snapshots`` table of an open DuckDB connection (none if the
+    table is missing)."""
+    thresholds = thresholds or AlertThresholds()
+    present = connection.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'goodput_snapshots'").fetchone()
+    if not present or not present[0]:
+        return []
+    cursor = connection.execute(
+        f"SELECT {', '.join(_COLUMNS)} FROM goodput_snapshots WHERE window_s IN (0, ?) "
+        "ORDER BY run_id, snapshot_time", [thresholds.stall_window_s])
+    return evaluate((dict(zip(_COLUMNS, row, strict=True)) for row in cursor.fetchall()), thresholds)
+
+
+def evaluate_file(duckdb_path: str | Path, thresholds: AlertThresholds | None = None) -> list[Alert]:
+    """``evaluate`` on the snapshot history of a DuckDB file written by the pipeline."""
+    import duckdb
+
+    path = Path(duckdb_path)
+    if not path.exists():
+        raise FileNotFoundError(path)
+    connection = duckdb.connect(str(path), read_only=True)
+    try:
+        return evaluate_connection(connection, thresholds)
+    finally:
+        connection.close()

@@ -1,0 +1,824 @@
+"""The live local demo: a fleet of training jobs, end to end, on one machine in under three minutes.
+
+    python -m pipeline.demo [--output-dir demo-output] [--duration-s 90] [--runs 8] [--no-jax] [--quiet]
+
+What it starts, and stops when it ends (on success, on an error and on Ctrl-C alike):
+
+* in this process, the local Pub/Sub emulator (a topic, the pipeline's subscription, and a copy
+  subscription whose messages are saved to ``events.jsonl``) and the Cloud Monitoring stand-in;
+* the streaming pipeline, as a subprocess: ``python -m pipeline --streaming
+  --runner=BundleBasedDirectRunner`` reading the subscription, writing ``goodput.duckdb`` and
+  Cloud Monitoring, exactly as one runs it by hand;
+* a fleet of simulated training jobs (``examples/simulated_job.py``), one thread each, publishing
+  through the real emitter in real time: their simulated clocks run ``SPEED`` times faster than
+  the wall clock, so hours of a fleet pass in a minute or two. Different accelerators and chip
+  counts; crashes and restarts that lose progress, one that restarts from step 0; checkpoints;
+  evals (custom badput); one run slows down; one hangs (it stops stepping but does not end: its
+  rolling goodput falls to zero, a stall);
+* when JAX is installed (``pip install 'jax[cpu]'``), ``examples/jax_train.py``: a real, small
+  JAX training job, as a subprocess.
+
+Meanwhile it shows the fleet's live goodput, read from the DuckDB file. Then it stops the stream
+(SIGINT: the pipeline reports what it has read and stops), replays the saved messages in batch
+into ``batch.duckdb``, checks that each run's live numbers equal the replay's, writes
+``report.html``, and prints the fleet summary. Exit status: 0 when all is well, 1 when the live and
+batch numbers differ or a part failed, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any, TextIO
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+PROJECT = "goodput-demo"
+TOPIC = f"projects/{PROJECT}/topics/goodput"
+SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/pipeline"
+COPY = f"projects/{PROJECT}/subscriptions/copy"  # the same messages, saved for the batch replay
+SPEED = 120.0  # simulated seconds per wall-clock second
+DEFAULT_DURATION_S = 90.0
+SNAPSHOT_INTERVAL_S = 2.0
+MONITORING_MIN_INTERVAL_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetRun:
+    """One simulated run of the fleet: its profile (``examples/simulated_job.JobProfile``
+    arguments), its steps in a demo of the default duration, and where its clock starts (in
+    simulated seconds after the fleet's)."""
+
+    run_id: str
+    steps: int
+    profile: dict[str, Any]
+    start_s: float = 0.0
+
+    @property
+    def hangs(self) -> bool:
+        return self.profile.get("hang_at") is not None
+
+
+FLEET = (
+    FleetRun("llm-pretrain-v5p", 2200, dict(
+        accelerator_type="v5p", chip_count=256, run_group="llm", labels=(("team", "llm"),),
+        step_time_s=4.0, checkpoint_every=200, eval_every=500, crashes_at=(0.6,))),
+    FleetRun("llm-finetune-v5e", 2100, dict(
+        accelerator_type="v5e", chip_count=16, run_group="llm", labels=(("team", "llm"),),
+        step_time_s=2.0, checkpoint_every=250, eval_every=100, crashes_at=()), start_s=1500),
+    FleetRun("vision-v4", 2600, dict(
+        accelerator_type="v4", chip_count=64, run_group="vision", labels=(("team", "vision"),),
+        step_time_s=3.0, checkpoint_every=500, eval_every=1000, crashes_at=(0.3, 0.7))),
+    FleetRun("diffusion-a100", 2100, dict(
+        accelerator_type="a100", chip_count=8, run_group="vision", labels=(("team", "vision"),),
+        step_time_s=3.0, checkpoint_every=200, eval_every=400, crashes_at=(), slowdown=2.5,
+        slowdown_from=0.4)),
+    FleetRun("moe-h100", 3000, dict(
+        accelerator_type="h100", chip_count=64, run_group="llm", labels=(("team", "llm"),),
+        step_time_s=3.0, checkpoint_every=100, eval_every=0, crashes_at=(), hang_at=0.4,
+        hang_for_s=None)),
+    FleetRun("ranker-v6e", 1450, dict(
+        accelerator_type="v6e", chip_count=128, run_group="ads", labels=(("team", "ads"),),
+        step_time_s=4.0, checkpoint_every=0, eval_every=300, crashes_at=(0.5,), restore_checkpoint=False),
+        start_s=600),
+    FleetRun("asr-h200", 2600, dict(
+        accelerator_type="h200", chip_count=16, run_group="speech", labels=(("team", "speech"),),
+        step_time_s=2.5, checkpoint_every=100, eval_every=500, crashes_at=(0.2, 0.45, 0.7),
+        restart_delay_s=(60.0, 120.0)), start_s=1200),
+    FleetRun("embed-l4", 1700, dict(
+        accelerator_type="l4", chip_count=4, run_group="search", labels=(("team", "search"),),
+        step_time_s=2.0, checkpoint_every=200, eval_every=200, crashes_at=())),
+)
+JAX_RUN = "jax-mlp-cpu"
+
+
+class DemoError(Exception):
+    """A part of the demo failed; the message says which and where its log is."""
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: everything started is stopped."""
+
+
+# -- the simulated fleet -----------------------------------------------------------------------
+
+
+class _Aborted(Exception):
+    """Raised in a simulated job's thread when the demo stops early."""
+
+
+class FleetControl:
+    """Tells the simulated jobs' clocks when to stop: ``abort`` at once (an error, Ctrl-C), or
+    ``wind_down`` at the end of the demo, after which the hung job records one last heartbeat at
+    ``final_time`` once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.abort = threading.Event()
+        self.wind_down = threading.Event()
+        self.release = threading.Event()
+        self.wake = threading.Event()  # set with any of the above: a waiting clock looks again
+        self.final_time: datetime.datetime | None = None
+
+    def set(self, event: threading.Event) -> None:
+        event.set()
+        self.wake.set()
+
+
+class PacedClock:
+    """A simulated job's clock (``examples/simulated_job.Clock``) that keeps pace with the wall
+    clock: ``SPEED`` simulated seconds a second from a shared origin, so that every event is
+    published when its simulated time comes. At the wind-down a job still running catches up at
+    once, but a hung job waits for ``release`` and then jumps to the final time and stops."""
+
+    def __init__(self, origin: datetime.datetime, origin_wall: float, speed: float, start_s: float,
+                 control: FleetControl, hangs: bool) -> None:
+        self.now = origin + datetime.timedelta(seconds=start_s)
+        self._origin, self._origin_wall, self._speed = origin, origin_wall, speed
+        self._control, self._hangs = control, hangs
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def advance(self, seconds: float) -> datetime.datetime:
+        self.now += datetime.timedelta(seconds=seconds)
+        self.wait()
+        return self.now
+
+    def wait(self) -> None:
+        """Returns when the wall clock has reached ``now``."""
+        control = self._control
+        due = self._origin_wall + (self.now - self._origin).total_seconds() / self._speed
+        while True:
+            if control.abort.is_set():
+                raise _Aborted
+            if control.wind_down.is_set():
+                if not self._hangs:
+                    return
+                while not control.release.wait(0.2):
+                    if control.abort.is_set():
+                        raise _Aborted
+                assert control.final_time is not None
+                self.now = max(self.now, control.final_time)
+                self._stopped = True
+                return
+            remaining = due - time.monotonic()
+            if remaining <= 0:
+                return
+            control.wake.wait(min(remaining, 1.0))
+
+
+class SimulatedJob:
+    """One simulated run on its own thread; ``stats`` sums its recorders' emitter counters."""
+
+    def __init__(self, run: FleetRun, thread_body: Callable[[SimulatedJob], None]) -> None:
+        self.run = run
+        self.recorders: list[Any] = []
+        self.error: BaseException | None = None
+        self.clock: PacedClock | None = None
+        self.thread = threading.Thread(target=thread_body, args=(self,), name=f"demo-job-{run.run_id}",
+                                       daemon=True)
+
+    def stats(self) -> tuple[int, int]:
+        """(events recorded, events sent) over its attempts so far."""
+        recorded = sent = 0
+        for recorder in list(self.recorders):
+            stats = recorder.stats
+            recorded, sent = recorded + stats.recorded, sent + stats.sent
+        return recorded, sent
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/NAME.py`` of this checkout: the demo runs from a source checkout."""
+    module_name = f"examples.{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise DemoError(f"the demo needs the examples/ directory of a source checkout; {path} is missing")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def fleet_runs(count: int) -> list[FleetRun]:
+    """``count`` runs: the fleet's, then again with new names and seeds for more."""
+    runs = []
+    for index in range(count):
+        base = FLEET[index % len(FLEET)]
+        suffix = "" if index < len(FLEET) else f"-{index // len(FLEET) + 1}"
+        runs.append(dataclasses.replace(base, run_id=base.run_id + suffix))
+    return runs
+
+
+def start_fleet(runs: Sequence[FleetRun], duration_s: float, control: FleetControl,
+                spool_dir: Path) -> list[SimulatedJob]:
+    """Starts every simulated job on its thread; simulated time reaches the wall clock's at the
+    planned end (so every snapshot is recent enough for Cloud Monitoring at the end)."""
+    simulated_job = load_example("simulated_job")
+    from emitter import EmitterSettings
+
+    settings = EmitterSettings(max_latency_s=0.25, heartbeat_interval_s=None, spool_dir=spool_dir,
+                               close_timeout_s=5.0, retry_initial_backoff_s=0.05, retry_max_backoff_s=1.0)
+    scale = duration_s / DEFAULT_DURATION_S
+    origin_wall = time.monotonic()
+    end = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=duration_s)
+    origin = end - datetime.timedelta(seconds=duration_s * SPEED)
+
+    def body(job: SimulatedJob) -> None:
+        run = job.run
+        clock = job.clock = PacedClock(origin, origin_wall, SPEED, run.start_s * scale, control, run.hangs)
+        try:
+            clock.wait()
+            simulated_job.simulate(TOPIC, run_id=run.run_id, steps=max(50, round(run.steps * scale)),
+                                   seed=sum(map(ord, run.run_id)), spool_dir=None,
+                                   profile=simulated_job.JobProfile(**run.profile), clock=clock,
+                                   settings=settings, on_attempt=job.recorders.append)
+        except _Aborted:
+            pass
+        except Exception as error:  # noqa: BLE001 -- the demo reports it and stops
+            job.error = error
+
+    jobs = [SimulatedJob(run, body) for run in runs]
+    for job in jobs:
+        job.thread.start()
+    return jobs
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+class Process:
+    """A subprocess in its own session (Ctrl-C in a terminal reaches only the demo, which stops
+    it), its output in a log file and watched for marker lines."""
+
+    def __init__(self, name: str, command: Sequence[str], env: dict[str, str], log: Path,
+                 markers: Sequence[str] = ()) -> None:
+        self.name, self.log = name, log
+        self.seen = {marker: threading.Event() for marker in markers}
+        self.popen = subprocess.Popen(list(command), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name=f"demo-{name}-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        with self.log.open("w") as out:
+            for line in self.popen.stdout:
+                out.write(line)
+                out.flush()
+                for marker, event in self.seen.items():
+                    if marker in line:
+                        event.set()
+
+    def output(self) -> str:
+        self._reader.join(timeout=5)
+        return self.log.read_text() if self.log.exists() else ""
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def stop(self, plan: Sequence[tuple[signal.Signals, float]] = ((signal.SIGTERM, 10.0),)) -> None:
+        """Sends each signal of ``plan`` in turn, waiting its time for an exit; then kills it."""
+        try:
+            for signum, wait_s in plan:
+                if self.popen.poll() is not None:
+                    break
+                self.popen.send_signal(signum)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(wait_s)
+        finally:
+            if self.popen.poll() is None:
+                self.popen.kill()
+            self.popen.wait()
+            self._reader.join(timeout=5)
+
+
+def python_env(spool_dir: Path, host: str | None = None) -> dict[str, str]:
+    """The environment of a Python subprocess: this checkout first on its path, the demo's spool,
+    and the Pub/Sub emulator's address when given."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "GOODPUT_SPOOL_DIR": str(spool_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("PUBSUB_EMULATOR_HOST", None)
+    return env if host is None else {**env, "PUBSUB_EMULATOR_HOST": host}
+
+
+def jax_available() -> bool:
+    return importlib.util.find_spec("jax") is not None
+
+
+# -- reading the results ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveRun:
+    goodput_pct: float | None
+    last_hour_pct: float | None
+    last_step: int | None
+    disruptions: int
+    ended: bool
+    stalled: bool
+
+
+def read_live(database: Path) -> tuple[dict[str, LiveRun], int] | None:
+    """Each run's latest figures and the count of cumulative snapshots, or None while the
+    stream holds the file (it opens it for each write) or has not created it yet."""
+    import duckdb
+
+    if not database.exists():
+        return None
+    try:
+        with duckdb.connect(str(database), read_only=True) as connection:
+            rows = connection.execute(
+                "SELECT run_id, window_s, goodput_pct, productive_time_s, last_step, disruptions, ended "
+                "FROM latest_goodput WHERE window_s IN (0, 900, 3600)").fetchall()
+            count = connection.execute("SELECT count(*) FROM goodput_snapshots WHERE window_s = 0").fetchone()
+    except (duckdb.IOException, duckdb.CatalogException):
+        return None
+    by_run: dict[str, dict[int, tuple[Any, ...]]] = {}
+    for run_id, window_s, *values in rows:
+        by_run.setdefault(run_id, {})[window_s] = tuple(values)
+    runs = {}
+    for run_id, windows in by_run.items():
+        cumulative = windows.get(0)
+        if cumulative is None:
+            continue
+        goodput, _, last_step, disruptions, ended = cumulative
+        hour, quarter = windows.get(3600), windows.get(900)
+        runs[run_id] = LiveRun(goodput, hour[0] if hour else None, last_step, disruptions, bool(ended),
+                               bool(quarter and not ended and quarter[1] == 0))
+    return runs, int(count[0]) if count else 0
+
+
+def latest_cumulative(database: Path) -> dict[str, tuple[Any, ...]]:
+    """Each run's latest (goodput, total time, disruptions, max productive step, ended)."""
+    import duckdb
+
+    with duckdb.connect(str(database), read_only=True) as connection:
+        rows = connection.execute(
+            "SELECT run_id, goodput_pct, total_time_s, disruptions, max_productive_step, ended "
+            "FROM latest_goodput WHERE window_s = 0").fetchall()
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def compare(live: dict[str, tuple[Any, ...]], batch: dict[str, tuple[Any, ...]]) -> list[str]:
+    """The differences between the live and the batch figures of each run; [] when equal."""
+    differences = [f"{run_id}: only in the {where}" for where, mine, other in
+                   (("live tables", live, batch), ("batch replay", batch, live))
+                   for run_id in sorted(set(mine) - set(other))]
+    names = ("goodput %", "total time s", "disruptions", "max productive step", "ended")
+    tolerances = (1e-9, 1e-6, 0, 0, 0)
+    for run_id in sorted(set(live) & set(batch)):
+        for name, tolerance, ours, theirs in zip(names, tolerances, live[run_id], batch[run_id], strict=True):
+            if ours is None or theirs is None:
+                equal = ours is theirs
+            else:
+                equal = abs(ours - theirs) <= tolerance if tolerance else ours == theirs
+            if not equal:
+                differences.append(f"{run_id}: {name} live {ours} != batch {theirs}")
+    return differences
+
+
+# -- the console ---------------------------------------------------------------------------------
+
+
+class Console:
+    """The live view: a block of lines redrawn in place on a terminal, a few plain lines every
+    ``plain_every_s`` otherwise; nothing when quiet."""
+
+    def __init__(self, out: TextIO, quiet: bool, plain_every_s: float = 15.0) -> None:
+        self.out, self.quiet = out, quiet
+        self.tty = out.isatty() and os.environ.get("TERM") != "dumb"
+        self.plain_every_s = plain_every_s
+        self._drawn = 0
+        self._last_plain = 0.0
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            self._drawn = 0
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def result(self, text: str) -> None:
+        """Shown even when quiet."""
+        self._drawn = 0
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def show(self, lines: list[str], force: bool = False) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            width = shutil.get_terminal_size().columns - 1  # a wrapped line would break the redraw
+            up = f"\x1b[{self._drawn}F" if self._drawn else ""
+            self.out.write(up + "".join(f"\x1b[2K{line[:width]}\n" for line in lines))
+            self._drawn = len(lines)
+            self.out.flush()
+        elif force or time.monotonic() - self._last_plain >= self.plain_every_s:
+            self._last_plain = time.monotonic()
+            self.out.write("\n".join(lines) + "\n")
+            self.out.flush()
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def view_lines(elapsed_s: float, duration_s: float, runs: Sequence[tuple[str, str, int]],
+               live: dict[str, LiveRun], snapshots: int, recorded: int, sent: int, messages: int,
+               events: int) -> list[str]:
+    lines = [f"fleet goodput demo · {elapsed_s:5.1f} s of ~{duration_s:.0f} s "
+             f"(≈ {elapsed_s * SPEED / 3600:.1f} simulated hours) · {len(live)} runs seen · "
+             f"{snapshots} snapshots written",
+             f"  emitters: {recorded:,} events recorded, {sent:,} published · "
+             f"Pub/Sub: {messages:,} messages, {events:,} events (all runs)",
+             f"  {'run':20} {'accelerator':>11} {'chips':>5} {'step':>6} {'goodput':>8} {'last hour':>9} "
+             f"{'disruptions':>11}  status"]
+    for run_id, accelerator, chips in runs:
+        run = live.get(run_id)
+        if run is None:
+            lines.append(f"  {run_id:20} {accelerator:>11} {chips:>5} {'-':>6} {'-':>8} {'-':>9} {'-':>11}  "
+                         "waiting")
+            continue
+        status = "ended" if run.ended else "STALLED (no step for 15 min)" if run.stalled else "training"
+        step = "-" if run.last_step is None else str(run.last_step)
+        lines.append(f"  {run_id:20} {accelerator:>11} {chips:>5} {step:>6} {_percent(run.goodput_pct):>8} "
+                      f"{_percent(run.last_hour_pct):>9} {run.disruptions:>11}  {status}")
+    return lines
+
+
+# -- the copy subscription --------------------------------------------------------------------------
+
+
+class CopySaver:
+    """Saves every message of the copy subscription to a file (an emitter file: one message a
+    line), as it arrives, for the batch replay; counts messages and events."""
+
+    def __init__(self, broker: Any, path: Path) -> None:
+        self.broker, self.path = broker, path
+        self.messages = self.events = 0
+        self._stop = threading.Event()
+        self._out = path.open("wb")
+        self._thread = threading.Thread(target=self._run, name="demo-copy-saver", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain(wait_s=0.2)
+
+    def _drain(self, wait_s: float) -> int:
+        batch = self.broker.pull(COPY, 500, wait_s=wait_s)
+        if batch:
+            self.broker.acknowledge(COPY, [m.ack_id for m in batch])
+            for received in batch:
+                data = received.message.data
+                self._out.write(data + b"\n")
+                self.messages += 1
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    self.events += len(json.loads(data)["events"])
+            self._out.flush()
+        return len(batch)
+
+    def close(self) -> None:
+        """Saves what is left and closes the file; idempotent."""
+        if self._out.closed:
+            return
+        self._stop.set()
+        self._thread.join(timeout=10)
+        while self._drain(wait_s=0.2):
+            pass
+        self._out.close()
+
+
+# -- the demo ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="goodput demo",
+        description="Run a live local fleet end to end in under three minutes: simulated training jobs "
+                    "(and a real JAX one) publish goodput events through the emitter to a local Pub/Sub "
+                    "emulator; the streaming pipeline writes DuckDB and a local Cloud Monitoring; a batch "
+                    "replay of the same events checks the live numbers; an HTML report is written.",
+        epilog="Outputs in the output directory: goodput.duckdb (the live tables), events.jsonl (every "
+               "message), batch.duckdb (their batch replay), report.html, and the logs of the stream, "
+               "the replay and the JAX job. Query the tables with: goodput query --list.")
+    parser.add_argument("--output-dir", type=Path, default=Path("demo-output"),
+                        help="where the outputs go; earlier demo outputs there are replaced "
+                             "(default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=len(FLEET),
+                        help=f"simulated runs (default: %(default)s; beyond {len(FLEET)} the fleet repeats "
+                             "under new names)")
+    parser.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S,
+                        help="how long the fleet trains, in wall-clock seconds; the runs' steps scale with "
+                             f"it, {SPEED:.0f} simulated seconds a second (default: %(default)s; the whole "
+                             "demo takes about 20 s more)")
+    parser.add_argument("--no-jax", action="store_true",
+                        help="leave out the real JAX training job (left out anyway when JAX is not "
+                             "installed)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no live view and no fleet summary: only the outcome")
+    args = parser.parse_args(argv)
+    if not 1 <= args.runs <= 100:
+        parser.error("--runs must be between 1 and 100")
+    if not 10 <= args.duration_s <= 3600:
+        parser.error("--duration-s must be between 10 and 3600")
+    return args
+
+
+def _clear_outputs(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("goodput.duckdb", "goodput.duckdb.wal", "batch.duckdb", "batch.duckdb.wal", "events.jsonl",
+                 "report.html", "stream.log", "batch.log", "jax_train.log"):
+        (directory / name).unlink(missing_ok=True)
+    shutil.rmtree(directory / "spool", ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread, so the demo stops what it started."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Demo:
+    """One run of the demo; ``run`` starts everything, and stops it all before it returns."""
+
+    def __init__(self, args: argparse.Namespace, out: TextIO) -> None:
+        self.args = args
+        self.directory: Path = args.output_dir.resolve()
+        self.console = Console(out, args.quiet)
+        self.control = FleetControl()
+        self.jobs: list[SimulatedJob] = []
+        self.jax: Process | None = None
+        self.stream: Process | None = None
+        self.started = time.monotonic()
+
+    @property
+    def live_db(self) -> Path:
+        return self.directory / "goodput.duckdb"
+
+    def run(self) -> int:
+        args, console = self.args, self.console
+        use_jax = not args.no_jax and jax_available()
+        if args.no_jax:
+            console.say("--no-jax: the demo goes on without the real JAX training job")
+        elif not use_jax:
+            console.result("JAX is not installed: the demo goes on without the real JAX training job "
+                           "(pip install 'jax[cpu]' to add it)")
+        _clear_outputs(self.directory)
+        spool = self.directory / "spool"
+        with contextlib.ExitStack() as stack:
+            from google.pubsub_v1.types import pubsub as types
+
+            from pipeline.emulators.monitoring import MonitoringEmulator
+            from pipeline.emulators.pubsub import PubSubEmulator
+
+            pubsub = stack.enter_context(PubSubEmulator())
+            pubsub.broker.create_topic(types.Topic(name=TOPIC))
+            for name in (SUBSCRIPTION, COPY):
+                pubsub.broker.create_subscription(types.Subscription(name=name, topic=TOPIC,
+                                                                     ack_deadline_seconds=60))
+            monitoring = stack.enter_context(MonitoringEmulator())
+            saver = CopySaver(pubsub.broker, self.directory / "events.jsonl")
+            stack.callback(saver.close)
+            stack.enter_context(_environment("PUBSUB_EMULATOR_HOST", pubsub.host))
+            env = python_env(spool, pubsub.host)
+            console.say(f"Pub/Sub emulator on {pubsub.host}, Cloud Monitoring stand-in on {monitoring.host}; "
+                        "starting the streaming pipeline …")
+            self.stream = self._start_stream(env, monitoring.host)
+            # Stopping early: a second signal stops the stream at once, without its final snapshots.
+            stack.callback(self.stream.stop, ((signal.SIGINT, 0.5), (signal.SIGINT, 10.0)))
+            stack.callback(self._stop_jobs)
+            self._wait_for_stream()
+            runs = fleet_runs(args.runs)
+            self.jobs = start_fleet(runs, args.duration_s, self.control, spool)
+            if use_jax:
+                self.jax = Process("jax_train", [
+                    sys.executable, str(EXAMPLES / "jax_train.py"), "--destination", TOPIC,
+                    "--run-id", JAX_RUN, "--steps", str(max(200, round(1500 * args.duration_s
+                                                                        / DEFAULT_DURATION_S)))],
+                    {**env, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
+                    self.directory / "jax_train.log")
+            shown = [(run.run_id, str(run.profile["accelerator_type"]), int(run.profile["chip_count"]))
+                     for run in runs] + ([(JAX_RUN, "cpu", 1)] if use_jax else [])
+            console.say(f"{len(runs)} simulated runs{' and a real JAX run' if use_jax else ''} are training "
+                        f"({SPEED:.0f}× simulated time); snapshots every {SNAPSHOT_INTERVAL_S:.0f} s")
+            self._watch(shown, saver)
+            self._stop_stream_after_drain()
+            saver.close()
+            points = sum(len(monitoring.store.points(metric)) for metric in _metric_types())
+        stream_output = self.stream.output()
+        return self._finish(points, stream_output, saver)
+
+    def _start_stream(self, env: dict[str, str], monitoring_host: str) -> Process:
+        lag_s = self.args.duration_s * SPEED + 3600  # simulated time: hours compressed into the demo
+        return Process("stream", [
+            sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
+            f"--subscription={SUBSCRIPTION}", f"--duckdb={self.live_db}",
+            f"--snapshot_interval_s={SNAPSHOT_INTERVAL_S}", f"--monitoring_project={PROJECT}",
+            f"--monitoring_endpoint={monitoring_host}",
+            f"--monitoring_min_interval_s={MONITORING_MIN_INTERVAL_S}",
+            f"--monitoring_max_lag_s={lag_s:.0f}"],
+            env, self.directory / "stream.log", markers=("streaming from", "stopping:", "stopped"))
+
+    def _wait_for_stream(self) -> None:
+        assert self.stream is not None
+        deadline = time.monotonic() + 90
+        while not self.stream.seen["streaming from"].wait(0.2):
+            if self.stream.popen.poll() is not None or time.monotonic() > deadline:
+                raise DemoError(f"the streaming pipeline did not start; its log ({self.stream.log}) ends:\n"
+                                f"{self.stream.tail()}")
+
+    def _watch(self, runs: Sequence[tuple[str, str, int]], saver: CopySaver) -> None:
+        """The live view, until every job but a hung one is done."""
+        assert self.stream is not None
+        fleet_started = time.monotonic()
+        live: dict[str, LiveRun] = {}
+        snapshots = 0
+        deadline = fleet_started + self.args.duration_s * 1.5 + 60
+        while True:
+            for job in self.jobs:
+                if job.error is not None:
+                    raise DemoError(f"simulated run {job.run.run_id} failed: {job.error!r}")
+            if self.stream.popen.poll() is not None:
+                raise DemoError(f"the streaming pipeline exited; its log ({self.stream.log}) ends:\n"
+                                f"{self.stream.tail()}")
+            jax_done = self.jax is None or self.jax.popen.poll() is not None
+            done = jax_done and all(not job.thread.is_alive() for job in self.jobs if not job.run.hangs)
+            read = read_live(self.live_db)
+            if read is not None:
+                live, snapshots = read
+            recorded = sum(job.stats()[0] for job in self.jobs)
+            sent = sum(job.stats()[1] for job in self.jobs)
+            self.console.show(view_lines(time.monotonic() - fleet_started, self.args.duration_s, runs, live,
+                                         snapshots, recorded, sent, saver.messages, saver.events), force=done)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise DemoError("the fleet did not finish in time")
+            time.sleep(1.0)
+        if self.jax is not None and self.jax.popen.returncode != 0:
+            raise DemoError(f"the JAX training job failed (exit {self.jax.popen.returncode}); its log "
+                            f"({self.jax.log}) ends:\n{self.jax.tail()}")
+
+    def _stop_stream_after_drain(self) -> None:
+        """Stops the stream cleanly; the hung job's last heartbeat comes while it drains, so the
+        live tables hold its state as of its last event, as a replay does."""
+        assert self.stream is not None
+        control = self.control
+        control.set(control.wind_down)
+        hung = [job.run.run_id for job in self.jobs if job.run.hangs]
+        self.console.say(f"the fleet is done{f' ({len(hung)} hung, still not stepping)' if hung else ''}; "
+                         "stopping the stream …")
+        self.stream.popen.send_signal(signal.SIGINT)
+        if not self.stream.seen["stopping:"].wait(60):
+            raise DemoError(f"the streaming pipeline did not begin to stop; its log ({self.stream.log}) "
+                            f"ends:\n{self.stream.tail()}")
+        clocks = [job.clock.now for job in self.jobs if job.clock is not None]
+        control.final_time = max([*clocks, datetime.datetime.now(datetime.timezone.utc)]) \
+            + datetime.timedelta(milliseconds=1)
+        control.set(control.release)
+        for job in self.jobs:
+            job.thread.join(timeout=30)
+            if job.thread.is_alive() or job.error is not None:
+                raise DemoError(f"simulated run {job.run.run_id} did not stop cleanly: {job.error!r}")
+        try:
+            self.stream.popen.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise DemoError("the streaming pipeline did not stop within 90 s") from None
+        if self.stream.popen.returncode != 0 or not self.stream.seen["stopped"].wait(5):
+            raise DemoError(f"the streaming pipeline failed (exit {self.stream.popen.returncode}); its log "
+                            f"({self.stream.log}) ends:\n{self.stream.tail()}")
+
+    def _stop_jobs(self) -> None:
+        """Stops the simulated jobs and the JAX job, at once; idempotent."""
+        self.control.set(self.control.abort)
+        for job in self.jobs:
+            job.thread.join(timeout=15)
+        if self.jax is not None:
+            self.jax.stop()
+
+    def _finish(self, points: int, stream_output: str, saver: CopySaver) -> int:
+        console, directory = self.console, self.directory
+        live_s = time.monotonic() - self.started
+        console.say(f"stream stopped after {live_s:.0f} s: {saver.messages:,} messages, {saver.events:,} "
+                    f"events saved to {directory / 'events.jsonl'}; replaying them in batch …")
+        batch_db = directory / "batch.duckdb"
+        with (directory / "batch.log").open("w") as log:
+            replay = subprocess.run(
+                [sys.executable, "-m", "pipeline", f"--events={directory / 'events.jsonl'}",
+                 f"--duckdb={batch_db}"],
+                cwd=REPO, env=python_env(directory / "spool"), stdout=log, stderr=subprocess.STDOUT,
+                timeout=300, check=False)
+        if replay.returncode != 0:
+            raise DemoError(f"the batch replay failed (exit {replay.returncode}); "
+                            f"see {directory / 'batch.log'}")
+        live, batch = latest_cumulative(self.live_db), latest_cumulative(batch_db)
+        differences = compare(live, batch)
+        failed = bool(differences)
+        report_line = self._report()
+        if report_line is None:
+            failed = True
+        if not self.args.quiet:
+            from pipeline.launcher import print_summary
+
+            console.say("")
+            print_summary(str(self.live_db), console.out)
+        console.result("")
+        if differences:
+            console.result("the live numbers differ from a batch replay of the same events:")
+            for difference in differences:
+                console.result(f"  {difference}")
+        else:
+            console.result(f"the live numbers equal a batch replay of the same events ({len(live)} runs: "
+                           "goodput, total time, disruptions, max productive step)")
+        refused = stream_output.count("Cloud Monitoring refused")
+        console.result(f"Cloud Monitoring stand-in: {points:,} points written"
+                       + (f", {refused} refusals logged (see stream.log)" if refused else ""))
+        console.result(f"outputs in {directory}/: goodput.duckdb (live), batch.duckdb, events.jsonl, "
+                       f"{report_line or 'no report'}, stream.log, batch.log"
+                       + (", jax_train.log" if self.jax is not None else ""))
+        console.result(f"demo {'FAILED' if failed else 'done'} in {time.monotonic() - self.started:.0f} s; "
+                       f"try: goodput query badput_ranking --duckdb {self.live_db}")
+        return 1 if failed else 0
+
+    def _report(self) -> str | None:
+        """Writes report.html; what to call it in the outputs line, or None when it failed."""
+        output = self.directory / "report.html"
+        try:
+            from pipeline.report import write_report  # type: ignore[import-not-found, unused-ignore]
+        except ImportError as error:
+            self.console.result(f"no HTML report: pipeline.report is not available ({error})")
+            return "no report (pipeline.report missing)"
+        try:
+            write_report(self.live_db, output)
+        except Exception as error:  # noqa: BLE001 -- reported; the demo's own checks still stand
+            self.console.result(f"the HTML report failed: {error!r}")
+            return None
+        return "report.html"
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """Sets an environment variable (the emitter's Pub/Sub client reads it) for the demo only."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def _metric_types() -> list[str]:
+    from pipeline.monitoring_sink import METRICS
+
+    return list(METRICS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    demo = Demo(args, sys.stdout)
+    try:
+        with _terminate_as_interrupt():
+            return demo.run()
+    except KeyboardInterrupt:
+        print("\ninterrupted: everything the demo started is stopped", file=sys.stderr)
+        return 130
+    except DemoError as error:
+        print(f"goodput demo: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,737 @@
+"""A self-contained HTML report of a DuckDB file written by the pipeline.
+
+One file to open in a browser or attach to a post-mortem: the fleet at a glance, then goodput over
+time per run (cumulative and rolling windows), the badput breakdown per run and for the fleet,
+disruptions on a timeline, step-time deviation, the alerts the Terraform policies would have fired
+(``pipeline.alerts``), and the result of every saved fleet query (``schemas/sql/``). The plots are
+drawn with matplotlib and embedded as inline SVG; the file loads nothing from the network::
+
+    from pipeline.report import write_report
+    write_report(Path("goodput.duckdb"), Path("report.html"))
+
+Every section is an element with a stable id (``summary``, ``goodput``, ``badput``,
+``disruptions``, ``step-deviation``, ``alerts``, ``fleet-queries``, and ``query-NAME`` for each
+saved query), as are the summary's figures (``run-count``, ``fleet-goodput``, ``chip-hours``,
+``disruption-count``, ``alert-count``). Legends, panels and bars are capped for large fleets and
+long histories are thinned, so the page stays readable and light. The DuckDB file is opened
+read-only; matplotlib is imported only when a report is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import io
+import math
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.alerts import POLICIES, Alert, AlertThresholds, evaluate_connection
+
+#: The sections of the report: (element id, heading).
+SECTIONS = (("goodput", "Goodput over time"), ("badput", "Badput breakdown"), ("disruptions", "Disruptions"),
+            ("step-deviation", "Step-time deviation"), ("alerts", "Alerts that would have fired"),
+            ("fleet-queries", "Fleet queries"))
+#: Runs named in a plot's legend; the others are drawn in grey as one entry.
+MAX_LEGEND_RUNS = 10
+#: Runs given their own panel, bar or timeline row (those with the most chip-hours).
+MAX_PANELS = 12
+MAX_BARS = 30
+MAX_TIMELINE_ROWS = 40
+MAX_TABLE_ROWS = 200
+#: Points drawn of one series; a longer history is thinned evenly.
+MAX_POINTS = 600
+INFORMATIONAL = "DATA_LOADING_ASYNC"  # overlaps steps: not lost time
+
+_GOODPUT_COLUMNS = ("run_id", "snapshot_time", "window_s", "window_start", "window_end", "goodput_pct",
+                    "productive_time_s", "total_time_s", "disruptions", "step_time_deviation_s", "chip_count",
+                    "productive_chip_s", "total_chip_s", "run_group", "accelerator_type", "ended")
+_DISRUPTION_COLUMNS = ("run_id", "disruption_index", "restart_time", "last_step_before", "resume_step",
+                       "wasted_progress_s", "recovery_s", "in_process")
+_GOOD = "#2e9d5b"
+_BAD = "#c8463d"
+_POLICY_STYLE = {"low_goodput": ("v", "#c8463d"), "disruption": ("X", "#7b3fb5"),
+                 "step_deviation": ("D", "#d98a1c"), "stalled": ("s", "#3a6fb0")}
+_SOURCE_COLORS = ["#e15759", "#f28e2b", "#edc948", "#76b7b2", "#59a14f", "#4e79a7", "#b07aa1", "#ff9da7",
+                  "#9c755f", "#bab0ac", "#86bcb6", "#d37295", "#8cd17d", "#499894"]
+
+
+@dataclasses.dataclass
+class _Fleet:
+    """What the report shows, read from the file once."""
+
+    goodput: list[dict[str, Any]]
+    badput: list[dict[str, Any]]  # the latest cumulative snapshot of each run
+    disruptions: list[dict[str, Any]]  # each disruption as its run's latest snapshot reports it
+    queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]]
+    alerts: list[Alert]
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """Each run's latest cumulative row."""
+        latest: dict[str, dict[str, Any]] = {}
+        for row in self.goodput:
+            if row["window_s"] == 0 and (row["run_id"] not in latest
+                                         or row["snapshot_time"] >= latest[row["run_id"]]["snapshot_time"]):
+                latest[row["run_id"]] = row
+        return latest
+
+    def ranked_runs(self) -> list[str]:
+        """Run ids, those with the most chip-hours (then elapsed time) first."""
+        latest = self.latest()
+        return sorted(latest, key=lambda run: (-(latest[run]["total_chip_s"] or 0),
+                                               -(latest[run]["total_time_s"] or 0), run))
+
+
+def write_report(duckdb_path: Path, output: Path, thresholds: AlertThresholds | None = None) -> None:
+    """Writes the HTML report of the DuckDB file ``duckdb_path`` to ``output``.
+
+    ``thresholds`` are those of the alert policies (default: the Terraform defaults).
+    """
+    import duckdb
+
+    duckdb_path, output = Path(duckdb_path), Path(output)
+    if not duckdb_path.exists():
+        raise FileNotFoundError(duckdb_path)
+    thresholds = thresholds or AlertThresholds()
+    connection = duckdb.connect(str(duckdb_path), read_only=True)
+    try:
+        fleet = _read(connection, thresholds)
+    finally:
+        connection.close()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(_page(duckdb_path.name, fleet, thresholds), encoding="utf-8")
+
+
+# -- Reading ------------------------------------------------------------------------------------
+
+def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
+    import duckdb
+
+    from goodput_schemas import saved_queries
+    from pipeline.fleet_sql import run_saved
+
+    tables = {row[0] for row in
+              connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+
+    def rows(table: str, columns: Sequence[str], sql: str) -> list[dict[str, Any]]:
+        if table not in tables:
+            return []
+        return [dict(zip(columns, row, strict=True)) for row in connection.execute(sql).fetchall()]
+
+    goodput = rows("goodput_snapshots", _GOODPUT_COLUMNS,
+                   f"SELECT {', '.join(_GOODPUT_COLUMNS)} FROM goodput_snapshots "
+                   "ORDER BY run_id, snapshot_time")
+    badput = rows("badput_snapshots", ("run_id", "badput_source", "seconds"),
+                  "SELECT run_id, badput_source, seconds FROM badput_snapshots WHERE window_s = 0 "
+                  "QUALIFY snapshot_time = max(snapshot_time) OVER (PARTITION BY run_id)")
+    disruptions = rows("disruptions", _DISRUPTION_COLUMNS,
+                       f"SELECT {', '.join(_DISRUPTION_COLUMNS)} FROM disruptions QUALIFY row_number() OVER "
+                       "(PARTITION BY run_id, disruption_index ORDER BY snapshot_time DESC) = 1 "
+                       "ORDER BY restart_time, run_id")
+    queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]] = []
+    for name, sql in saved_queries().items():
+        about = " ".join(line.removeprefix("--").strip() for line in sql.splitlines()
+                         if line.startswith("--"))
+        try:
+            columns, result = run_saved(name, connection)
+            queries.append((name, about, columns, result, None))
+        except duckdb.Error as error:  # an older file may lack a table the query reads
+            queries.append((name, about, [], [], str(error).splitlines()[0]))
+    return _Fleet(goodput, badput, disruptions, queries, evaluate_connection(connection, thresholds))
+
+
+# -- Formatting ---------------------------------------------------------------------------------
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: object, digits: int = 3) -> str:
+    """A cell's text: NULL as an em dash, floats rounded, times to the second (UTC)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}".rstrip("0").rstrip(".") if value == value else "NaN"
+    if isinstance(value, datetime.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _window_name(window_s: int) -> str:
+    if window_s % 3600 == 0:
+        return f"{window_s // 3600} h"
+    if window_s % 60 == 0:
+        return f"{window_s // 60} min"
+    return f"{window_s} s"
+
+
+def _label(run_id: str) -> str:
+    """A run id as matplotlib text: no mathtext, and shown in a legend even if it starts with _."""
+    text = run_id.replace("$", r"\$")
+    return "\u200b" + text if text.startswith("_") else text
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] | None = None,
+           limit: int = MAX_TABLE_ROWS) -> str:
+    if numeric is None:
+        numeric = [all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows
+                       if row[i] is not None) and any(row[i] is not None for row in rows)
+                   for i in range(len(columns))]
+    head = "".join(f'<th{" class=num" if num else ""}>{_esc(c)}</th>' for c, num in zip(columns, numeric,
+                                                                                        strict=True))
+    body = "".join("<tr>" + "".join(f'<td{" class=num" if num else ""}>{_esc(_fmt(v))}</td>'
+                                    for v, num in zip(row, numeric, strict=True)) + "</tr>"
+                   for row in rows[:limit])
+    more = (f'<p class="note">{len(rows) - limit} more rows not shown.</p>' if len(rows) > limit else "")
+    return (f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+            f"</div>{more}")
+
+
+def _note(text: str) -> str:
+    return f'<p class="empty">{_esc(text)}</p>'
+
+
+# -- Plots --------------------------------------------------------------------------------------
+
+class _Plots:
+    """Draws figures with matplotlib (no pyplot, so no global backend) and returns inline SVG."""
+
+    def __init__(self) -> None:
+        import matplotlib
+        from matplotlib import dates
+
+        self.matplotlib: Any = matplotlib
+        self.dates: Any = dates
+        self.count = 0
+        self.style: dict[str, Any] = {
+            "svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9,
+            "axes.spines.top": False, "axes.spines.right": False, "axes.edgecolor": "#888888",
+            "axes.grid": True, "grid.color": "#e4e4e4", "grid.linewidth": 0.6, "axes.axisbelow": True,
+            "axes.titlesize": 10, "axes.titleweight": "bold", "axes.titlelocation": "left",
+            "legend.frameon": False, "legend.fontsize": 8, "xtick.color": "#555555", "ytick.color": "#555555",
+            "axes.labelcolor": "#444444", "svg.hashsalt": None,
+        }
+
+    def figure(self, width: float, height: float) -> Any:
+        from matplotlib.figure import Figure
+
+        return Figure(figsize=(width, height), layout="constrained")
+
+    def context(self) -> Any:
+        self.count += 1
+        # A distinct salt per figure keeps the ids of clip paths unique across the inline SVGs.
+        return self.matplotlib.rc_context({**self.style, "svg.hashsalt": f"figure-{self.count}"})
+
+    def svg(self, figure: Any, title: str) -> str:
+        buffer = io.StringIO()
+        figure.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+        text = buffer.getvalue()
+        text = text[text.index("<svg"):]
+        text = re.sub(r'<svg([^>]*?) width="[\d.]+pt" height="[\d.]+pt"', r'<svg\1', text, count=1)
+        text = re.sub(r"<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
+        return (f'<figure class="plot"><div class="svg" role="img" aria-label="{_esc(title)}">{text}</div>'
+                "</figure>")
+
+    def time_axis(self, axis: Any) -> None:
+        low, high = axis.dataLim.intervalx
+        if math.isfinite(low) and math.isfinite(high) and high - low < 1 / 86400:
+            # One instant: show five minutes around it.
+            axis.set_xlim(low - 2.5 / 1440, high + 2.5 / 1440)
+        locator = self.dates.AutoDateLocator(minticks=3, maxticks=8)
+        axis.xaxis.set_major_locator(locator)
+        axis.xaxis.set_major_formatter(self.dates.ConciseDateFormatter(locator, show_offset=True))
+
+
+def _thin(points: Sequence[tuple[datetime.datetime, float]]) -> Sequence[tuple[datetime.datetime, float]]:
+    """At most about MAX_POINTS of a series, evenly spaced, with its last point: a long history must
+    not make the page heavy."""
+    step = -(-len(points) // MAX_POINTS)
+    return points if step <= 1 else [*points[:-1:step], points[-1]]
+
+
+def _run_colors(runs: Sequence[str]) -> dict[str, str]:
+    palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+               "#9c755f", "#17becf"]
+    return {run: palette[i % len(palette)] for i, run in enumerate(runs[:MAX_LEGEND_RUNS])}
+
+
+def _lines_by_run(plots: _Plots, axis: Any, series: dict[str, list[tuple[datetime.datetime, float]]],
+                  ranked: Sequence[str]) -> None:
+    """One line per run: the top runs in color and in the legend, the rest in grey."""
+    colors = _run_colors([run for run in ranked if series.get(run)])
+    others = 0
+    for run in reversed(ranked):  # the top runs drawn last, on top
+        points = series.get(run)
+        if not points:
+            continue
+        times, values = zip(*_thin(points), strict=True)
+        if run in colors:
+            axis.plot(times, values, color=colors[run], linewidth=1.6, marker="o", markersize=2.5,
+                      label=_label(run))
+        else:
+            others += 1
+            axis.plot(times, values, color="#bbbbbb", linewidth=0.8, marker="o", markersize=1.5,
+                      label=f"{sum(1 for r in ranked if series.get(r) and r not in colors)} other runs"
+                      if others == 1 else None)
+    handles, labels = axis.get_legend_handles_labels()
+    if handles:
+        order = sorted(range(len(labels)), key=lambda i: (labels[i].endswith("other runs"), labels[i]))
+        axis.legend([handles[i] for i in order], [labels[i] for i in order], loc="center left",
+                    bbox_to_anchor=(1.01, 0.5))
+    plots.time_axis(axis)
+
+
+def _goodput_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -> str:
+    ranked = fleet.ranked_runs()
+    if not ranked:
+        return _note("No goodput snapshots in this file.")
+    cumulative: dict[str, list[tuple[datetime.datetime, float]]] = {}
+    rolling: dict[str, dict[int, list[tuple[datetime.datetime, float]]]] = {}
+    for row in fleet.goodput:
+        if row["goodput_pct"] is None:
+            continue
+        point = (row["snapshot_time"], row["goodput_pct"])
+        if row["window_s"] == 0:
+            cumulative.setdefault(row["run_id"], []).append(point)
+        else:
+            rolling.setdefault(row["run_id"], {}).setdefault(row["window_s"], []).append(point)
+    parts = []
+    with plots.context():
+        figure = plots.figure(10, 3.4)
+        axis = figure.add_subplot()
+        axis.set_title("Cumulative goodput of each run")
+        axis.axhline(thresholds.goodput_threshold_pct, color=_BAD, linestyle="--", linewidth=1)
+        axis.annotate(f"alert below {thresholds.goodput_threshold_pct:g} %",
+                      (0, thresholds.goodput_threshold_pct), xycoords=("axes fraction", "data"),
+                      xytext=(4, 3), textcoords="offset points", color=_BAD, fontsize=8)
+        _lines_by_run(plots, axis, cumulative, ranked)
+        axis.set_ylim(0, 105)
+        axis.set_ylabel("goodput %")
+        parts.append(plots.svg(figure, "Cumulative goodput of each run over time"))
+    shown = ranked[:MAX_PANELS]
+    windows = sorted({w for run in shown for w in rolling.get(run, {})})
+    window_colors = dict(zip(windows, ["#f28e2b", "#4e79a7", "#b07aa1", "#76b7b2", "#9c755f", "#edc948"] * 4,
+                             strict=False))
+    columns = min(3, len(shown))
+    panel_rows = -(-len(shown) // columns)
+    with plots.context():
+        figure = plots.figure(10, 2.3 * panel_rows + 0.4)
+        axes = figure.subplots(panel_rows, columns, squeeze=False, sharey=True)
+        for index, axis in enumerate(axes.flat):
+            if index >= len(shown):
+                axis.set_visible(False)
+                continue
+            run = shown[index]
+            axis.set_title(_label(run), fontsize=9)
+            for window in windows:
+                points = rolling.get(run, {}).get(window)
+                if points:
+                    times, values = zip(*_thin(points), strict=True)
+                    axis.plot(times, values, color=window_colors[window], linewidth=1, marker="o",
+                              markersize=1.8, label=f"last {_window_name(window)}")
+            if cumulative.get(run):
+                times, values = zip(*_thin(cumulative[run]), strict=True)
+                axis.plot(times, values, color="#222222", linewidth=2, marker="o", markersize=2.5,
+                          label="cumulative")
+            if not cumulative.get(run) and not rolling.get(run):
+                axis.text(0.5, 0.5, "no elapsed time yet", transform=axis.transAxes, ha="center",
+                          color="#888888", fontsize=8)
+                axis.set_xticks([])
+            elif not rolling.get(run):
+                axis.text(0.5, 0.08, "no rolling windows", transform=axis.transAxes, ha="center",
+                          color="#888888", fontsize=8)
+            axis.axhline(thresholds.goodput_threshold_pct, color=_BAD, linestyle="--", linewidth=0.8)
+            axis.set_ylim(0, 105)
+            if cumulative.get(run) or rolling.get(run):
+                plots.time_axis(axis)
+        handles: dict[str, Any] = {}
+        for axis in axes.flat:
+            for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, handle)
+        if handles:
+            figure.legend(list(handles.values()), list(handles), loc="outside upper right",
+                          ncols=len(handles))
+        figure.suptitle("Cumulative and rolling goodput %, per run", x=0.01, ha="left", fontsize=10,
+                        fontweight="bold")
+        parts.append(plots.svg(figure, "Cumulative and rolling goodput per run"))
+    if len(ranked) > len(shown):
+        parts.append(f'<p class="note">Panels for the {len(shown)} runs with the most chip-hours; '
+                     f"{len(ranked) - len(shown)} more runs are in the plot above.</p>")
+    return "".join(parts)
+
+
+def _badput_section(plots: _Plots, fleet: _Fleet) -> str:
+    latest = fleet.latest()
+    ranked = [run for run in fleet.ranked_runs() if (latest[run]["total_time_s"] or 0) > 0]
+    if not ranked:
+        return _note("No elapsed time in this file yet.")
+    seconds: dict[str, dict[str, float]] = {}
+    for row in fleet.badput:
+        if row["badput_source"] != INFORMATIONAL and row["seconds"]:
+            seconds.setdefault(row["run_id"], {})[row["badput_source"]] = row["seconds"]
+    chip_weighted = any((latest[run]["total_chip_s"] or 0) > 0 for run in ranked)
+
+    def weight(run: str) -> float:
+        row = latest[run]
+        return (row["total_chip_s"] or 0) / row["total_time_s"] if chip_weighted else 1.0
+
+    fleet_totals: dict[str, float] = {}
+    for run in ranked:
+        for source, value in seconds.get(run, {}).items():
+            fleet_totals[source] = fleet_totals.get(source, 0.0) + value * weight(run)
+    sources = sorted(fleet_totals, key=lambda source: -fleet_totals[source])
+    colors = {source: _SOURCE_COLORS[i % len(_SOURCE_COLORS)] for i, source in enumerate(sources)}
+    productive = sum((latest[run]["productive_time_s"] or 0) * weight(run) for run in ranked)
+    total = sum(latest[run]["total_time_s"] * weight(run) for run in ranked)
+    unit = "chip-hours" if chip_weighted else "hours"
+    shown = ranked[:MAX_BARS]
+    bars: list[tuple[str, float, dict[str, float], float]] = [
+        ("fleet", 100 * productive / total, {s: 100 * v / total for s, v in fleet_totals.items()},
+         total / 3600)]
+    bars += [(run, 100 * (latest[run]["productive_time_s"] or 0) / latest[run]["total_time_s"],
+              {s: 100 * v / latest[run]["total_time_s"] for s, v in seconds.get(run, {}).items()},
+              latest[run]["total_time_s"] * weight(run) / 3600) for run in shown]
+    with plots.context():
+        figure = plots.figure(10, 0.9 + 0.32 * len(bars))
+        axis = figure.add_subplot()
+        axis.set_title(f"Where the time went: the fleet (weighted by {unit}) and each run's latest snapshot")
+        labels = [f"fleet ({_fmt(hours, 1)} {unit})" if i == 0 else _label(run)
+                  for i, (run, _, _, hours) in enumerate(bars)]
+        positions = list(range(len(bars)))[::-1]
+        axis.barh(positions, [bar[1] for bar in bars], color=_GOOD, label="productive", height=0.7)
+        left = [bar[1] for bar in bars]
+        for source in sources:
+            widths = [bar[2].get(source, 0.0) for bar in bars]
+            axis.barh(positions, widths, left=left, color=colors[source], label=source, height=0.7)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        for position, bar in zip(positions, bars, strict=True):
+            axis.text(1, position, f"{bar[1]:.1f} %", va="center", ha="left", color="white", fontsize=7.5,
+                      fontweight="bold")
+        axis.set_yticks(positions, labels)
+        axis.get_yticklabels()[0].set_fontweight("bold")
+        axis.set_xlim(0, 100)
+        axis.set_ylim(-0.6, len(bars) - 0.4)
+        axis.set_xlabel("% of elapsed time")
+        axis.grid(axis="y", visible=False)
+        parts = [plots.svg(figure, "Badput breakdown of the fleet and of each run"),
+                 '<ul class="legend">' + "".join(
+                     f'<li><span class="swatch" style="background:{color}"></span>{_esc(name)}</li>'
+                     for name, color in [("productive", _GOOD), *colors.items()]) + "</ul>"]
+    if len(ranked) > len(shown):
+        parts.append(f'<p class="note">Bars for the {len(shown)} runs with the most chip-hours; '
+                     f"{len(ranked) - len(shown)} more runs count in the fleet bar.</p>")
+    parts.append('<p class="note">Informational DATA_LOADING_ASYNC overlaps steps and is left out. '
+                 f"The fleet bar weighs each run by its {'chips' if chip_weighted else 'elapsed time'}"
+                 f"{' (runs with unknown chips count zero)' if chip_weighted else ''}.</p>")
+    return "".join(parts)
+
+
+def _spans(fleet: _Fleet) -> dict[str, tuple[datetime.datetime, datetime.datetime]]:
+    spans: dict[str, tuple[datetime.datetime, datetime.datetime]] = {}
+    for row in fleet.goodput:
+        if row["window_s"] == 0:
+            start, end = spans.get(row["run_id"], (row["window_start"], row["window_end"]))
+            spans[row["run_id"]] = (min(start, row["window_start"]), max(end, row["window_end"]))
+    return spans
+
+
+def _timeline(plots: _Plots, title: str, runs: Sequence[str], fleet: _Fleet, draw: Any,
+              row_height: float = 0.3) -> str:
+    spans = _spans(fleet)
+    with plots.context():
+        figure = plots.figure(10, 1.1 + row_height * len(runs))
+        axis = figure.add_subplot()
+        axis.set_title(title)
+        positions = {run: len(runs) - 1 - i for i, run in enumerate(runs)}
+        for run, position in positions.items():
+            if run in spans:
+                start, end = spans[run]
+                axis.plot([start, end], [position, position], color="#d5dde6", linewidth=7,
+                          solid_capstyle="butt", zorder=1)
+        draw(axis, positions)
+        axis.set_yticks(list(positions.values()), [_label(run) for run in positions])
+        axis.set_ylim(-0.7, len(runs) - 0.3)
+        axis.grid(axis="y", visible=False)
+        plots.time_axis(axis)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+        return plots.svg(figure, title)
+
+
+def _disruptions_section(plots: _Plots, fleet: _Fleet) -> str:
+    if not fleet.disruptions:
+        return _note("No disruptions recorded.")
+    counts: dict[str, int] = {}
+    for row in fleet.disruptions:
+        counts[row["run_id"]] = counts.get(row["run_id"], 0) + 1
+    ranked = fleet.ranked_runs()
+    runs = sorted(counts, key=lambda run: (-counts[run], ranked.index(run) if run in ranked else 0, run))
+    runs = runs[:MAX_TIMELINE_ROWS]
+
+    def draw(axis: Any, positions: dict[str, int]) -> None:
+        first = True
+        for row in fleet.disruptions:
+            if row["run_id"] not in positions:
+                continue
+            y = positions[row["run_id"]]
+            restart = row["restart_time"]
+            failed = restart - datetime.timedelta(seconds=row["recovery_s"] or 0)
+            axis.plot([failed, restart], [y, y], color="#f2a541", linewidth=7, solid_capstyle="butt",
+                      zorder=2, label="recovery (last step to restart)" if first else None)
+            axis.scatter([restart], [y], marker="X", s=60, color="#7b3fb5", zorder=3, edgecolors="white",
+                         linewidths=0.6, label=("restart (in-process rollback: hollow)" if first else None))
+            if row["in_process"]:
+                axis.scatter([restart], [y], marker="o", s=14, color="white", zorder=4)
+            first = False
+
+    parts = [_timeline(plots, "Disruptions: each run's span, recovery and restart", runs, fleet, draw)]
+    if len(counts) > len(runs):
+        parts.append(f'<p class="note">{len(counts) - len(runs)} more disrupted runs are in the table '
+                     "only.</p>")
+    table_rows = [(row["run_id"], row["disruption_index"], row["restart_time"], row["last_step_before"],
+                   row["resume_step"], row["wasted_progress_s"], row["recovery_s"], row["in_process"])
+                  for row in fleet.disruptions]
+    parts.append(_table(("run", "#", "restart (UTC)", "last step before", "resumed at step",
+                         "wasted progress s", "recovery s", "in-process"), table_rows))
+    return "".join(parts)
+
+
+def _step_deviation_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -> str:
+    series: dict[str, list[tuple[datetime.datetime, float]]] = {}
+    for row in fleet.goodput:
+        if row["window_s"] == 0 and row["step_time_deviation_s"] is not None:
+            series.setdefault(row["run_id"], []).append((row["snapshot_time"], row["step_time_deviation_s"]))
+    if not series:
+        return _note("No step-time deviation in this file (no run has measured steps yet).")
+    with plots.context():
+        figure = plots.figure(10, 3.2)
+        axis = figure.add_subplot()
+        axis.set_title("Cumulative step-time deviation from the ideal step time")
+        axis.axhline(thresholds.step_deviation_threshold_s, color=_BAD, linestyle="--", linewidth=1)
+        axis.annotate(f"alert above {thresholds.step_deviation_threshold_s:g} s for 10 min",
+                      (0, thresholds.step_deviation_threshold_s), xycoords=("axes fraction", "data"),
+                      xytext=(4, 3), textcoords="offset points", color=_BAD, fontsize=8)
+        _lines_by_run(plots, axis, series, fleet.ranked_runs())
+        top = max(value for points in series.values() for _, value in points)
+        axis.set_ylim(0, max(top, thresholds.step_deviation_threshold_s) * 1.15 or 1)
+        axis.set_ylabel("seconds")
+        return plots.svg(figure, "Step-time deviation of each run over time")
+
+
+def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -> str:
+    rules = [("goodput below",
+              f"{thresholds.goodput_threshold_pct:g} % for {_duration(thresholds.goodput_window_s)}"),
+             ("new disruption", "count up within 10 min"),
+             ("step-time deviation above", f"{thresholds.step_deviation_threshold_s:g} s for 10 min"),
+             ("stalled", f"no productive time in the last {_window_name(thresholds.stall_window_s)} "
+                         f"for {_duration(thresholds.stall_after_s)}")]
+    parts = ['<ul class="rules">'
+             + "".join(f"<li><b>{_esc(name)}</b> {_esc(rule)}</li>" for name, rule in rules) + "</ul>"]
+    if not fleet.alerts:
+        parts.append(_note("No alert would have fired on this snapshot history."))
+        return "".join(parts)
+    counts: dict[str, int] = {}
+    for alert in fleet.alerts:
+        counts[alert.run_id] = counts.get(alert.run_id, 0) + 1
+    runs = sorted(counts, key=lambda run: (-counts[run], run))[:MAX_TIMELINE_ROWS]
+
+    order = list(POLICIES)
+    # Each policy on its own line within the run's row, so stretches and markers do not overlap.
+    offsets = {policy: 0.2 * (1.5 - index) for index, policy in enumerate(order)}
+
+    def draw(axis: Any, positions: dict[str, int]) -> None:
+        seen: set[str] = set()
+        for alert in sorted(fleet.alerts, key=lambda alert: order.index(alert.policy)):
+            if alert.run_id not in positions:
+                continue
+            y = positions[alert.run_id] + offsets[alert.policy]
+            marker, color = _POLICY_STYLE[alert.policy]
+            if alert.since < alert.fired_at:
+                axis.plot([alert.since, alert.fired_at], [y, y], color=color, linewidth=2, alpha=0.5,
+                          zorder=2)
+            axis.scatter([alert.fired_at], [y], marker=marker, s=55, color=color, zorder=3,
+                         edgecolors="white", linewidths=0.6,
+                         label=None if alert.policy in seen else alert.policy)
+            seen.add(alert.policy)
+
+    parts.append(_timeline(plots, "When each alert would have fired (line: while its condition held)", runs,
+                           fleet, draw, row_height=0.5))
+    rows = [(alert.policy, POLICIES[alert.policy], alert.run_id, alert.since, alert.fired_at, alert.value)
+            for alert in fleet.alerts]
+    parts.append(_table(("policy", "condition", "run", "held since (UTC)", "fired at (UTC)", "value"), rows))
+    return "".join(parts)
+
+
+def _queries_section(fleet: _Fleet) -> str:
+    parts = []
+    for name, about, columns, rows, error in fleet.queries:
+        count = f'{len(rows)} row{"" if len(rows) == 1 else "s"}'
+        parts.append(f'<div class="query" id="query-{_esc(name)}"><h3><code>{_esc(name)}</code>'
+                     f'<span class="count">{count}</span></h3><p class="about">{_esc(about)}</p>')
+        if error:
+            parts.append(f'<p class="error">Could not run on this file: {_esc(error)}</p>')
+        elif rows:
+            parts.append(_table(columns, rows))
+        else:
+            parts.append(_note("No rows."))
+        parts.append("</div>")
+    return "".join(parts)
+
+
+# -- The page -----------------------------------------------------------------------------------
+
+def fleet_goodput(latest: dict[str, dict[str, Any]]) -> tuple[float | None, bool]:
+    """The fleet's goodput % from each run's latest cumulative row, and whether it is chip-weighted:
+    productive over elapsed chip-seconds of the runs whose chips are known; else over seconds."""
+    known = [row for row in latest.values() if (row["total_chip_s"] or 0) > 0]
+    if known:
+        productive_chip_s = sum(row["productive_chip_s"] for row in known)
+        return 100 * productive_chip_s / sum(row["total_chip_s"] for row in known), True
+    total = sum(row["total_time_s"] or 0 for row in latest.values())
+    productive = sum(row["productive_time_s"] or 0 for row in latest.values())
+    return (100 * productive / total if total else None), False
+
+
+def _summary(fleet: _Fleet, source: str) -> str:
+    latest = fleet.latest()
+    goodput, chip_weighted = fleet_goodput(latest)
+    ended = sum(1 for row in latest.values() if row["ended"])
+    chip_s = sum(row["total_chip_s"] or 0 for row in latest.values())
+    lost_chip_s = sum((row["total_chip_s"] or 0) - (row["productive_chip_s"] or 0) for row in latest.values())
+    disruptions = sum(row["disruptions"] or 0 for row in latest.values())
+    times = [row["snapshot_time"] for row in fleet.goodput]
+    span = f"snapshots {_fmt(min(times))} to {_fmt(max(times))} UTC" if times else "no snapshots yet"
+    known = sum(1 for row in latest.values() if (row["total_chip_s"] or 0) > 0)
+    goodput_class = "" if goodput is None else "good" if goodput >= 80 else "bad"
+    cards = [
+        ("run-count", f"{len(latest)}", f"{len(latest) - ended} running, {ended} ended", ""),
+        ("fleet-goodput", "—" if goodput is None else f"{goodput:.2f} %",
+         "no elapsed time yet" if goodput is None else f"chip-weighted over {known} of {len(latest)} runs"
+         if chip_weighted else "time-weighted (no chip counts)", goodput_class),
+        ("chip-hours", _fmt(chip_s / 3600, 1), f"{_fmt(lost_chip_s / 3600, 1)} lost", ""),
+        ("disruption-count", str(disruptions), "across all runs", "bad" if disruptions else ""),
+        ("alert-count", str(len(fleet.alerts)), "would have fired", "bad" if fleet.alerts else "good"),
+    ]
+    names = {"run-count": "Runs", "fleet-goodput": "Fleet goodput", "chip-hours": "Chip-hours",
+             "disruption-count": "Disruptions", "alert-count": "Alerts"}
+    card_html = "".join(
+        f'<div class="card {css}"><div class="label">{names[key]}</div>'
+        f'<div class="value" id="{key}">{_esc(value)}</div><div class="sub">{_esc(sub)}</div></div>'
+        for key, value, sub, css in cards)
+    run_rows = []
+    for run in sorted(latest, key=lambda run: (latest[run]["goodput_pct"] is None,
+                                               latest[run]["goodput_pct"] or 0, run))[:MAX_TABLE_ROWS]:
+        row = latest[run]
+        pct = row["goodput_pct"]
+        bar = ("—" if pct is None else
+               f'<span class="meter"><span style="width:{max(0.0, min(100.0, pct)):.1f}%"></span></span>'
+               f"{pct:.2f} %")
+        run_rows.append(
+            f'<tr><td class="run">{_esc(run)}</td><td>{_esc(_fmt(row["run_group"]))}</td>'
+            f'<td>{_esc(_fmt(row["accelerator_type"]))}</td>'
+            f'<td class="num">{_esc(row["chip_count"] or "—")}</td>'
+            f'<td class="goodput">{bar}</td><td class="num">{_esc(_duration(row["total_time_s"]))}</td>'
+            f'<td class="num">{row["disruptions"]}</td><td>{"ended" if row["ended"] else "running"}</td>'
+            f'<td>{_esc(_fmt(row["snapshot_time"]))}</td></tr>')
+    more = len(latest) - len(run_rows)
+    runs_table = ""
+    if latest:
+        runs_table = ('<div class="table-wrap"><table class="runs"><thead><tr><th>run</th><th>group</th>'
+                      '<th>accelerator</th><th class="num">chips</th><th>goodput (cumulative)</th>'
+                      '<th class="num">elapsed</th><th class="num">disruptions</th><th>state</th>'
+                      f'<th>latest snapshot (UTC)</th></tr></thead><tbody>{"".join(run_rows)}</tbody>'
+                      "</table></div>")
+        if more > 0:
+            runs_table += f'<p class="note">{more} more runs not listed.</p>'
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return (f'<header id="summary"><h1>Fleet goodput report</h1>'
+            f'<p class="meta">{_esc(source)} · {_esc(span)} · generated {_esc(_fmt(now))} UTC</p>'
+            f'<div class="cards">{card_html}</div>{runs_table}</header>')
+
+
+_CSS = """
+:root { --ink: #1f2430; --muted: #667085; --line: #e3e6eb; --bg: #f6f7f9; --good: #2e9d5b; --bad: #c8463d; }
+* { box-sizing: border-box; }
+body { margin: 0; background: var(--bg); color: var(--ink);
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+nav { position: sticky; top: 0; z-index: 2; background: #1f2430; padding: 0 24px; display: flex; gap: 4px;
+  flex-wrap: wrap; }
+nav a { color: #d0d5dd; text-decoration: none; padding: 10px 10px; font-size: 13px; }
+nav a:hover { color: #fff; background: #2c3342; }
+main { max-width: 1180px; margin: 0 auto; padding: 20px 24px 60px; }
+header, section { background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 18px 22px;
+  margin-bottom: 20px; }
+h1 { margin: 0 0 4px; font-size: 24px; }
+h2 { margin: 0 0 12px; font-size: 18px; }
+h3 { margin: 18px 0 4px; font-size: 14px; display: flex; gap: 10px; align-items: baseline; }
+h3 .count { color: var(--muted); font-weight: normal; font-size: 12px; }
+.meta, .note, .about { color: var(--muted); font-size: 12.5px; margin: 4px 0 10px; }
+.empty { color: var(--muted); font-style: italic; padding: 12px 0; }
+.error { color: var(--bad); }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(170px, 1fr)); gap: 12px;
+  margin: 16px 0; }
+.card { border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px;
+  border-top: 4px solid #98a2b3; }
+.card.good { border-top-color: var(--good); } .card.bad { border-top-color: var(--bad); }
+.card .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .value { font-size: 26px; font-weight: 650; margin: 2px 0; font-variant-numeric: tabular-nums; }
+.card .sub { color: var(--muted); font-size: 12px; }
+.table-wrap { overflow-x: auto; margin: 8px 0; }
+table { border-collapse: collapse; width: 100%; font-size: 12.5px; }
+th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; white-space: nowrap; }
+th { background: #f2f4f7; color: #475467; font-weight: 600; position: sticky; top: 0; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+tbody tr:hover { background: #f9fafb; }
+td.run { font-weight: 600; }
+.meter { display: inline-block; width: 110px; height: 9px; background: #f1d5d3; border-radius: 5px;
+  margin-right: 8px; vertical-align: middle; overflow: hidden; }
+.meter span { display: block; height: 100%; background: var(--good); }
+figure.plot { margin: 6px 0 12px; }
+figure.plot svg { width: 100%; height: auto; display: block; }
+ul.rules { display: flex; flex-wrap: wrap; gap: 8px; padding: 0; margin: 0 0 12px; list-style: none; }
+ul.rules li { background: #f2f4f7; border-radius: 14px; padding: 3px 12px; font-size: 12.5px; }
+ul.legend { display: flex; flex-wrap: wrap; gap: 4px 16px; padding: 0; margin: 0 0 8px 0; list-style: none;
+  font-size: 12px; color: #344054; }
+ul.legend .swatch { display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin-right: 6px;
+  vertical-align: -1px; }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+"""
+
+
+def _page(source: str, fleet: _Fleet, thresholds: AlertThresholds) -> str:
+    plots = _Plots()
+    bodies = {
+        "goodput": lambda: _goodput_section(plots, fleet, thresholds),
+        "badput": lambda: _badput_section(plots, fleet),
+        "disruptions": lambda: _disruptions_section(plots, fleet),
+        "step-deviation": lambda: _step_deviation_section(plots, fleet, thresholds),
+        "alerts": lambda: _alerts_section(plots, fleet, thresholds),
+        "fleet-queries": lambda: _queries_section(fleet),
+    }
+
+    def sections() -> Iterator[str]:
+        for key, title in SECTIONS:
+            yield f'<section id="{key}"><h2>{_esc(title)}</h2>{bodies[key]()}</section>'
+
+    nav = "".join(f'<a href="#{key}">{_esc(title)}</a>' for key, title in (("summary", "Summary"), *SECTIONS))
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>Fleet goodput report · {_esc(source)}</title><style>{_CSS}</style></head>"
+            f"<body><nav>{nav}</nav><main>{_summary(fleet, source)}{''.join(sections())}</main>"
+            "</body></html>\n")

@@ -1,0 +1,269 @@
+"""The HTML report (pipeline.report) of DuckDB files from the batch pipeline and of hand-made ones,
+checked as text and in a real headless browser."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from snapshot_history import at, goodput_row, replay, simulate, write_rows
+
+from goodput_schemas import saved_queries
+from pipeline.alerts import evaluate_file
+from pipeline.fleet_sql import run_saved
+from pipeline.report import SECTIONS, write_report
+
+RUNS = [("run-a", 300, 1), ("run-b", 200, 2), ("run-c<&>", 500, 3)]
+SECTION_IDS = ["summary", *(key for key, _ in SECTIONS)]
+
+
+@pytest.fixture(scope="module")
+def fleet_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three simulated runs replayed by the batch pipeline as of three times, then at their end."""
+    directory = tmp_path_factory.mktemp("fleet")
+    events = simulate(directory, RUNS)
+    database = directory / "goodput.duckdb"
+    for as_of in ("08:06:00", "08:09:00", "08:12:00"):
+        replay(events, database, f"--as_of=2026-11-01T{as_of}Z", "--no_raw_events")
+    replay(events, database)
+    return database
+
+
+@pytest.fixture(scope="module")
+def report(fleet_database: Path) -> str:
+    output = fleet_database.with_name("report.html")
+    write_report(fleet_database, output)
+    return output.read_text()
+
+
+def section(page: str, key: str) -> str:
+    """The HTML of the section (or header) with id ``key``."""
+    match = re.search(rf'<(section|header) id="{key}">(.*?)</\1>', page, re.S)
+    assert match, key
+    return match.group(2)
+
+
+def sql(database: Path, query: str) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(database), read_only=True) as connection:
+        return connection.execute(query).fetchall()
+
+
+def test_every_section_is_present(report: str):
+    """The summary and each section are there, each once, and each plotted section has a plot."""
+    for key in SECTION_IDS:
+        assert report.count(f'id="{key}"') == 1, key
+    for key in ("goodput", "badput", "disruptions", "step-deviation", "alerts"):
+        assert "<svg" in section(report, key), key
+    assert section(report, "goodput").count("<svg") == 2
+
+
+def test_every_run_is_listed_and_escaped(report: str):
+    """Each run id appears in the summary, escaped; the raw id with markup characters never does."""
+    summary = section(report, "summary")
+    for run_id, _, _ in RUNS:
+        assert f'<td class="run">{html.escape(run_id)}</td>' in summary
+    assert "run-c<&>" not in report
+
+
+def test_fleet_goodput_is_the_chip_weighted_figure_of_the_sql(report: str, fleet_database: Path):
+    """The fleet goodput printed is productive over elapsed chip-seconds of each run's latest snapshot,
+    as SQL on the file (and the saved fleet_goodput_by_day query) computes it."""
+    (expected,), = sql(fleet_database, "SELECT 100 * sum(productive_chip_s) / sum(total_chip_s) "
+                                        "FROM latest_goodput WHERE window_s = 0 AND total_chip_s > 0")
+    printed = re.search(r'id="fleet-goodput">([\d.]+) %<', report)
+    assert printed and printed.group(1) == f"{expected:.2f}"
+    with duckdb.connect(str(fleet_database), read_only=True) as connection:
+        _, rows = run_saved("fleet_goodput_by_day", connection)
+    (_, _, _, runs, _, by_day), = rows  # one day, one accelerator type, one group
+    assert runs == len(RUNS) and by_day == pytest.approx(expected, abs=1e-3)
+    assert re.search(r'id="run-count">3<', report)
+
+
+def test_disruptions_are_listed_once_each(report: str, fleet_database: Path):
+    """Every disruption of the file is in the table once, with its restart time and recovery."""
+    rows = sql(fleet_database, "SELECT DISTINCT run_id, restart_time, recovery_s FROM disruptions")
+    assert rows  # each simulated run crashes once
+    table = section(report, "disruptions").split("<table>")[1]
+    for run_id, restart, recovery_s in rows:
+        assert table.count(f"<td>{restart:%Y-%m-%d %H:%M:%S}</td>") == 1
+        assert f"{recovery_s:.3f}".rstrip("0") in table
+        assert html.escape(run_id) in table
+
+
+def test_alerts_are_those_the_policies_would_have_fired(report: str, fleet_database: Path):
+    """The alerts table lists what pipeline.alerts finds in the file (here, disruptions that a later
+    snapshot within 10 minutes showed)."""
+    alerts = evaluate_file(fleet_database)
+    assert alerts and {alert.policy for alert in alerts} == {"disruption"}
+    assert re.search(rf'id="alert-count">{len(alerts)}<', report)
+    table = section(report, "alerts").split("<table>")[1]
+    for alert in alerts:
+        assert f"<td>{alert.fired_at:%Y-%m-%d %H:%M:%S}</td>" in table
+    assert table.count("<tr>") == len(alerts) + 1
+
+
+def test_every_saved_query_has_its_table(report: str, fleet_database: Path):
+    """Each saved fleet query has an element with its result: as many rows, and its values."""
+    queries = section(report, "fleet-queries")
+    with duckdb.connect(str(fleet_database), read_only=True) as connection:
+        for name in saved_queries():
+            columns, rows = run_saved(name, connection)
+            block = re.search(rf'<div class="query" id="query-{name}">(.*?)</div>(?=<div class="query"|$)',
+                              queries, re.S)
+            assert block, name
+            assert block.group(1).count("<tr>") == (len(rows) + 1 if rows else 0), name
+            for column in columns if rows else ():
+                assert f">{html.escape(column)}</th>" in block.group(1)
+    _, ranking = run_saved("badput_ranking", duckdb.connect(str(fleet_database), read_only=True))
+    assert f"<td>{ranking[0][1]}</td>" in queries
+
+
+def test_the_report_loads_nothing_from_the_network(report: str):
+    """No script, stylesheet, image or link points outside the file."""
+    references = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']*)', report)
+    assert references and all(reference.startswith("#") for reference in references)
+    assert "<script" not in report and "@import" not in report and "url(http" not in report
+
+
+def test_an_empty_file_gives_every_section_with_a_note(tmp_path: Path):
+    """A file with the tables but no rows, or with no tables at all, still gives the whole page."""
+    empty = write_rows(tmp_path / "empty.duckdb", {})
+    bare = tmp_path / "bare.duckdb"
+    duckdb.connect(str(bare)).close()
+    for database in (empty, bare):
+        output = tmp_path / f"{database.stem}.html"
+        write_report(database, output)
+        page = output.read_text()
+        for key in SECTION_IDS:
+            assert f'id="{key}"' in page, key
+        assert "No goodput snapshots in this file." in page
+        assert "No alert would have fired" in page
+        assert re.search(r'id="run-count">0<', page)
+    assert "Could not run on this file" in (tmp_path / "bare.html").read_text()
+
+
+def test_a_missing_file_is_an_error(tmp_path: Path):
+    """A path with no file raises rather than writing an empty report."""
+    with pytest.raises(FileNotFoundError):
+        write_report(tmp_path / "missing.duckdb", tmp_path / "report.html")
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_nulls_unknown_chips_and_no_rolling_windows(tmp_path: Path):
+    """A run with only cumulative rows, NULL goodput and deviation, and no chip count: the fleet
+    figure is time-weighted and the page says what is missing."""
+    rows = [goodput_row("lonely", 60 * i, goodput_pct=50.0, chip_count=0, step_time_deviation_s=None,
+                        last_step=None, ideal_step_time_s=None, run_group=None, accelerator_type=None)
+            for i in range(1, 4)]
+    rows.append(goodput_row("lonely-too", 120, goodput_pct=None, total_time_s=0.0, chip_count=0,
+                            step_time_deviation_s=None))
+    database = write_rows(tmp_path / "nulls.duckdb", {"goodput_snapshots": rows})
+    output = tmp_path / "nulls.html"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(database, output)
+    page = output.read_text()
+    assert re.search(r'id="fleet-goodput">50.00 %<', page) and "time-weighted (no chip counts)" in page
+    assert "no rolling windows" in page
+    assert "No step-time deviation in this file" in page
+    assert "No disruptions recorded." in page
+
+
+def test_many_runs_keep_legends_and_panels_bounded(tmp_path: Path):
+    """Forty runs: ten named in each legend, the rest grouped; twelve panels; every run in the summary."""
+    rows = [goodput_row(f"run-{n:02d}", t, window_s=window, goodput_pct=40.0 + n, chip_count=n + 1,
+                        step_time_deviation_s=0.01 * n)
+            for n in range(40) for t in (600, 1200, 1800) for window in (0, 60, 300)]
+    badput = [{"run_id": f"run-{n:02d}", "snapshot_time": at(1800), "window_s": 0, "badput_source": source,
+               "seconds": 100.0 + n, "pct": 5.0} for n in range(40) for source in ("TRAINING_PREP", "OTHER")]
+    database = write_rows(tmp_path / "many.duckdb", {"goodput_snapshots": rows, "badput_snapshots": badput})
+    output = tmp_path / "many.html"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(database, output)
+    page = output.read_text()
+    assert section(page, "goodput").count("30 other runs") == 1
+    assert section(page, "step-deviation").count("30 other runs") == 1
+    assert "Panels for the 12 runs with the most chip-hours; 28 more runs" in page
+    assert "Bars for the 30 runs with the most chip-hours; 10 more runs" in page
+    assert all(f'<td class="run">run-{n:02d}</td>' in page for n in range(40))
+    assert output.stat().st_size < 3_000_000
+
+
+def test_a_long_history_is_thinned(tmp_path: Path):
+    """Days of snapshots every 30 s draw at most MAX_POINTS points a series: the page stays light."""
+    rows = [goodput_row("long", 30 * i, window_s=window, goodput_pct=50.0 + i % 40)
+            for i in range(1, 8001) for window in (0, 60)]
+    database = write_rows(tmp_path / "long.duckdb", {"goodput_snapshots": rows})
+    output = tmp_path / "long.html"
+    write_report(database, output)
+    assert output.stat().st_size < 1_000_000
+    assert "2026-11-04 02:40:00" in section(output.read_text(), "summary")  # the last snapshot
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: Path, tmp_path: Path):
+    """Chromium opens the report from a file: no console or page errors, every section visible
+    with its plots drawn, and a full-page screenshot that is not blank."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium) at /usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    page_file = tmp_path / "report.html"
+    page_file.write_text(report)
+    screenshot = tmp_path / "report.png"
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
+                    if message.type in ("error", "warning") else None)
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url}"))
+            page.goto(page_file.as_uri(), wait_until="load")
+            for key in SECTION_IDS:
+                assert page.locator(f"#{key}").is_visible(), key
+            for index in range(page.locator("figure.plot svg").count()):
+                box = page.locator("figure.plot svg").nth(index).bounding_box()
+                assert box and box["width"] > 600 and box["height"] > 100, (index, box)
+            assert page.locator("#fleet-goodput").inner_text().endswith("%")
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []
+    data = screenshot.read_bytes()
+    width, height = png_size(data)
+    assert width == 1280 and height > 3000
+    from PIL import Image
+
+    with Image.open(screenshot) as image:
+        colors = image.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colors is not None and len(colors) > 100
+
+
+def test_goodput_report_and_replay_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """``goodput replay`` is the batch pipeline and ``goodput report`` writes the report of its file."""
+    from pipeline.cli import main
+
+    (events,) = simulate(tmp_path, [("run-cli", 60, 3)])
+    database, page = tmp_path / "cli.duckdb", tmp_path / "cli.html"
+    assert main(["replay", f"--events={events}", f"--duckdb={database}"]) == 0
+    assert "run-cli" in capsys.readouterr().out
+    assert main(["report", "--duckdb", str(database), "--output", str(page)]) == 0
+    assert 'id="fleet-queries"' in page.read_text() and "run-cli" in page.read_text()
+    assert main(["report", "--duckdb", str(tmp_path / "missing.duckdb")]) == 2
+    assert main(["replay", "--streaming"]) == 2
