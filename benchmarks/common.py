@@ -22,8 +22,8 @@ def machine() -> str:
 def summary(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     """'median (min–max)' of ``values`` times ``scale``."""
     scaled = [v * scale for v in values]
-    return (f"{statistics.median(scaled):.{digits}f} "
-            f"({min(scaled):.{digits}f}–{max(scaled):.{digits}f})")
+    return (f"{statistics.median(scaled):,.{digits}f} "
+            f"({min(scaled):,.{digits}f}–{max(scaled):,.{digits}f})")
 
 
 def percentile(values: list[float], p: float) -> float:

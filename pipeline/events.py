@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from array import array
 from typing import Any
 
+import numpy as np
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
@@ -238,6 +240,37 @@ def _fast_event(raw: Any) -> tuple[int, int, str, dict[str, Any]] | None:
     return seq, time_us, kind, body
 
 
+# The emitter's commonest message, nothing but step starts, is matched whole and read into
+# columns with no Python work per event. The pattern accepts only what the general path below
+# accepts the same way: plain ids, and numbers below 10**18 without leading zeros (inside int64;
+# the time bounds are checked on the columns). Anything else takes the general path.
+_NUMBER = rb"(?:0|[1-9][0-9]{0,17})"
+_STEP = rb'\{"seq":' + _NUMBER + rb',"time_us":' + _NUMBER + rb',"step_start":\{"step":' + _NUMBER + rb"\}\}"
+_ID = rb'"([^"\\\x00-\x1f]{1,%d})"' % MAX_ID_LENGTH
+_STEPS_MESSAGE = re.compile(rb'\{"schema_version":1,"run_id":' + _ID + rb',"attempt_id":' + _ID
+                            + rb',"events":\[((?:' + _STEP + rb",)*" + _STEP + rb")\]\}")
+_DIGITS_ONLY = bytes(c if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+
+
+def _step_columns(data: bytes) -> Batch | None:
+    """The batch of a message of step starts only, in the emitter's exact shape; else None."""
+    match = _STEPS_MESSAGE.fullmatch(data)
+    if match is None:
+        return None
+    try:
+        run_id, attempt_id = match[1].decode(), match[2].decode()
+    except UnicodeDecodeError:
+        return None
+    if not (run_id.isprintable() and attempt_id.isprintable()):
+        return None
+    columns = np.fromstring(match[3].translate(_DIGITS_ONLY), dtype=np.int64, sep=" ").reshape(-1, 3)
+    times = columns[:, 1]
+    if times.min() < MIN_TIME_US or times.max() >= MAX_TIME_US:
+        return None
+    return Batch(run_id, attempt_id, array("q", columns[:, 0].tobytes()), array("q", times.tobytes()),
+                 array("q", columns[:, 2].tobytes()), ())
+
+
 def parse_message(data: bytes | str, source: str = "") -> tuple[list[Event], list[DeadLetter]]:
     """Valid events of one message, and dead letters for whatever is invalid in it."""
     batch, dead = parse_batch(data, source)
@@ -246,6 +279,10 @@ def parse_message(data: bytes | str, source: str = "") -> tuple[list[Event], lis
 
 def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list[DeadLetter]]:
     """Valid events of one message as a ``Batch`` (None if none), and dead letters."""
+    if isinstance(data, bytes):
+        columnar = _step_columns(data)
+        if columnar is not None:
+            return columnar, []
     try:
         text = _decode(data)
     except UnicodeDecodeError as error:

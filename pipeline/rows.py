@@ -3,13 +3,17 @@ letters as rows of the output tables.
 
 The tables' schemas are the JSON files in ``schemas/tables/`` (BigQuery's format); every sink
 writes these rows. Times are timezone-aware ``datetime`` values.
+
+An output element is ``(table, row)``, or ``(EVENTS, batch)`` for the raw events of one message:
+a message stays one element through the pipeline, never one per event, and its rows are made
+only by the sink (``by_table``).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pipeline.engine import Snapshot, WindowFigures
@@ -19,6 +23,17 @@ Row = dict[str, Any]
 GOODPUT, BADPUT, STEP_STATS, DISRUPTIONS, DEAD_LETTER, EVENTS, RUN_METADATA = (
     "goodput_snapshots", "badput_snapshots", "step_stats", "disruptions", "dead_letter", "events",
     "run_metadata")
+
+
+def by_table(elements: Iterable[tuple[str, Row | Batch]]) -> dict[str, list[Row]]:
+    """The rows of output elements, gathered by table."""
+    gathered: dict[str, list[Row]] = {}
+    for table, value in elements:
+        if isinstance(value, Batch):
+            gathered.setdefault(table, []).extend(event_rows(value))
+        else:
+            gathered.setdefault(table, []).append(value)
+    return gathered
 
 
 def timestamp(time_us: int | float) -> datetime.datetime:
@@ -89,19 +104,24 @@ def dead_letter_row(letter: DeadLetter, received: datetime.datetime) -> Row:
             "run_id": letter.run_id or None, "reason": letter.reason, "payload": letter.payload}
 
 
-def batch_rows(batch: Batch, raw_events: bool = True) -> Iterator[tuple[str, Row]]:
-    """(table, row) for a message's events (if ``raw_events``) and the run metadata it carries."""
+def event_rows(batch: Batch) -> list[Row]:
+    """The ``events`` rows of a message's events."""
+    rows = [{"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": seq,
+             "event_time": timestamp(time_us), "kind": "step_start", "step": step, "body": None}
+            for seq, time_us, step in zip(batch.step_seqs, batch.step_times, batch.steps, strict=True)]
+    return rows + [{"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": event.seq,
+                    "event_time": timestamp(event.time_us), "kind": event.kind,
+                    "step": event.body.get("step") if event.kind == "step_start" else None,
+                    "body": json.dumps(event.body, sort_keys=True, default=str)}
+                   for event in batch.others]
+
+
+def batch_rows(batch: Batch, raw_events: bool = True) -> Iterator[tuple[str, Row | Batch]]:
+    """(EVENTS, batch) for a message's events, if ``raw_events``, and (RUN_METADATA, row) for
+    each attempt start it carries."""
     if raw_events:
-        for seq, time_us, step in zip(batch.step_seqs, batch.step_times, batch.steps, strict=True):
-            yield EVENTS, {"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": seq,
-                           "event_time": timestamp(time_us), "kind": "step_start", "step": step,
-                           "body": None}
+        yield EVENTS, batch
     for event in batch.others:
-        if raw_events:
-            yield EVENTS, {"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": event.seq,
-                           "event_time": timestamp(event.time_us), "kind": event.kind,
-                           "step": event.body.get("step") if event.kind == "step_start" else None,
-                           "body": json.dumps(event.body, sort_keys=True, default=str)}
         if event.kind == "job_start":
             body = event.body
             yield RUN_METADATA, {

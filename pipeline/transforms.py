@@ -25,7 +25,7 @@ from apache_beam.utils.timestamp import Timestamp
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
 from pipeline.monitoring_sink import MonitoringSettings, Point, snapshot_points
-from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Row, dead_letter_row, snapshot_rows
+from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Row, by_table, dead_letter_row, snapshot_rows
 
 DEAD_LETTER_TAG = "dead_letter"
 
@@ -108,13 +108,10 @@ class _WriteAll(beam.DoFn):
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def process(self, element: tuple[int, Iterable[tuple[str, Row]]]) -> None:
+    def process(self, element: tuple[int, Iterable[tuple[str, Row | Batch]]]) -> None:
         from pipeline.duckdb_sink import append
 
-        by_table: dict[str, list[Row]] = {}
-        for table, row in element[1]:
-            by_table.setdefault(table, []).append(row)
-        append(self.path, by_table)
+        append(self.path, by_table(element[1]))
 
 
 Sink = Callable[[dict[str, list[Row]]], object]
@@ -125,22 +122,21 @@ class _WritePerBundle(beam.DoFn):
 
     def __init__(self, open_sink: Callable[[], Sink]) -> None:
         self.open_sink = open_sink
-        self._rows: dict[str, list[Row]] = {}
+        self._elements: list[tuple[str, Row | Batch]] = []
 
     def setup(self) -> None:
         self._sink = self.open_sink()
 
     def start_bundle(self) -> None:
-        self._rows = {}
+        self._elements = []
 
-    def process(self, element: tuple[str, Row]) -> None:
-        table, row = element
-        self._rows.setdefault(table, []).append(row)
+    def process(self, element: tuple[str, Row | Batch]) -> None:
+        self._elements.append(element)
 
     def finish_bundle(self) -> None:
-        if self._rows:
-            self._sink(self._rows)
-            self._rows = {}
+        if self._elements:
+            self._sink(by_table(self._elements))
+            self._elements = []
 
 
 def _duckdb_appender(path: str) -> Sink:

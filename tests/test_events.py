@@ -10,8 +10,18 @@ from google.protobuf import json_format
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from emitter.encoding import encode_batch
 from goodput_schemas.goodput_event_pb2 import EventBatch
-from pipeline.events import EVENT_KINDS, _fast_event, _plain, parse_message
+from pipeline.events import (
+    EVENT_KINDS,
+    MAX_TIME_US,
+    MIN_TIME_US,
+    _fast_event,
+    _plain,
+    _step_columns,
+    parse_batch,
+    parse_message,
+)
 
 T = 1_793_000_000_000_000  # 2026-10-25, in microseconds
 
@@ -124,3 +134,36 @@ def test_fast_path_agrees_with_the_protobuf_parser(kind, seq, time_us, body):
     assert slow_body.keys() == fast[3].keys()
     for name, value in slow_body.items():
         assert value == fast[3][name] or (value != value and fast[3][name] != fast[3][name])
+
+
+_numbers = st.one_of(st.integers(0, 10**18 + 10),
+                     st.sampled_from([MIN_TIME_US - 1, MIN_TIME_US, MAX_TIME_US - 1, MAX_TIME_US, 10**18 - 1,
+                                      2**63 - 1]))
+
+
+@settings(max_examples=300, deadline=None)
+@example(run_id="run", attempt_id="a", triples=[(0, MIN_TIME_US, 0)], spacing="")
+@example(run_id="run", attempt_id="a", triples=[(0, MIN_TIME_US, 0)], spacing=" ")
+@example(run_id='r"\\n', attempt_id="ü", triples=[(1, MAX_TIME_US - 1, 10**18 - 1)], spacing="")
+@given(run_id=st.text(min_size=0, max_size=600), attempt_id=st.text(min_size=1, max_size=4),
+       triples=st.lists(st.tuples(_numbers, _numbers, _numbers), min_size=1, max_size=5),
+       spacing=st.sampled_from(["", " "]))
+def test_step_columns_agree_with_the_general_path(run_id, attempt_id, triples, spacing):
+    """A message of step starts reads the same as bytes (the columnar path) and as text (the general one)."""
+    events = ",".join(f'{{"seq":{seq},"time_us":{t},"step_start":{{"step":{step}}}}}'
+                      for seq, t, step in triples)
+    header = json.dumps({"schema_version": 1, "run_id": run_id, "attempt_id": attempt_id},
+                        separators=(",", ":" + spacing), ensure_ascii=False)
+    message = f'{header[:-1]},"events":[{events}]}}'
+    columnar, general = parse_batch(message.encode()), parse_batch(message)
+    assert columnar[0] == general[0]
+    assert [(d.reason, d.run_id) for d in columnar[1]] == [(d.reason, d.run_id) for d in general[1]]
+
+
+def test_the_emitters_step_messages_take_the_columnar_path():
+    """What the emitter sends for a stretch of steps is read in columns, and equals the general path."""
+    records = [(seq, T + seq * 1_500_000, "step_start", {"step": 100 + seq}) for seq in range(1000)]
+    data = encode_batch("run-1", "a1", records).data
+    columns = _step_columns(data)
+    assert columns is not None and list(columns.steps) == list(range(100, 1100))
+    assert columns == parse_batch(data.decode())[0]

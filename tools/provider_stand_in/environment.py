@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shlex
@@ -147,7 +148,9 @@ def _build_missing_schemas(cache_dir: Path) -> None:
     missing = [p for p in PROVIDERS if not (_schema_dir_name(p, cache_dir) / "provider.json").is_file()]
     if len(missing) < 2:
         return  # one or none: full_schema_dir builds it when pruning asks
-    with concurrent.futures.ProcessPoolExecutor(len(missing)) as pool:
+    # Spawned, not forked: the calling process may run threads (JAX's, in a test session).
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(missing), mp_context=spawn) as pool:
         for future in [pool.submit(full_schema_dir, p, cache_dir) for p in missing]:
             future.result()
 
