@@ -120,7 +120,8 @@ def _reference_entries_per_second(steps: int) -> float:
     for step in range(steps):
         recorder.record_step_start_time(step, t + datetime.timedelta(seconds=1.5 * step))
     with tempfile.TemporaryDirectory() as cache:
-        calculator = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log, cache_dir=cache)
+        calculator = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log,
+                                               cache_dir=cache)
         started = time.perf_counter()
         calculator.get_job_goodput(include_badput_breakdown=True)
         return len(log.entries) / (time.perf_counter() - started)
