@@ -140,6 +140,8 @@ class TrackRunDoFn(beam.DoFn):
                    silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[tuple[str, Row]]:
         encoded, arrived_us, due = run_state.read(), arrived.read(), silence_due.read()
         silence_due.clear()
+        if due is None and arrived_us is not None:  # set by a job without SILENCE_DUE, then updated
+            due = arrived_us + round(self.silence_s * _US)
         if encoded and arrived_us is not None and due is not None:
             state = engine.decode_state(encoded)
             if not _ended(state):
