@@ -11,14 +11,16 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema, views
-from pipeline.rows import Row
+from pipeline.events import Batch
+from pipeline.rows import EVENTS, Element, Row, by_table, event_rows
 
 _DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
                  "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP"}
@@ -71,15 +73,43 @@ class DuckDBSink:
         rows = list(rows)
         if not rows:
             return 0
-        arrow = pa.table({name: pa.array([_utc_naive(row.get(name)) for row in rows],
-                                         type=_ARROW_TYPES[kind]) for name, kind in columns})
-        self._connection.register("incoming", arrow)
+        self._insert(table, {name: pa.array([_utc_naive(row.get(name)) for row in rows],
+                                            type=_ARROW_TYPES[kind]) for name, kind in columns})
+        return len(rows)
+
+    def write_events(self, batches: Sequence[Batch]) -> int:
+        """Appends the ``events`` rows of messages; their step starts straight from the columns."""
+        written = self.write(EVENTS, [row for batch in batches
+                                      for row in event_rows(batch, step_columns=False)])
+        stepped = [batch for batch in batches if batch.steps]
+        if not stepped:
+            return written
+        counts = [len(batch.steps) for batch in stepped]
+
+        def repeated(values: list[str]) -> pa.Array:  # each message's value, once per step
+            indices = pa.array(np.repeat(np.arange(len(values), dtype=np.int32), counts))
+            return pa.DictionaryArray.from_arrays(indices, pa.array(values, type=pa.string()))
+
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate([np.frombuffer(getattr(batch, name), dtype=np.int64) for batch in stepped])
+
+        total = sum(counts)
+        self._insert(EVENTS, {
+            "run_id": repeated([batch.run_id for batch in stepped]),
+            "attempt_id": repeated([batch.attempt_id for batch in stepped]),
+            "seq": pa.array(joined("step_seqs")),
+            "event_time": pa.array(joined("step_times"), pa.timestamp("us")),
+            "kind": repeated(["step_start"] * len(stepped)), "step": pa.array(joined("steps")),
+            "body": pa.nulls(total, pa.string())})
+        return written + total
+
+    def _insert(self, table: str, columns: dict[str, pa.Array]) -> None:
+        self._connection.register("incoming", pa.table(columns))
         try:
-            names = ", ".join(f'"{name}"' for name, _ in columns)
+            names = ", ".join(f'"{name}"' for name in columns)
             self._connection.execute(f'INSERT INTO "{table}" ({names}) SELECT {names} FROM incoming')
         finally:
             self._connection.unregister("incoming")
-        return len(rows)
 
     def query(self, sql: str, parameters: list[object] | None = None) -> list[tuple[object, ...]]:
         return self._connection.execute(sql, parameters or []).fetchall()
@@ -91,8 +121,11 @@ class DuckDBSink:
 _APPEND_LOCK = threading.Lock()
 
 
-def append(path: str | Path, rows_by_table: dict[str, list[Row]], attempts: int = 50) -> None:
-    """Opens the file, appends the rows, closes it; retries while another process holds it."""
+def append(path: str | Path, elements: Sequence[Element], attempts: int = 50) -> None:
+    """Opens the file, appends the output elements' rows, closes it; retries while another
+    process holds it."""
+    rows_by_table = by_table(element for element in elements if not isinstance(element[1], Batch))
+    batches = [value for _, value in elements if isinstance(value, Batch)]
     with _APPEND_LOCK:
         for attempt in range(attempts):
             try:
@@ -105,6 +138,7 @@ def append(path: str | Path, rows_by_table: dict[str, list[Row]], attempts: int 
             try:
                 for table, rows in sorted(rows_by_table.items()):
                     sink.write(table, rows)
+                sink.write_events(batches)
             finally:
                 sink.close()
             return

@@ -20,12 +20,14 @@ from pipeline.engine import Snapshot, WindowFigures
 from pipeline.events import Batch, DeadLetter
 
 Row = dict[str, Any]
+#: An output element: (table, row), or (EVENTS, batch) for the raw events of one message.
+Element = tuple[str, "Row | Batch"]
 GOODPUT, BADPUT, STEP_STATS, DISRUPTIONS, DEAD_LETTER, EVENTS, RUN_METADATA = (
     "goodput_snapshots", "badput_snapshots", "step_stats", "disruptions", "dead_letter", "events",
     "run_metadata")
 
 
-def by_table(elements: Iterable[tuple[str, Row | Batch]]) -> dict[str, list[Row]]:
+def by_table(elements: Iterable[Element]) -> dict[str, list[Row]]:
     """The rows of output elements, gathered by table."""
     gathered: dict[str, list[Row]] = {}
     for table, value in elements:
@@ -104,11 +106,13 @@ def dead_letter_row(letter: DeadLetter, received: datetime.datetime) -> Row:
             "run_id": letter.run_id or None, "reason": letter.reason, "payload": letter.payload}
 
 
-def event_rows(batch: Batch) -> list[Row]:
-    """The ``events`` rows of a message's events."""
+def event_rows(batch: Batch, step_columns: bool = True) -> list[Row]:
+    """The ``events`` rows of a message's events; without its step columns (``batch.steps``,
+    which a columnar sink writes as they are) if not ``step_columns``."""
     rows = [{"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": seq,
              "event_time": timestamp(time_us), "kind": "step_start", "step": step, "body": None}
-            for seq, time_us, step in zip(batch.step_seqs, batch.step_times, batch.steps, strict=True)]
+            for seq, time_us, step in zip(batch.step_seqs, batch.step_times, batch.steps, strict=True)
+            ] if step_columns else []
     return rows + [{"run_id": batch.run_id, "attempt_id": batch.attempt_id, "seq": event.seq,
                     "event_time": timestamp(event.time_us), "kind": event.kind,
                     "step": event.body.get("step") if event.kind == "step_start" else None,
@@ -116,7 +120,7 @@ def event_rows(batch: Batch) -> list[Row]:
                    for event in batch.others]
 
 
-def batch_rows(batch: Batch, raw_events: bool = True) -> Iterator[tuple[str, Row | Batch]]:
+def batch_rows(batch: Batch, raw_events: bool = True) -> Iterator[Element]:
     """(EVENTS, batch) for a message's events, if ``raw_events``, and (RUN_METADATA, row) for
     each attempt start it carries."""
     if raw_events:

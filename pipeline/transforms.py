@@ -25,7 +25,7 @@ from apache_beam.utils.timestamp import Timestamp
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
 from pipeline.monitoring_sink import MonitoringSettings, Point, snapshot_points
-from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Row, by_table, dead_letter_row, snapshot_rows
+from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Element, Row, by_table, dead_letter_row, snapshot_rows
 
 DEAD_LETTER_TAG = "dead_letter"
 
@@ -108,13 +108,13 @@ class _WriteAll(beam.DoFn):
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def process(self, element: tuple[int, Iterable[tuple[str, Row | Batch]]]) -> None:
+    def process(self, element: tuple[int, Iterable[Element]]) -> None:
         from pipeline.duckdb_sink import append
 
-        append(self.path, by_table(element[1]))
+        append(self.path, list(element[1]))
 
 
-Sink = Callable[[dict[str, list[Row]]], object]
+Sink = Callable[[list[Element]], object]
 
 
 class _WritePerBundle(beam.DoFn):
@@ -122,7 +122,7 @@ class _WritePerBundle(beam.DoFn):
 
     def __init__(self, open_sink: Callable[[], Sink]) -> None:
         self.open_sink = open_sink
-        self._elements: list[tuple[str, Row | Batch]] = []
+        self._elements: list[Element] = []
 
     def setup(self) -> None:
         self._sink = self.open_sink()
@@ -130,12 +130,12 @@ class _WritePerBundle(beam.DoFn):
     def start_bundle(self) -> None:
         self._elements = []
 
-    def process(self, element: tuple[str, Row | Batch]) -> None:
+    def process(self, element: Element) -> None:
         self._elements.append(element)
 
     def finish_bundle(self) -> None:
         if self._elements:
-            self._sink(by_table(self._elements))
+            self._sink(self._elements)
             self._elements = []
 
 
@@ -148,7 +148,8 @@ def _duckdb_appender(path: str) -> Sink:
 def _bigquery_writer(project: str, dataset: str, endpoint: str | None) -> Sink:
     from pipeline.bigquery_sink import BigQueryWriter, make_client
 
-    return BigQueryWriter(make_client(project, endpoint), project, dataset).write
+    writer = BigQueryWriter(make_client(project, endpoint), project, dataset)
+    return lambda elements: writer.write(by_table(elements))
 
 
 class WriteToBigQuery(beam.PTransform):
