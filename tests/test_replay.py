@@ -180,3 +180,19 @@ def test_exclude_option_removes_time(tmp_path: Path, replayed):
     assert [r for r, _ in before] == [r for r, _ in after]
     for (_, total), (_, less) in zip(before, after, strict=True):
         assert less == pytest.approx(total - 20)
+
+
+def test_the_summary_of_a_large_fleet_lists_its_lowest_goodput_runs(replayed):
+    """Past max_runs, the summary lists the runs with the lowest goodput and counts them all."""
+    from io import StringIO
+
+    from pipeline.launcher import print_summary
+
+    _, database, _ = replayed
+    (lowest,), = query(database, "SELECT run_id FROM latest_goodput WHERE window_s = 0 "
+                                 "ORDER BY goodput_pct LIMIT 1")
+    out = StringIO()
+    print_summary(str(database), out, max_runs=1)
+    text = out.getvalue()
+    assert "the 1 of 2 runs with the lowest goodput" in text and "2 runs;" in text
+    assert lowest in text and ({"run-a", "run-b"} - {lowest}).pop() not in text
