@@ -634,7 +634,9 @@ class Demo:
             self._watch(shown, saver)
             self._stop_stream_after_drain()
             saver.close()
-            points = sum(len(monitoring.store.points(metric)) for metric in _metric_types())
+            from pipeline.monitoring_sink import METRICS
+
+            points = sum(len(monitoring.store.points(metric)) for metric in METRICS)
         stream_output = self.stream.output()
         return self._finish(points, stream_output, saver)
 
@@ -676,8 +678,8 @@ class Demo:
             read = read_live(self.live_db)
             if read is not None:
                 live, snapshots = read
-            recorded = sum(job.stats()[0] for job in self.jobs)
-            sent = sum(job.stats()[1] for job in self.jobs)
+            counts = [job.stats() for job in self.jobs]
+            recorded, sent = sum(c[0] for c in counts), sum(c[1] for c in counts)
             self.console.show(view_lines(time.monotonic() - fleet_started, self.args.duration_s, runs, live,
                                          snapshots, recorded, sent, saver.messages, saver.events), force=done)
             if done:
@@ -743,10 +745,8 @@ class Demo:
                             f"see {directory / 'batch.log'}")
         live, batch = latest_cumulative(self.live_db), latest_cumulative(batch_db)
         differences = compare(live, batch)
-        failed = bool(differences)
-        report_line = self._report()
-        if report_line is None:
-            failed = True
+        reported = self._report()
+        failed = bool(differences) or not reported
         if not self.args.quiet:
             from pipeline.launcher import print_summary
 
@@ -764,22 +764,22 @@ class Demo:
         console.result(f"Cloud Monitoring stand-in: {points:,} points written"
                        + (f", {refused} refusals logged (see stream.log)" if refused else ""))
         console.result(f"outputs in {directory}/: goodput.duckdb (live), batch.duckdb, events.jsonl, "
-                       f"{report_line or 'no report'}, stream.log, batch.log"
+                       f"{'report.html' if reported else 'no report'}, stream.log, batch.log"
                        + (", jax_train.log" if self.jax is not None else ""))
         console.result(f"demo {'FAILED' if failed else 'done'} in {time.monotonic() - self.started:.0f} s; "
                        f"try: goodput query badput_ranking --duckdb {self.live_db}")
         return 1 if failed else 0
 
-    def _report(self) -> str | None:
-        """Writes report.html; what to call it in the outputs line, or None when it failed."""
+    def _report(self) -> bool:
+        """Writes report.html; False (and says why) when it failed."""
         from pipeline.report import write_report
 
         try:
             write_report(self.live_db, self.directory / "report.html")
         except Exception as error:  # noqa: BLE001 -- reported; the demo's own checks still stand
             self.console.result(f"the HTML report failed: {error!r}")
-            return None
-        return "report.html"
+            return False
+        return True
 
 
 @contextlib.contextmanager
@@ -794,12 +794,6 @@ def _environment(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = previous
-
-
-def _metric_types() -> list[str]:
-    from pipeline.monitoring_sink import METRICS
-
-    return list(METRICS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

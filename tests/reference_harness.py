@@ -43,7 +43,8 @@ class Result:
         return 100.0 * self.badput_s.get(bucket, 0.0) / self.total_s
 
 
-def run_reference(attempts: Sequence[Sequence[Call]], cache_dir: Path, elastic: bool = False) -> Result:
+def reference_log(attempts: Sequence[Sequence[Call]]) -> InMemoryCloudLogging:
+    """The log the reference recorder (one per attempt) and Orbax write for the calls."""
     log = InMemoryCloudLogging()
     for calls in attempts:
         recorder = goodput_elastic.ElasticGoodputRecorder("run", "log", True, cloud_logger=log)
@@ -52,6 +53,11 @@ def run_reference(attempts: Sequence[Sequence[Call]], cache_dir: Path, elastic: 
                 log.write_cloud_logging_entry(_orbax_entry(method, *args))
             else:
                 getattr(recorder, method)(*args)
+    return log
+
+
+def run_reference(attempts: Sequence[Sequence[Call]], cache_dir: Path, elastic: bool = False) -> Result:
+    log = reference_log(attempts)
     calculator_class = goodput_elastic.ElasticGoodputCalculator if elastic else goodput.GoodputCalculator
     calculator = calculator_class("run", "log", cloud_logger=log, cache_dir=str(cache_dir))
     calculator.get_job_goodput(include_badput_breakdown=True)

@@ -26,10 +26,8 @@ import duckdb
 import pytest
 import sqlglot
 from ml_goodput_measurement.src import goodput as reference_goodput
-from ml_goodput_measurement.src import goodput_elastic
-from reference_harness import ORBAX, Call, TraceBuilder, _orbax_entry, record_ours
+from reference_harness import Call, TraceBuilder, record_ours, reference_log
 
-from benchmarks.common import InMemoryCloudLogging
 from emitter import goodput, monitoring
 from emitter.encoding import encode_batch
 from emitter.goodput import BadputType
@@ -62,15 +60,8 @@ def write_events(events: Sequence[Event], path: Path) -> None:
 
 def reference_result(attempts: Sequence[Sequence[Call]], cache_dir: Path) -> tuple[Any, ...]:
     """The reference's own get_job_goodput(include_badput_breakdown=True) on the calls."""
-    log = InMemoryCloudLogging()
-    for calls in attempts:
-        recorder = goodput_elastic.ElasticGoodputRecorder("run", "log", True, cloud_logger=log)
-        for method, args in calls:
-            if method in ORBAX:
-                log.write_cloud_logging_entry(_orbax_entry(method, *args))
-            else:
-                getattr(recorder, method)(*args)
-    calculator = reference_goodput.GoodputCalculator("run", "log", cloud_logger=log, cache_dir=str(cache_dir))
+    calculator = reference_goodput.GoodputCalculator("run", "log", cloud_logger=reference_log(attempts),
+                                                     cache_dir=str(cache_dir))
     return calculator.get_job_goodput(include_badput_breakdown=True)
 
 
