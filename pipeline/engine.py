@@ -45,6 +45,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from pipeline.events import Batch, Event
 from pipeline.stepstats import StepStatistics
 
@@ -144,11 +146,11 @@ class Attempt:
 
     def split_indices(self) -> list[int]:
         """Indices of steps that start a new sub-segment (not 0), scanning only new steps."""
-        steps = self.steps
-        for k in range(max(1, self.split_scanned), len(steps)):
-            if steps[k] <= steps[k - 1]:
-                self.splits.append(k)
-        self.split_scanned = len(steps)
+        start = max(1, self.split_scanned)
+        if len(self.steps) > start:
+            steps = _ints(self.steps[start - 1:])
+            self.splits.extend((np.flatnonzero(steps[1:] <= steps[:-1]) + start).tolist())
+        self.split_scanned = len(self.steps)
         return self.splits
 
 
@@ -299,21 +301,22 @@ class RunState:
         attempt = self.attempts.get(batch.attempt_id)
         if attempt is None:
             attempt = self.attempts[batch.attempt_id] = Attempt(batch.attempt_id)
-        seqs = set(batch.step_seqs)
-        seqs.update(e.seq for e in batch.others)
         first, total = attempt.watermark, len(batch)
+        seqs = np.sort(np.concatenate((_ints(batch.step_seqs), _ints([e.seq for e in batch.others]))))
         times = batch.step_times
-        if not (len(seqs) == total and min(seqs) == first and max(seqs) == first + total - 1
+        step_times = _ints(times)
+        if not (seqs[0] == first and seqs[-1] == first + total - 1 and np.all(seqs[1:] != seqs[:-1])
                 and not (attempt.extra and min(attempt.extra) < first + total)
-                and all(times[i] <= times[i + 1] for i in range(len(times) - 1))
+                and np.all(step_times[1:] >= step_times[:-1])
                 and (not times or not attempt.step_times or times[0] >= attempt.step_times[-1])):
             return sum(self.add(event) for event in batch.events())
         attempt.watermark = first + total
         self.events += total
         if times:
             steps = batch.steps
+            numbers = _ints(steps)
             if (attempt.attempt_id != self._live or (attempt.steps and steps[0] <= attempt.steps[-1])
-                    or any(steps[i] >= steps[i + 1] for i in range(len(steps) - 1))):
+                    or np.any(numbers[1:] <= numbers[:-1])):
                 self._version += 1
             attempt.steps.extend(steps)
             attempt.step_times.extend(times)
@@ -458,8 +461,15 @@ def _summary(stats: StepStatistics) -> StepSummary | None:
 
 def _feed(stats: StepStatistics, steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> None:
     """Adds the durations (microseconds) of consecutive step numbers among steps[lo:hi]."""
-    stats.set_many([(steps[k - 1], times[k] - times[k - 1])
-                    for k in range(lo + 1, hi) if steps[k] == steps[k - 1] + 1])
+    numbers, starts = _ints(steps[lo:hi]), _ints(times[lo:hi])
+    consecutive = numbers[1:] == numbers[:-1] + 1
+    stats.set_many(list(zip(numbers[:-1][consecutive].tolist(),
+                            (starts[1:] - starts[:-1])[consecutive].tolist(), strict=True)))
+
+
+def _ints(values: Sequence[int]) -> np.ndarray:
+    """A copy of ``values`` as int64 (a copy, so that an ``array`` stays free to grow)."""
+    return np.array(values, dtype=np.int64)
 
 
 def _seconds(microseconds: float | None) -> float | None:

@@ -240,21 +240,34 @@ def _fast_event(raw: Any) -> tuple[int, int, str, dict[str, Any]] | None:
     return seq, time_us, kind, body
 
 
-# The emitter's commonest message, nothing but step starts, is matched whole and read into
-# columns with no Python work per event. The pattern accepts only what the general path below
-# accepts the same way: plain ids, and numbers below 10**18 without leading zeros (inside int64;
-# the time bounds are checked on the columns). Anything else takes the general path.
+# The emitter's messages are read in columns: step starts, nearly every event, in the exact shape
+# the emitter writes them, by one regex and numpy, with no Python work per event; the other
+# events one by one as in the general path. The patterns accept only what the general path below
+# reads the same way: plain ids, step numbers below 10**18 without leading zeros (inside int64;
+# the time bounds are checked on the columns), and other events of objects nested at most three
+# deep (so that the regex finds where each event ends). Anything else, and any message with an
+# invalid event, takes the general path, which decides.
 _NUMBER = rb"(?:0|[1-9][0-9]{0,17})"
-_STEP = rb'\{"seq":' + _NUMBER + rb',"time_us":' + _NUMBER + rb',"step_start":\{"step":' + _NUMBER + rb"\}\}"
+_SEQ = rb'\{"seq":'  # every event begins so: a literal prefix lets the regex skip ahead
+_STEP_REST = _NUMBER + rb',"time_us":' + _NUMBER + rb',"step_start":\{"step":' + _NUMBER + rb"\}\}"
+_STEP = _SEQ + _STEP_REST
+_STRING = rb'"(?:[^"\\]|\\.)*"'
+_SCALARS = rb'(?:' + _STRING + rb'|[^"{}\[\]])*'
+_FLAT = rb"\{" + _SCALARS + rb"\}"
+_OTHER_REST = rb"(?:" + _STRING + rb"|\{(?:" + _STRING + rb"|" + _FLAT + rb'|[^"{}\[\]])*\}|[^"{}\[\]])*\}'
+_OTHER = _SEQ + _OTHER_REST
+_OTHER_NOT_STEP = re.compile(rb"(" + _SEQ + rb"(?!" + _STEP_REST + rb"(?:,|$))" + _OTHER_REST + rb")")
 _ID = rb'"([^"\\\x00-\x1f]{1,%d})"' % MAX_ID_LENGTH
-_STEPS_MESSAGE = re.compile(rb'\{"schema_version":1,"run_id":' + _ID + rb',"attempt_id":' + _ID
-                            + rb',"events":\[((?:' + _STEP + rb",)*" + _STEP + rb")\]\}")
+_HEADER = rb'\{"schema_version":1,"run_id":' + _ID + rb',"attempt_id":' + _ID + rb',"events":\['
+_STEPS_MESSAGE = re.compile(_HEADER + rb"((?:" + _STEP + rb",)*+" + _STEP + rb")\]\}")
+_EVENT = rb"(?:" + _STEP + rb"|" + _OTHER + rb")"
+_MESSAGE = re.compile(_HEADER + rb"((?:" + _EVENT + rb",)*+" + _EVENT + rb")\]\}")
 _DIGITS_ONLY = bytes(c if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
 
 
-def _step_columns(data: bytes) -> Batch | None:
-    """The batch of a message of step starts only, in the emitter's exact shape; else None."""
-    match = _STEPS_MESSAGE.fullmatch(data)
+def _columnar(data: bytes) -> Batch | None:
+    """The batch of a valid message in the emitter's exact shape, read in columns; else None."""
+    match = _STEPS_MESSAGE.fullmatch(data) or _MESSAGE.fullmatch(data)
     if match is None:
         return None
     try:
@@ -263,12 +276,58 @@ def _step_columns(data: bytes) -> Batch | None:
         return None
     if not (run_id.isprintable() and attempt_id.isprintable()):
         return None
-    columns = np.fromstring(match[3].translate(_DIGITS_ONLY), dtype=np.int64, sep=" ").reshape(-1, 3)
+    events = match[3]
+    others: list[Event] = []
+    if match.re is _MESSAGE:
+        parts = _OTHER_NOT_STEP.split(events)  # step starts, an other event, step starts, ...
+        for item in parts[1::2]:
+            try:
+                raw = json.loads(item)
+            except ValueError:  # UnicodeDecodeError included
+                return None
+            event = _read_event(raw, run_id, attempt_id)
+            if not isinstance(event, Event) or _inline_step(raw) is not None:
+                return None  # the general path decides (and keeps the message's order of steps)
+            others.append(event)
+        events = b" ".join(parts[0::2])
+    digits = events.translate(_DIGITS_ONLY)
+    numbers = np.fromstring(digits, dtype=np.int64, sep=" ") if digits.strip() else np.empty(0, np.int64)
+    columns = numbers.reshape(-1, 3)
     times = columns[:, 1]
-    if times.min() < MIN_TIME_US or times.max() >= MAX_TIME_US:
+    if len(times) and (times.min() < MIN_TIME_US or times.max() >= MAX_TIME_US):
         return None
     return Batch(run_id, attempt_id, array("q", columns[:, 0].tobytes()), array("q", times.tobytes()),
-                 array("q", columns[:, 2].tobytes()), ())
+                 array("q", columns[:, 2].tobytes()), tuple(others))
+
+
+def _inline_step(raw: Any) -> tuple[int, int, int] | None:
+    """(seq, time_us, step) of the commonest event in its plain shape, checked inline:
+    ``{"seq": int, "time_us": int, "step_start": {"step": int}}``; else None."""
+    if type(raw) is dict and len(raw) == 3:
+        body = raw.get("step_start")
+        if type(body) is dict and len(body) == 1:
+            seq, time_us, step = raw.get("seq"), raw.get("time_us"), body.get("step")
+            if (type(seq) is int and type(time_us) is int and type(step) is int
+                    and 0 <= seq <= _INT64[1] and 0 <= step <= _INT64[1]
+                    and MIN_TIME_US <= time_us < MAX_TIME_US):
+                return seq, time_us, step
+    return None
+
+
+def _read_event(raw: Any, run_id: str, attempt_id: str) -> Event | str:
+    """One event of a message as an ``Event``, or the reason it is invalid."""
+    fields = _fast_event(raw)
+    if fields is None:
+        parsed = EventBatch.Event()
+        try:
+            json_format.ParseDict(raw, parsed)
+        except (json_format.ParseError, TypeError, ValueError) as error:
+            return f"event does not match the schema: {error}"
+        kind = parsed.WhichOneof("kind")
+        fields = (parsed.seq, parsed.time_us, kind or "", _plain(getattr(parsed, kind)) if kind else {})
+    seq, time_us, kind, body = fields
+    problem = _event_problem(kind or None, seq, time_us, body)
+    return problem if problem is not None else Event(run_id, attempt_id, seq, time_us, kind, body)
 
 
 def parse_message(data: bytes | str, source: str = "") -> tuple[list[Event], list[DeadLetter]]:
@@ -280,7 +339,7 @@ def parse_message(data: bytes | str, source: str = "") -> tuple[list[Event], lis
 def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list[DeadLetter]]:
     """Valid events of one message as a ``Batch`` (None if none), and dead letters."""
     if isinstance(data, bytes):
-        columnar = _step_columns(data)
+        columnar = _columnar(data)
         if columnar is not None:
             return columnar, []
     try:
@@ -324,37 +383,18 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
     dead: list[DeadLetter] = []
     step_seqs, step_times, steps = array("q"), array("q"), array("q")
     for index, raw in enumerate(raw_events):
-        # The commonest event, checked inline: {"seq": int, "time_us": int, "step_start": {"step": int}}
-        if type(raw) is dict and len(raw) == 3:
-            body = raw.get("step_start")
-            if type(body) is dict and len(body) == 1:
-                seq, time_us, step = raw.get("seq"), raw.get("time_us"), body.get("step")
-                if (type(seq) is int and type(time_us) is int and type(step) is int
-                        and 0 <= seq <= _INT64[1] and 0 <= step <= _INT64[1]
-                        and MIN_TIME_US <= time_us < MAX_TIME_US):
-                    step_seqs.append(seq)
-                    step_times.append(time_us)
-                    steps.append(step)
-                    continue
-        fields = _fast_event(raw)
-        if fields is None:
-            parsed = EventBatch.Event()
-            try:
-                json_format.ParseDict(raw, parsed)
-            except (json_format.ParseError, TypeError, ValueError) as error:
-                where = f"{source}#event{index}" if source else f"event{index}"
-                dead.append(DeadLetter(json.dumps(raw), f"event does not match the schema: {error}",
-                                       where, batch_run_id))
-                continue
-            kind = parsed.WhichOneof("kind")
-            fields = (parsed.seq, parsed.time_us, kind or "", _plain(getattr(parsed, kind)) if kind else {})
-        seq, time_us, kind, body = fields
-        problem = _event_problem(kind or None, seq, time_us, body)
-        if problem is not None:
-            where = f"{source}#event{index}" if source else f"event{index}"
-            dead.append(DeadLetter(json.dumps(raw), problem, where, batch_run_id))
+        step = _inline_step(raw)
+        if step is not None:
+            step_seqs.append(step[0])
+            step_times.append(step[1])
+            steps.append(step[2])
             continue
-        others.append(Event(batch_run_id, attempt_id, seq, time_us, kind, body))
+        event = _read_event(raw, batch_run_id, attempt_id)
+        if isinstance(event, Event):
+            others.append(event)
+        else:
+            where = f"{source}#event{index}" if source else f"event{index}"
+            dead.append(DeadLetter(json.dumps(raw), event, where, batch_run_id))
     if not steps and not others:
         return None, dead
     return Batch(batch_run_id, attempt_id, step_seqs, step_times, steps, tuple(others)), dead

@@ -23,8 +23,11 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 RECENT = 100
 BASELINE = 1000
+_DTYPES = {"q": np.int64, "d": np.float64}  # numpy's names for the ``array`` typecodes used
 
 
 def kth_distance(values: Sequence[float], lo: int, hi: int, center: float, k: int) -> float:
@@ -137,7 +140,9 @@ class StepStatistics:
                 self.set(step, duration)
             return
         self.durations.update(pairs)
-        self._sorted = array(self._typecode, sorted(self.durations.values()))
+        ordered = np.fromiter(self.durations.values(), _DTYPES[self._typecode], len(self.durations))
+        ordered.sort()
+        self._sorted = array(self._typecode, ordered.tobytes())
         self._total = sum(self._sorted)
         self._window = collections.deque(reversed(list(
             itertools.islice(reversed(self.durations), RECENT + BASELINE))))

@@ -16,9 +16,9 @@ from pipeline.events import (
     EVENT_KINDS,
     MAX_TIME_US,
     MIN_TIME_US,
+    _columnar,
     _fast_event,
     _plain,
-    _step_columns,
     parse_batch,
     parse_message,
 )
@@ -148,7 +148,7 @@ _numbers = st.one_of(st.integers(0, 10**18 + 10),
 @given(run_id=st.text(min_size=0, max_size=600), attempt_id=st.text(min_size=1, max_size=4),
        triples=st.lists(st.tuples(_numbers, _numbers, _numbers), min_size=1, max_size=5),
        spacing=st.sampled_from(["", " "]))
-def test_step_columns_agree_with_the_general_path(run_id, attempt_id, triples, spacing):
+def test_columnar_agree_with_the_general_path(run_id, attempt_id, triples, spacing):
     """A message of step starts reads the same as bytes (the columnar path) and as text (the general one)."""
     events = ",".join(f'{{"seq":{seq},"time_us":{t},"step_start":{{"step":{step}}}}}'
                       for seq, t, step in triples)
@@ -160,10 +160,62 @@ def test_step_columns_agree_with_the_general_path(run_id, attempt_id, triples, s
     assert [(d.reason, d.run_id) for d in columnar[1]] == [(d.reason, d.run_id) for d in general[1]]
 
 
+_times = st.one_of(st.integers(MIN_TIME_US, MAX_TIME_US - 1), _numbers)
+_values = st.one_of(st.integers(0, 10**6), st.floats(0, 1e6), st.text(max_size=3), _scalars,
+                    st.dictionaries(st.text(max_size=3), st.dictionaries(st.text(max_size=2), st.integers(),
+                                                                         max_size=2), max_size=2))
+
+
+def _events_of(kind: str) -> st.SearchStrategy[dict[str, Any]]:
+    descriptor = EventBatch.Event.DESCRIPTOR.fields_by_name.get(kind)
+    names = sorted(f.name for f in descriptor.message_type.fields) if descriptor else []
+    return st.builds(lambda seq, time_us, body: {"seq": seq, "time_us": time_us, kind: body},
+                     st.integers(0, 10**6), _times,
+                     st.dictionaries(st.sampled_from([*names, "bogus"]), _values, max_size=3))
+
+
+_other_events = st.sampled_from([*EVENT_KINDS, "warp_drive"]).flatmap(_events_of)
+_step_events = st.builds(lambda seq, t, step: {"seq": seq, "time_us": t, "step_start": {"step": step}},
+                         _numbers, _times, _numbers)
+
+
+@settings(max_examples=400, deadline=None)
+@example(events=[{"seq": 0, "time_us": T, "job_start": {"labels": {"a": "b"}}},
+                 {"seq": 1, "time_us": T, "step_start": {"step": 0}}], ascii=True)
+@example(events=[{"seq": 1, "time_us": T, "step_start": {"step": 0}},
+                 {"seq": 2, "time_us": T, "custom_badput_start": {"badput_type": "a}],{\"seq\":"}}],
+         ascii=False)
+@example(events=[{"seq": 1, "time_us": T, "step_start": {"step": "7"}}], ascii=True)
+@given(events=st.lists(st.one_of(_step_events, _other_events), min_size=1, max_size=6), ascii=st.booleans())
+def test_mixed_messages_read_in_columns_agree_with_the_general_path(events, ascii):
+    """A message of step starts and other events reads the same as bytes (in columns where it
+    can) and as text (the general path), dead letters included."""
+    message = json.dumps({"schema_version": 1, "run_id": "run", "attempt_id": "a", "events": events},
+                         separators=(",", ":"), ensure_ascii=ascii)
+    columnar, general = parse_batch(message.encode()), parse_batch(message)
+    assert columnar[0] == general[0]
+    assert [(d.reason, d.run_id) for d in columnar[1]] == [(d.reason, d.run_id) for d in general[1]]
+
+
+def test_the_emitters_mixed_messages_take_the_columnar_path():
+    """Steps with metrics, a checkpoint and a labelled job start read in columns equal the general path."""
+    records: list[tuple[int, int, str, dict[str, object]]] = [
+        (0, T, "job_start", {"chip_count": 8, "labels": {"team": "a"}})]
+    for step in range(200):
+        records.append((len(records), T + step * 1_500_000, "step_start", {"step": step}))
+        records.append((len(records), T + step * 1_500_000 + 1, "model_metrics",
+                        {"step": step, "loss": 1.5, "mfu": 0.4}))
+    records.append((len(records), T + 300_000_000, "checkpoint_save", {"step": 199, "blocking_s": 2.5}))
+    data = encode_batch("run-1", "a1", records).data
+    columns = _columnar(data)
+    assert columns is not None and list(columns.steps) == list(range(200)) and len(columns.others) == 202
+    assert columns == parse_batch(data.decode())[0]
+
+
 def test_the_emitters_step_messages_take_the_columnar_path():
     """What the emitter sends for a stretch of steps is read in columns, and equals the general path."""
     records = [(seq, T + seq * 1_500_000, "step_start", {"step": 100 + seq}) for seq in range(1000)]
     data = encode_batch("run-1", "a1", records).data
-    columns = _step_columns(data)
+    columns = _columnar(data)
     assert columns is not None and list(columns.steps) == list(range(100, 1100))
     assert columns == parse_batch(data.decode())[0]

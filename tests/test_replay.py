@@ -196,3 +196,15 @@ def test_the_summary_of_a_large_fleet_lists_its_lowest_goodput_runs(replayed):
     text = out.getvalue()
     assert "the 1 of 2 runs with the lowest goodput" in text and "2 runs;" in text
     assert lowest in text and ({"run-a", "run-b"} - {lowest}).pop() not in text
+
+
+def test_a_replay_on_the_direct_runner_goes_straight_to_the_fn_api_runner():
+    """The default runner skips the DirectRunner's attempt at Prism (a download at run time)."""
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
+
+    from pipeline.launcher import _batch_runner
+    from pipeline.options import GoodputOptions
+
+    assert isinstance(_batch_runner(GoodputOptions([])), FnApiRunner)
+    assert isinstance(_batch_runner(GoodputOptions(["--runner=DirectRunner"])), FnApiRunner)
+    assert _batch_runner(GoodputOptions(["--runner=DataflowRunner"])) is None
