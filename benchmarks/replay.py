@@ -9,7 +9,9 @@ in-memory stand-in for Cloud Logging, and through this project's emitter into a 
   written and re-read, the whole computation.
 * Ours, whole process: ``python -m pipeline --events=FILE --duckdb=OUT`` on the DirectRunner; the
   fixed start-up (Python, Beam import, pipeline construction) is the same command on a one-step
-  run; processing is the difference.
+  run; processing is the difference. Start-up is split by timing ``python -c pass`` and
+  ``python -c "import pipeline.launcher"``; the rest of it is building and running the graph and
+  creating, writing and closing the DuckDB file.
 * One new step of the still-running job: the reference reads the one new entry and recomputes
   goodput, badput and step deviation from its whole cache; ours adds the event to the run's
   state and computes the same figures (a cumulative snapshot with its step statistics; rolling
@@ -79,13 +81,17 @@ def _write_run(path: Path, steps: int, log: InMemoryCloudLogging | None) -> None
     ours.close()
 
 
-def _whole_process(events: Path, out: Path) -> float:
-    out.unlink(missing_ok=True)
+def _process(*args: str) -> float:
+    """Wall seconds of ``python ARGS`` from this checkout."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipeline", f"--events={events}", f"--duckdb={out}"],
-                   check=True, capture_output=True, cwd=REPO,
+    subprocess.run([sys.executable, *args], check=True, capture_output=True, cwd=REPO,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
     return time.perf_counter() - started
+
+
+def _whole_process(events: Path, out: Path) -> float:
+    out.unlink(missing_ok=True)
+    return _process("-m", "pipeline", f"--events={events}", f"--duckdb={out}")
 
 
 def run() -> str:
@@ -110,10 +116,12 @@ def run() -> str:
             reference_goodput, _, _ = calculator.get_job_goodput(include_badput_breakdown=True)
             reference_full.append(time.perf_counter() - started)
 
-        whole, startup = [], []
-        for _ in range(PROCESS_REPEATS):  # interleaved, so that drift hits both alike
+        whole, startup, interpreter, imports = [], [], [], []
+        for _ in range(PROCESS_REPEATS):  # interleaved, so that drift hits all alike
             whole.append(_whole_process(big, directory / "big.duckdb"))
             startup.append(_whole_process(small, directory / "small.duckdb"))
+            interpreter.append(_process("-c", "pass"))
+            imports.append(_process("-c", "import pipeline.launcher"))
         processing = statistics.median(whole) - statistics.median(startup)
 
         # Goodput of the whole run, then one new step of the run while it is still running.
@@ -165,6 +173,8 @@ def run() -> str:
         f"| ours: whole process, 100,000-step run | {summary(whole, digits=3)} |",
         f"| ours: whole process, one-step run (fixed start-up) | {summary(startup, digits=3)} |",
         f"| ours: processing (whole minus start-up) | {processing:.3f} |",
+        f"| start-up, of which: Python alone (`python -c pass`) | {summary(interpreter, digits=3)} |",
+        f"| start-up, of which: Python and imports (Beam, the pipeline) | {summary(imports, digits=3)} |",
         f"| reference: recompute after one new entry | {summary(reference_update, digits=3)} |",
         f"| ours: one new step, added and snapshotted ({len(ours_update):,} steps) | "
         f"{summary(ours_update, digits=6)} |",
