@@ -288,6 +288,7 @@ class RunState:
         attempt = self.attempts.get(event.attempt_id)
         if attempt is None:
             attempt = self.attempts[event.attempt_id] = Attempt(event.attempt_id)
+            self._version += 1
         if not attempt.first_time(event.seq):
             self.duplicates += 1
             return False
@@ -301,6 +302,7 @@ class RunState:
         attempt = self.attempts.get(batch.attempt_id)
         if attempt is None:
             attempt = self.attempts[batch.attempt_id] = Attempt(batch.attempt_id)
+            self._version += 1
         first, total = attempt.watermark, len(batch)
         seqs = np.sort(np.concatenate((_ints(batch.step_seqs), _ints([e.seq for e in batch.others]))))
         times = batch.step_times
@@ -332,6 +334,8 @@ class RunState:
         if kind == "step_start":
             if not attempt.add_step(int(body["step"]), t) or attempt.attempt_id != self._live:
                 self._version += 1
+            return
+        if kind in _OBSERVATIONS:
             return
         self._version += 1
         if kind == "job_start":
@@ -474,6 +478,11 @@ def _ints(values: Sequence[int]) -> np.ndarray:
 
 def _seconds(microseconds: float | None) -> float | None:
     return None if microseconds is None else microseconds / _US
+
+
+# Events that only show the attempt is alive: they move its clock and change no figure, so the
+# cached timeline stays valid (a job logging metrics every step keeps its incremental snapshots).
+_OBSERVATIONS = frozenset({"heartbeat", "model_metrics"})
 
 
 def _span_label(name: str, body: dict[str, Any]) -> str | None:

@@ -22,10 +22,15 @@ stops the pipeline once the pending interval snapshots are due (``next_snapshot_
 
 A snapshot is taken as of the run's own clock: its latest event time plus the processing time
 since that event arrived. For a live job that is now; for a replay it is the replayed time.
+
+Each worker keeps the runs it decoded (``DecodedStates``) for as long as they equal what Beam
+stores, so a message or a timer costs its own work, not a decode of the run's whole history, and
+a snapshot extends the run's last one instead of rebuilding it.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,12 +50,48 @@ from pipeline.rows import Row, snapshot_rows
 _US = 1_000_000
 
 DRAINING = threading.Event()  # set in this process: report each message at once
+# Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
+# times that, its step statistics included).
+DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
 
 
 def next_snapshot_due(now_us: int, interval_s: float) -> int:
     """The first interval boundary after ``now_us``: when an interval snapshot set now fires."""
     interval_us = round(interval_s * _US)
     return (now_us // interval_us + 1) * interval_us
+
+
+class DecodedStates:
+    """Decoded run states by run id, each with the bytes it was decoded from or encoded to; the
+    least recently used go first once their encodings pass ``max_bytes`` in all."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[str, tuple[bytes, engine.RunState]] = (
+            collections.OrderedDict())
+        self._bytes = 0
+
+    def get(self, run_id: str, encoded: bytes) -> engine.RunState:
+        """The state ``encoded`` holds: the kept one while its bytes are these, else decoded."""
+        entry = self._entries.get(run_id)
+        if entry is not None and entry[0] == encoded:
+            self._entries.move_to_end(run_id)
+            return entry[1]
+        state = engine.decode_state(encoded)
+        self.put(run_id, encoded, state)
+        return state
+
+    def put(self, run_id: str, encoded: bytes, state: engine.RunState) -> None:
+        self.drop(run_id)
+        self._entries[run_id] = (encoded, state)
+        self._bytes += len(encoded)
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            self.drop(next(iter(self._entries)))
+
+    def drop(self, run_id: str) -> None:
+        entry = self._entries.pop(run_id, None)
+        if entry is not None:
+            self._bytes -= len(entry[0])
 
 
 class TrackRunDoFn(beam.DoFn):
@@ -75,6 +116,9 @@ class TrackRunDoFn(beam.DoFn):
         self.snapshots = Metrics.counter("goodput", "snapshots")
         self.stalled = Metrics.counter("goodput", "stalled_runs")
 
+    def setup(self) -> None:
+        self.decoded = DecodedStates(DECODED_STATES_MAX_BYTES)
+
     def process(
         self,
         element: tuple[str, Batch],
@@ -94,11 +138,18 @@ class TrackRunDoFn(beam.DoFn):
             state = engine.RunState(run_id)
             final_timer.set(window.max_timestamp())
         else:
-            state = engine.decode_state(encoded)
+            state = self.decoded.get(run_id, encoded)
         was_ended = _ended(state)
-        if not state.add_batch(batch):
+        try:
+            added = state.add_batch(batch)
+        except Exception:
+            self.decoded.drop(run_id)  # possibly half changed: decode it again next time
+            raise
+        if not added:
             return  # a redelivered message: nothing new
-        run_state.write(engine.encode_state(state))
+        encoded = engine.encode_state(state)
+        run_state.write(encoded)
+        self.decoded.put(run_id, encoded, state)
         now_us = round(self.clock() * _US)
         arrived.write(now_us)
         silence_at = now_us + round(self.silence_s * _US)
@@ -120,21 +171,25 @@ class TrackRunDoFn(beam.DoFn):
     # The processing-time timers know when they fire without a clock: when they were set for.
 
     @on_timer(SNAPSHOT_TIMER)
-    def on_snapshot(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+    def on_snapshot(self, run_id: Any = beam.DoFn.KeyParam,
+                    run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     arrived: Any = beam.DoFn.StateParam(ARRIVED),
                     snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
                     ) -> Iterator[tuple[str, Row]]:
-        yield from self._report_pending(run_state, arrived, snapshot_due)
+        yield from self._report_pending(run_id, run_state, arrived, snapshot_due)
 
     @on_timer(FINAL_TIMER)
-    def on_final(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+    def on_final(self, run_id: Any = beam.DoFn.KeyParam,
+                 run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                  arrived: Any = beam.DoFn.StateParam(ARRIVED),
                  snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
                  ) -> Iterator[tuple[str, Row]]:
-        yield from self._report_pending(run_state, arrived, snapshot_due, round(self.clock() * _US))
+        yield from self._report_pending(run_id, run_state, arrived, snapshot_due,
+                                        round(self.clock() * _US))
 
     @on_timer(SILENCE_TIMER)
-    def on_silence(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+    def on_silence(self, run_id: Any = beam.DoFn.KeyParam,
+                   run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
                    silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
                    silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[tuple[str, Row]]:
@@ -143,7 +198,7 @@ class TrackRunDoFn(beam.DoFn):
         if due is None and arrived_us is not None:  # set by a job without SILENCE_DUE, then updated
             due = arrived_us + round(self.silence_s * _US)
         if encoded and arrived_us is not None and due is not None:
-            state = engine.decode_state(encoded)
+            state = self.decoded.get(run_id, encoded)
             if not _ended(state):
                 if due == arrived_us + round(self.silence_s * _US):
                     self.stalled.inc()
@@ -154,23 +209,25 @@ class TrackRunDoFn(beam.DoFn):
                     silence_due.write(again)
 
     @on_timer(GC_TIMER)
-    def on_gc(self, run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+    def on_gc(self, run_id: Any = beam.DoFn.KeyParam,
+              run_state: Any = beam.DoFn.StateParam(RUN_STATE),
               arrived: Any = beam.DoFn.StateParam(ARRIVED),
               snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
               silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE)) -> None:
         encoded = run_state.read()
-        if encoded and _ended(engine.decode_state(encoded)):  # not restarted since
+        if encoded and _ended(self.decoded.get(run_id, encoded)):  # not restarted since
             for state in (run_state, arrived, snapshot_due, silence_due):
                 state.clear()
+            self.decoded.drop(run_id)
 
-    def _report_pending(self, run_state: Any, arrived: Any, snapshot_due: Any,
+    def _report_pending(self, run_id: str, run_state: Any, arrived: Any, snapshot_due: Any,
                         at_us: int | None = None) -> Iterator[tuple[str, Row]]:
         """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
         when it is due."""
         encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
         snapshot_due.clear()
         if encoded and arrived_us is not None and due is not None:
-            yield from self._snapshot(engine.decode_state(encoded), arrived_us,
+            yield from self._snapshot(self.decoded.get(run_id, encoded), arrived_us,
                                       due if at_us is None else at_us)
 
     def _snapshot(self, state: engine.RunState, arrived_us: int,

@@ -228,3 +228,24 @@ def test_interval_sums_equal_direct_overlap(lengths, start, width):
         t += gap + length
     expected = sum(max(0, min(e, start + width) - max(s, start)) for s, e in intervals)
     assert engine._IntervalSums(intervals).overlap(start, start + width) == expected
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.integers(0, 3), rng=st.randoms(use_true_random=False), chunks=st.integers(1, 12))
+def test_metrics_and_heartbeats_keep_incremental_snapshots_exact(kind, rng: random.Random, chunks):
+    """Model metrics and heartbeats among the steps (one a new attempt's first event) change no figure."""
+    events, as_of = scenario_events(kind)
+    extra = []
+    for i, event in enumerate(events):
+        if event.kind == "step_start":
+            kind_ = "model_metrics" if i % 2 else "heartbeat"
+            body = {"step": event.body["step"], "loss": 1.0} if kind_ == "model_metrics" else {}
+            extra.append(Event(event.run_id, event.attempt_id, 10**6 + i, event.time_us + 1, kind_, body))
+    extra.append(Event("run", "attempt-with-heartbeats-only", 0, events[-1].time_us, "heartbeat", {}))
+    mixed = sorted(events + tuple(extra), key=lambda e: e.time_us)
+    state = engine.RunState("run")
+    size = max(1, len(mixed) // chunks)
+    for start in range(0, len(mixed), size):
+        state.add_all(mixed[start:start + size])
+        state.snapshot(max(e.time_us for e in mixed[:start + size]) - rng.randrange(0, 60) * S)
+    assert state.snapshot(as_of) == snapshot_of(events, as_of)

@@ -18,8 +18,8 @@ from reference_harness import TraceBuilder, record_ours
 
 from conftest import streaming_options
 from pipeline import engine
-from pipeline.events import Batch, parse_batch
-from pipeline.live import DRAINING, TrackRunsLive
+from pipeline.events import Batch, Event, parse_batch
+from pipeline.live import DRAINING, DecodedStates, TrackRunsLive
 from pipeline.transforms import WriteToDuckDB
 
 WINDOWS = (300,)
@@ -211,3 +211,34 @@ def test_while_draining_every_message_is_reported_at_once():
         track(stream, check, snapshot_interval_s=10_000.0)
     finally:
         DRAINING.clear()
+
+
+def _state_with_steps(run_id: str, steps: int) -> tuple[bytes, engine.RunState]:
+    state = engine.RunState(run_id)
+    for step in range(steps):
+        state.add(Event(run_id, "a", step, 1_800_000_000_000_000 + step * 1_000_000, "step_start",
+                               {"step": step}))
+    return engine.encode_state(state), state
+
+
+def test_decoded_states_are_kept_while_their_bytes_are_what_beam_stores():
+    """A run's state is decoded once, then reused until the stored bytes change."""
+    kept = DecodedStates(max_bytes=1 << 20)
+    encoded, _ = _state_with_steps("run", 10)
+    first = kept.get("run", encoded)
+    assert kept.get("run", bytes(encoded)) is first  # equal bytes, even in another object
+    newer, _ = _state_with_steps("run", 11)
+    assert kept.get("run", newer) is not first
+    assert len(kept.get("run", newer).attempts["a"].steps) == 11
+
+
+def test_decoded_states_drop_the_least_recently_used_past_their_byte_budget():
+    """Past the budget the least recently used state goes; the newest always stays."""
+    encoded, _ = _state_with_steps("a", 100)
+    kept = DecodedStates(max_bytes=2 * len(encoded))
+    for run_id in ("a", "b", "c"):
+        kept.put(run_id, _state_with_steps(run_id, 100)[0], engine.RunState(run_id))
+    assert kept.get("a", _state_with_steps("a", 100)[0]).attempts  # decoded again: it was dropped
+    tiny = DecodedStates(max_bytes=1)
+    tiny.put("big", encoded, engine.RunState("big"))
+    assert tiny.get("big", encoded).attempts == {}  # the kept (empty) object, not a decode
