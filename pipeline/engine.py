@@ -1052,8 +1052,7 @@ def encode_state(state: RunState) -> bytes:
         arrays += [attempt.steps, attempt.step_times]
     header = json.dumps({"run": state.run_id, "events": state.events, "dups": state.duplicates,
                          "attempts": attempts}, separators=(",", ":")).encode()
-    body = b"".join(_little_endian(a) for a in arrays)
-    return _HEADER.pack(_MAGIC, len(header)) + header + body
+    return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *map(_little_endian, arrays)])
 
 
 def decode_state(data: bytes) -> RunState:
@@ -1087,9 +1086,11 @@ def decode_state(data: bytes) -> RunState:
     return state
 
 
-def _little_endian(values: array[int]) -> bytes:
+def _little_endian(values: array[int]) -> memoryview | bytes:
+    """The values' bytes, little-endian: on such a machine a view of them, copied only once, by
+    the join that builds the encoding (a long history is most of a state's bytes)."""
     if sys.byteorder == "little":
-        return bytes(values.tobytes())
+        return memoryview(values)
     swapped = array("q", values)
     swapped.byteswap()
     return swapped.tobytes()
