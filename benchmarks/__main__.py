@@ -16,7 +16,7 @@ from pathlib import Path
 from benchmarks.common import machine
 
 SECTIONS = {"emitter": "benchmarks.emitter_overhead", "engine": "benchmarks.engine",
-            "replay": "benchmarks.replay", "streaming": "benchmarks.streaming"}
+            "replay": "benchmarks.replay", "streaming": "benchmarks.streaming", "costs": "benchmarks.costs"}
 OUTPUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
