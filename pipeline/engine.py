@@ -4,7 +4,11 @@ Pure Python, no Beam: the Beam transforms, the batch replay and the tests share 
 
 ``RunState`` takes validated events (``pipeline.events.Event``) one at a time, in any order and
 with duplicates; ``RunState.snapshot(as_of_us)`` computes the run's figures as of a time. The
-result depends only on the set of distinct events, never on their arrival order.
+result depends only on the set of distinct events, never on their arrival order, on how they were
+batched into messages, or on the snapshots taken before (``tests/faults/test_delivery.py``).
+An event is identified by its attempt and sequence number: a second event with the same id is a
+redelivery and is ignored (two different events under one id are a producer's bug; the first to
+arrive counts).
 
 How time is classified (``docs/differences.md`` says where this departs from the reference):
 
@@ -27,6 +31,18 @@ How time is classified (``docs/differences.md`` says where this departs from the
   where spans overlap, the more specific one wins (``SPAN_PRIORITY``). So goodput plus every
   bucket except the informational ``DATA_LOADING_ASYNC`` is exactly 100 % of elapsed time.
 * Program startup is the first step of a segment's excess over the segment's mean step time.
+
+Incomplete and inconsistent input is used as recorded, never guessed at:
+
+* A run whose ``job_start`` has not arrived (late, or lost) starts at its earliest step start,
+  and steps of an attempt without a ``job_start`` join the segment their times fall in; a run
+  with neither has no snapshot yet (its events wait in the state, and in the raw events table,
+  until one arrives). When the ``job_start`` arrives, the figures are those of the complete run.
+* Times are the hosts' own. An attempt whose host clock runs behind or ahead is placed by its
+  times: where a restart's ``job_start`` falls before the previous attempt's last step, the two
+  overlap, the earlier-starting one keeps the overlap, and the restart has no recovery time (0,
+  never negative); goodput plus the badput buckets is still the elapsed time.
+* Step starts of one attempt are ordered by time, and steps recorded at the same time by number.
 
 Memory: O(1) per run and per attempt, plus 16 bytes per recorded step (its number and time in
 two ``array('q')``), plus about 100 bytes per recorded span marker (custom events, checkpoints).
@@ -131,13 +147,15 @@ class Attempt:
 
     def add_step(self, step: int, time_us: int) -> bool:
         """Adds a step start; True if it simply extends the attempt (later, higher step)."""
-        if not self.step_times or time_us >= self.step_times[-1]:
+        times = self.step_times
+        if not times or time_us > times[-1] or (time_us == times[-1] and step >= self.steps[-1]):
             extends = not self.steps or step > self.steps[-1]
             self.steps.append(step)
             self.step_times.append(time_us)
             return extends
-        else:  # late arrival: keep time order (rare, so the O(n) insert is fine)
-            at = bisect.bisect_right(self.step_times, time_us)
+        else:  # late arrival: keep (time, step) order (rare, so the O(n) insert is fine)
+            lo = bisect.bisect_left(times, time_us)
+            at = bisect.bisect_right(self.steps, step, lo, bisect.bisect_right(times, time_us, lo))
             self.steps.insert(at, step)
             self.step_times.insert(at, time_us)
             self.inserts += 1
@@ -305,18 +323,17 @@ class RunState:
             self._version += 1
         first, total = attempt.watermark, len(batch)
         seqs = np.sort(np.concatenate((_ints(batch.step_seqs), _ints([e.seq for e in batch.others]))))
-        times = batch.step_times
-        step_times = _ints(times)
+        times, steps = batch.step_times, batch.steps
+        numbers = _ints(steps)
         if not (seqs[0] == first and seqs[-1] == first + total - 1 and np.all(seqs[1:] != seqs[:-1])
                 and not (attempt.extra and min(attempt.extra) < first + total)
-                and np.all(step_times[1:] >= step_times[:-1])
-                and (not times or not attempt.step_times or times[0] >= attempt.step_times[-1])):
+                and _in_step_order(_ints(times), numbers)
+                and (not times or not attempt.step_times
+                     or (times[0], steps[0]) >= (attempt.step_times[-1], attempt.steps[-1]))):
             return sum(self.add(event) for event in batch.events())
         attempt.watermark = first + total
         self.events += total
         if times:
-            steps = batch.steps
-            numbers = _ints(steps)
             if (attempt.attempt_id != self._live or (attempt.steps and steps[0] <= attempt.steps[-1])
                     or np.any(numbers[1:] <= numbers[:-1])):
                 self._version += 1
@@ -339,7 +356,8 @@ class RunState:
             return
         self._version += 1
         if kind == "job_start":
-            if attempt.start_us is None or t < attempt.start_us:
+            if attempt.start_us is None or t < attempt.start_us or (
+                    t == attempt.start_us and _ordering(body) < _ordering(attempt.metadata)):
                 attempt.start_us = t
                 attempt.metadata = dict(body)
                 key = (t, attempt.attempt_id)
@@ -469,6 +487,17 @@ def _feed(stats: StepStatistics, steps: Sequence[int], times: Sequence[int], lo:
     consecutive = numbers[1:] == numbers[:-1] + 1
     stats.set_many(list(zip(numbers[:-1][consecutive].tolist(),
                             (starts[1:] - starts[:-1])[consecutive].tolist(), strict=True)))
+
+
+def _in_step_order(times: np.ndarray, steps: np.ndarray) -> bool:
+    """Whether (time, step) pairs never decrease: the order an attempt keeps its steps in."""
+    later = times[1:] > times[:-1]
+    return bool(np.all(later) or np.all(later | ((times[1:] == times[:-1]) & (steps[1:] >= steps[:-1]))))
+
+
+def _ordering(body: dict[str, Any]) -> str:
+    """A total order of event bodies, to choose between two job starts of one attempt and time."""
+    return json.dumps(body, sort_keys=True)
 
 
 def _ints(values: Sequence[int]) -> np.ndarray:
@@ -835,7 +864,8 @@ class _Timeline:
         for restart in self._restarts:
             before = [s for s in subs if s.first_time < restart]
             after = [s for s in subs if s.first_time >= restart]
-            last_step_us = before[-1].last_time if before else restart
+            # A host clock behind the previous one's can put the restart before its last step.
+            last_step_us = min(before[-1].last_time, restart) if before else restart
             points.append((restart, False, before[-1].last_step if before else None,
                            after[0].first_step if after else None, (restart - last_step_us) / _US))
         for index in range(1, len(subs)):
@@ -855,8 +885,8 @@ class _Timeline:
 
     def figures(self, window_s: int, start_us: int, end_us: int) -> WindowFigures:
         """Goodput and badput over [start_us, end_us)."""
-        if start_us <= self._pieces[0][0] and end_us >= self._pieces[-1][1]:
-            tally = self._totals  # the whole run
+        if not self._pieces or (start_us <= self._pieces[0][0] and end_us >= self._pieces[-1][1]):
+            tally = self._totals  # the whole run (none at all as of the instant it starts)
         else:
             ends = [e for _, e, _, _ in self._pieces]
             first = bisect.bisect_right(ends, start_us)  # pieces are contiguous and ordered

@@ -3,9 +3,9 @@
 A message is the JSON encoding of one ``EventBatch``. Parsing checks it exactly as a Pub/Sub topic
 with the schema would (the protobuf JSON parser, unknown fields rejected), then the rules the
 schema cannot state (a known schema version, non-empty ids, one kind per event, times and steps
-in range, finite durations). Nothing is dropped silently: a message that cannot be read at all
-becomes one ``DeadLetter``; an invalid event inside a readable message becomes one
-``DeadLetter`` and its valid neighbours are kept.
+in range, finite durations) and the limits below, which bound what one message can cost. Nothing
+is dropped silently: a message that cannot be read at all becomes one ``DeadLetter``; an invalid
+event inside a readable message becomes one ``DeadLetter`` and its valid neighbours are kept.
 
 Pure Python with no Beam import, so the Beam transforms, the tests and the tools share it.
 """
@@ -33,6 +33,30 @@ MIN_TIME_US = 946_684_800 * 1_000_000
 MAX_TIME_US = 7_258_118_400 * 1_000_000
 #: Longest run or attempt id accepted.
 MAX_ID_LENGTH = 512
+#: Largest message accepted, in bytes: Pub/Sub's own limit (a publish request is at most 10 MB),
+#: so nothing that came through the topic exceeds it; a replayed file's lines are held to it too.
+MAX_MESSAGE_BYTES = 10_000_000
+#: Most events in one message: 100 times the emitter's default batch. It bounds the dead letters
+#: one message can produce (an event of two bytes, ``{}``, would let 10 MB carry millions).
+MAX_EVENTS_PER_MESSAGE = 100_000
+#: Deepest JSON nesting accepted. The schema nests five levels (batch, events, event, kind,
+#: labels); the cap keeps every parser's recursion far below Python's limit, where a deeper
+#: document would raise instead of being dead-lettered.
+MAX_JSON_DEPTH = 32
+#: Most labels on one job start: as many as a Google Cloud resource takes. Labels ride in every
+#: snapshot's metadata and in the run's state, once per attempt.
+MAX_LABELS = 64
+#: Longest string in an event body (label keys and values, run group, accelerator type,
+#: location, badput and elastic wait types), in characters. These become table columns and
+#: Cloud Monitoring labels, whose values may be 1024 bytes: 256 characters are at most 1024 bytes
+#: in UTF-8 (with the ``CUSTOM_BADPUT_EVENTS.`` prefix, an upper-cased badput type still fits).
+MAX_TEXT_LENGTH = 256
+#: Longest duration (a checkpoint's blocking time, a configured ideal step time), in seconds:
+#: the span of accepted event times. Anything longer is corrupt, and would overflow in the
+#: engine's microsecond arithmetic.
+MAX_DURATION_S = (MAX_TIME_US - MIN_TIME_US) / 1_000_000
+#: The head of an oversized message kept as its dead letter's payload, in bytes.
+OVERSIZED_PAYLOAD_BYTES = 64 * 1024
 
 #: Every event kind, in schema order.
 EVENT_KINDS: tuple[str, ...] = tuple(
@@ -140,14 +164,58 @@ def _plain(message: ProtoMessage) -> dict[str, Any]:
     return values
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened for a reason a person reads (a container by its type only)."""
+    if isinstance(value, (list, dict)):
+        return _JSON_TYPES[type(value)]
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    return repr(value)
+
+
+def _text_problem(where: str, value: str, free_form: bool = False) -> str | None:
+    """Why a string of an event body is unacceptable, or None.
+
+    Names (types, run group, accelerator, location, label keys) become columns, bucket names and
+    metric labels that people read: printable characters only, as for ids. Label values are free
+    text kept as JSON, so any valid Unicode goes; a lone surrogate cannot be stored as UTF-8.
+    """
+    if len(value) > MAX_TEXT_LENGTH:
+        return f"{where} is {len(value)} characters, more than MAX_TEXT_LENGTH ({MAX_TEXT_LENGTH})"
+    if free_form:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} is not valid Unicode (a lone surrogate), got {_shown(value)}"
+    elif not value.isprintable():
+        return f"{where} must be printable characters (no control or format characters), got {_shown(value)}"
+    return None
+
+
 def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]) -> str | None:
     if kind is None:
         return "event has no kind: set exactly one of " + ", ".join(EVENT_KINDS)
     if seq < 0:
         return f"seq must be >= 0, got {seq}"
     if not MIN_TIME_US <= time_us < MAX_TIME_US:
+        if time_us == 0:
+            return "time_us is missing (or 0): it must be in 2000-01-01..2200-01-01 UTC"
         return f"time_us {time_us} is outside 2000-01-01..2200-01-01 UTC"
     for name, value in body.items():
+        if type(value) is str:
+            problem = _text_problem(f"{kind}.{name}", value)
+            if problem is not None:
+                return problem
+            continue
+        if type(value) is dict:  # the labels map
+            if len(value) > MAX_LABELS:
+                return f"{kind}.{name} has {len(value)} labels, more than MAX_LABELS ({MAX_LABELS})"
+            for key, text in value.items():
+                problem = (_text_problem(f"{kind}.{name} key {_shown(key, 40)}", key)
+                           or _text_problem(f"{kind}.{name}[{_shown(key, 40)}]", text, free_form=True))
+                if problem is not None:
+                    return problem
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if kind in _OBSERVATION_KINDS and name != "step":
@@ -156,6 +224,8 @@ def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any
             return f"{kind}.{name} must be finite, got {value}"
         if value < 0:
             return f"{kind}.{name} must be >= 0, got {value}"
+        if type(value) is float and value > MAX_DURATION_S:  # the doubles outside observations are durations
+            return f"{kind}.{name} must be at most MAX_DURATION_S ({MAX_DURATION_S:.0f} s), got {value}"
     ideal = body.get("configured_ideal_step_time_s")
     if ideal is not None and not ideal > 0:
         return f"job_start.configured_ideal_step_time_s must be > 0, got {ideal}"
@@ -282,7 +352,7 @@ def _columnar(data: bytes) -> Batch | None:
         parts = _OTHER_NOT_STEP.split(events)  # step starts, an other event, step starts, ...
         for item in parts[1::2]:
             try:
-                raw = json.loads(item)
+                raw = _JSON.decode(item.decode())
             except ValueError:  # UnicodeDecodeError included
                 return None
             event = _read_event(raw, run_id, attempt_id)
@@ -293,6 +363,8 @@ def _columnar(data: bytes) -> Batch | None:
     digits = events.translate(_DIGITS_ONLY)
     numbers = np.fromstring(digits, dtype=np.int64, sep=" ") if digits.strip() else np.empty(0, np.int64)
     columns = numbers.reshape(-1, 3)
+    if len(columns) + len(others) > MAX_EVENTS_PER_MESSAGE:
+        return None
     times = columns[:, 1]
     if len(times) and (times.min() < MIN_TIME_US or times.max() >= MAX_TIME_US):
         return None
@@ -314,10 +386,25 @@ def _inline_step(raw: Any) -> tuple[int, int, int] | None:
     return None
 
 
+_EVENT_KEYS = frozenset(name for field in EventBatch.Event.DESCRIPTOR.fields
+                        for name in (field.name, field.json_name))
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+_TOO_DEEP = f"message nests deeper than MAX_JSON_DEPTH ({MAX_JSON_DEPTH}): not an EventBatch"
+
+
 def _read_event(raw: Any, run_id: str, attempt_id: str) -> Event | str:
     """One event of a message as an ``Event``, or the reason it is invalid."""
     fields = _fast_event(raw)
     if fields is None:
+        if _too_deep(raw, MAX_JSON_DEPTH - 2):  # an event is two levels down
+            return _TOO_DEEP
+        if type(raw) is not dict:
+            return f"event must be a JSON object, got {_JSON_TYPES.get(type(raw), type(raw).__name__)}"
+        unknown = next((key for key in raw if key not in _EVENT_KEYS), None)
+        if unknown is not None:
+            return (f"event does not match the schema: unknown event kind or field {_shown(unknown, 40)} "
+                    "(from a newer emitter? deploy the pipeline that reads it first)")
         parsed = EventBatch.Event()
         try:
             json_format.ParseDict(raw, parsed)
@@ -336,8 +423,50 @@ def parse_message(data: bytes | str, source: str = "") -> tuple[list[Event], lis
     return (batch.events() if batch is not None else []), dead
 
 
+def _no_constant(name: str) -> Any:
+    """Refuses the non-standard tokens NaN and Infinity, which Python's json reads by default."""
+    raise ValueError(f"{name} is not a JSON value (proto3 JSON writes a non-finite double as the "
+                     f'string "{name}")')
+
+
+_JSON = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` levels (found without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if type(value) in (dict, list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (value.values() if type(value) is dict else value))
+    return False
+
+
+_HEAD_RUN_ID = re.compile(rb'"run_id"\s*:\s*"([^"\\\x00-\x1f]{1,%d})"' % MAX_ID_LENGTH)
+
+
+def _oversized(data: bytes, source: str) -> DeadLetter:
+    """The dead letter of a message over ``MAX_MESSAGE_BYTES``: its head, and its run if the head
+    names one (not parsed further: reading it is what the limit prevents)."""
+    head = data[:OVERSIZED_PAYLOAD_BYTES]
+    match = _HEAD_RUN_ID.search(head)
+    run_id = match[1].decode("utf-8", errors="replace") if match else ""
+    reason = (f"message is {len(data)} bytes, more than MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES}); "
+              f"the payload holds its first {len(head)} bytes")
+    return DeadLetter(head.decode("utf-8", errors="backslashreplace"), reason, source,
+                      run_id if run_id.isprintable() else "")
+
+
 def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list[DeadLetter]]:
     """Valid events of one message as a ``Batch`` (None if none), and dead letters."""
+    # Text is measured as the bytes it would be (a character is at most four).
+    sized = data if isinstance(data, bytes) or len(data) <= MAX_MESSAGE_BYTES // 4 else data.encode(
+        "utf-8", errors="surrogatepass")
+    if len(sized) > MAX_MESSAGE_BYTES:
+        assert isinstance(sized, bytes)
+        return None, [_oversized(sized, source)]
     if isinstance(data, bytes):
         columnar = _columnar(data)
         if columnar is not None:
@@ -352,32 +481,55 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
     def reject(reason: str, run_id: str = "") -> tuple[Batch | None, list[DeadLetter]]:
         return None, [DeadLetter(text, reason, source, run_id)]
 
+    # Depth is checked where the protobuf parser or a payload's encoding would recurse: in the
+    # header when the parser reads it, and in events the fast path cannot read.
     try:
-        document = json.loads(text)
+        document = _JSON.decode(text)
     except ValueError as error:
         return reject(f"message is not valid JSON: {error}")
+    except RecursionError:
+        return reject(_TOO_DEEP)
     if not isinstance(document, dict):
-        return reject(f"message must be a JSON object (an EventBatch), got {type(document).__name__}")
+        return reject(f"message must be a JSON object (an EventBatch), got "
+                      f"{_JSON_TYPES.get(type(document), type(document).__name__)}")
     run_id = document.get("run_id")
-    run_id = run_id if isinstance(run_id, str) else ""
+    run_id = run_id if isinstance(run_id, str) and run_id.isprintable() else ""
     version = document.get("schema_version")
-    if version not in SUPPORTED_SCHEMA_VERSIONS:
-        return reject(f"unsupported schema_version {version!r}: this pipeline reads "
-                      f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}", run_id)
+    if type(version) not in (int, float) or version not in SUPPORTED_SCHEMA_VERSIONS:  # true is no 1
+        known = sorted(SUPPORTED_SCHEMA_VERSIONS)
+        if "schema_version" not in document:
+            why = "the message has none"
+        elif type(version) is int and version > known[-1]:
+            why = "newer than this pipeline (deploy a pipeline that reads it before emitters that write it)"
+        else:
+            why = "not a version of this contract"
+        return reject(f"unsupported schema_version {_shown(version, 40)}: {why}; this pipeline reads {known}",
+                      run_id)
     if not (document.keys() <= _BATCH_KEYS and type(document.get("run_id", "")) is str
             and type(document.get("attempt_id", "")) is str):
+        header = {k: v for k, v in document.items() if k != "events"}
+        if _too_deep(header, MAX_JSON_DEPTH):
+            return reject(_TOO_DEEP, run_id)
         try:
-            json_format.ParseDict({k: v for k, v in document.items() if k != "events"}, EventBatch())
+            json_format.ParseDict(header, EventBatch())
         except json_format.ParseError as error:
             return reject(f"message does not match the schema: {error}", run_id)
-    batch_run_id, attempt_id = str(document.get("run_id", "")), str(document.get("attempt_id", ""))
+    # The header's proto field names only (schemas/README.md); a null id is a missing one.
+    batch_run_id, attempt_id = (value if type(value) is str else ""
+                                for value in (document.get("run_id"), document.get("attempt_id")))
     for name, value in (("run_id", batch_run_id), ("attempt_id", attempt_id)):
-        if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
-            return reject(f"{name} must be 1..{MAX_ID_LENGTH} printable characters, got {value!r}",
+        if not value:
+            return reject(f"{name} is missing or empty: it must be 1..{MAX_ID_LENGTH} printable characters",
+                          run_id)
+        if len(value) > MAX_ID_LENGTH or not value.isprintable():
+            return reject(f"{name} must be 1..{MAX_ID_LENGTH} printable characters, got {_shown(value)}",
                           run_id)
     raw_events = document.get("events")
     if not isinstance(raw_events, list) or not raw_events:
         return reject("message has no events: 'events' must be a non-empty list", run_id)
+    if len(raw_events) > MAX_EVENTS_PER_MESSAGE:
+        return reject(f"message has {len(raw_events)} events, more than MAX_EVENTS_PER_MESSAGE "
+                      f"({MAX_EVENTS_PER_MESSAGE})", batch_run_id)
 
     others: list[Event] = []
     dead: list[DeadLetter] = []
@@ -390,6 +542,8 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
             steps.append(step[2])
             continue
         event = _read_event(raw, batch_run_id, attempt_id)
+        if event is _TOO_DEEP:
+            return reject(_TOO_DEEP, batch_run_id)
         if isinstance(event, Event):
             others.append(event)
         else:

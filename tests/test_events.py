@@ -186,6 +186,12 @@ _step_events = st.builds(lambda seq, t, step: {"seq": seq, "time_us": t, "step_s
                  {"seq": 2, "time_us": T, "custom_badput_start": {"badput_type": "a}],{\"seq\":"}}],
          ascii=False)
 @example(events=[{"seq": 1, "time_us": T, "step_start": {"step": "7"}}], ascii=True)
+@example(events=[{"seq": 0, "time_us": T, "job_start": {"labels": {f"k{i}": "v" for i in range(65)}}},
+                 {"seq": 1, "time_us": T, "step_start": {"step": 0}}], ascii=True)  # over MAX_LABELS
+@example(events=[{"seq": 0, "time_us": T, "step_start": {"step": 0}},
+                 {"seq": 1, "time_us": T, "custom_badput_start": {"badput_type": "\x1b[31m"}}], ascii=False)
+@example(events=[{"seq": 0, "time_us": T, "step_start": {"step": 0}},
+                 {"seq": 1, "time_us": T, "model_metrics": {"step": 0, "loss": "NaN"}}], ascii=True)
 @given(events=st.lists(st.one_of(_step_events, _other_events), min_size=1, max_size=6), ascii=st.booleans())
 def test_mixed_messages_read_in_columns_agree_with_the_general_path(events, ascii):
     """A message of step starts and other events reads the same as bytes (in columns where it
@@ -219,3 +225,26 @@ def test_the_emitters_step_messages_take_the_columnar_path():
     columns = _columnar(data)
     assert columns is not None and list(columns.steps) == list(range(100, 1100))
     assert columns == parse_batch(data.decode())[0]
+
+
+_texts = st.text(max_size=300) | st.sampled_from(["\ud800", "a\x00b", "a\tb", "x" * 257, "é" * 256, "\u202e"])
+
+
+@settings(max_examples=200, deadline=None)
+@example(kind="job_start", text="\ud800", as_label=True, ascii=True)
+@example(kind="custom_badput_start", text="EVAL\n", as_label=False, ascii=False)
+@given(kind=st.sampled_from(["job_start", "custom_badput_start", "elastic_wait_start"]), text=_texts,
+       as_label=st.booleans(), ascii=st.booleans())
+def test_strings_in_event_bodies_read_alike_in_columns_and_in_general(kind, text, as_label, ascii):
+    """Names, label keys and label values of any length and characters are judged the same as bytes
+    (in columns) and as text (the general path)."""
+    name = {"job_start": "run_group", "custom_badput_start": "badput_type"}.get(kind, "event_type")
+    body = ({"labels": {"key": text, text: "value"}} if as_label and kind == "job_start" else {name: text})
+    events = [{"seq": 0, "time_us": T, "step_start": {"step": 0}}, {"seq": 1, "time_us": T, kind: body}]
+    message = json.dumps({"schema_version": 1, "run_id": "run", "attempt_id": "a", "events": events},
+                         separators=(",", ":"), ensure_ascii=ascii)
+    try:
+        data = message.encode()
+    except UnicodeEncodeError:
+        return  # a lone surrogate written raw: the bytes are not UTF-8, so there is no text form
+    assert parse_batch(data) == parse_batch(message)
