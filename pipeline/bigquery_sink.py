@@ -9,6 +9,10 @@ wire up; insert ids are derived from the row, so a retried bundle is deduplicate
 requests stay under the API's size limits; and the endpoint can be a local stand-in
 (``pipeline.emulators.bigquery``). The volume is small: snapshots, not events, except the raw
 events table, which ``--no_raw_events`` leaves out.
+
+What a job sends is made storable before it is sent (``pipeline.sanitize``): valid UTF-8, ids
+printable and at most 2048 bytes, JSON and raw payloads at most 512 KiB, so that no row can make
+a request BigQuery refuses as a whole.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_options, table_schema
 from pipeline.rows import DEAD_LETTER, Row
+from pipeline.sanitize import clean_row, free_text
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS_PER_REQUEST = 500  # BigQuery's recommendation for insertAll
@@ -82,9 +89,10 @@ def create_tables(client: Any, project: str, dataset: str) -> None:
 
 
 def to_json(row: Row) -> dict[str, Any]:
-    """A row as insertAll's JSON: timestamps as RFC 3339 strings, non-finite floats as strings."""
+    """A row as insertAll's JSON: timestamps as RFC 3339 strings, non-finite floats as strings,
+    text made storable (``pipeline.sanitize.clean_row``)."""
     out: dict[str, Any] = {}
-    for name, value in row.items():
+    for name, value in clean_row(row).items():
         if isinstance(value, datetime.datetime):
             value = value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         elif isinstance(value, float) and not math.isfinite(value):
@@ -113,51 +121,119 @@ def chunks(rows: Sequence[dict[str, Any]]) -> Iterable[list[dict[str, Any]]]:
         yield chunk
 
 
-class BigQueryWriter:
-    """Appends rows to the output tables of one dataset; rejected rows go to ``dead_letter``.
+#: Per-row error reasons worth another try (the row itself is fine): the rest are the row's fault.
+TRANSIENT_ROW_REASONS = frozenset({"backendError", "internalError", "timeout", "rateLimitExceeded",
+                                   "stopped"})
+#: Called with each row that could be written neither to its table nor to ``dead_letter``: the
+#: table, the row, why.
+OnUnwritten = Callable[[str, Row, str], None]
 
-    Transient errors (5xx, rate limits) are retried with exponential backoff by the client for up
-    to ``retry_deadline_s``; after that, or on any other error of a whole request (a missing
-    table, a bad request), ``write`` raises, so that the runner retries the bundle: no row is
-    dropped. Rows BigQuery rejects one by one are written to ``dead_letter`` instead.
+
+def _retryable(error: Exception) -> bool:
+    """The client's own test (5xx, ``rateLimitExceeded``, connection errors), and quota errors: a
+    streaming-insert quota is a rate, answered with 403 ``quotaExceeded`` or 429."""
+    from google.api_core import exceptions
+    from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+    if DEFAULT_RETRY._predicate(error) or isinstance(error, exceptions.TooManyRequests):
+        return True
+    reasons = [e.get("reason") for e in getattr(error, "errors", None) or [] if isinstance(e, dict)]
+    return "quotaExceeded" in reasons
+
+
+class BigQueryWriter:
+    """Appends rows to the output tables of one dataset; rows that cannot be written go to
+    ``dead_letter``, and the pipeline never stops for a BigQuery error.
+
+    A request that fails transiently (5xx, rate limits, quotas, a lost connection) is retried with
+    exponential backoff and full jitter, from ``initial_backoff_s`` up to ``max_backoff_s``, for
+    at most ``retry_deadline_s`` per ``write`` in all (a long outage costs a bundle that much once).
+    Rows BigQuery rejects one by one for a transient reason are tried again, ``row_attempts``
+    times in all. Then a row that is still not written — rejected for its content, or its request
+    failed for good (a missing table, a bad request, an outage past the deadline) — becomes a
+    ``dead_letter`` row with the row and the reason. A row that cannot be written to
+    ``dead_letter`` either is logged, counted and handed to ``on_unwritten``.
     """
 
-    def __init__(self, client: Any, project: str, dataset: str, retry_deadline_s: float = 120.0) -> None:
-        from google.cloud.bigquery import DEFAULT_RETRY
+    def __init__(self, client: Any, project: str, dataset: str, retry_deadline_s: float = 120.0,
+                 initial_backoff_s: float = 1.0, max_backoff_s: float = 32.0, row_attempts: int = 3,
+                 request_timeout_s: float = 60.0) -> None:
+        from google.api_core import retry
 
         self.client = client
         self.project, self.dataset = project, dataset
-        self.retry = DEFAULT_RETRY.with_deadline(retry_deadline_s)
+        self.retry_deadline_s, self.request_timeout_s = retry_deadline_s, request_timeout_s
+        self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
+        self.row_attempts = row_attempts
+        self.retry = retry.Retry(predicate=_retryable, initial=initial_backoff_s, maximum=max_backoff_s,
+                                 multiplier=2.0, timeout=retry_deadline_s)
 
-    def write(self, rows_by_table: dict[str, list[Row]]) -> int:
-        """Inserts every row; returns how many BigQuery rejected (now in ``dead_letter``)."""
-        rejected: list[Row] = []
+    def write(self, rows_by_table: dict[str, list[Row]], on_unwritten: OnUnwritten | None = None) -> int:
+        """Inserts every row; returns how many went to ``dead_letter`` instead of their table."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        letters: list[Row] = []
         for table, rows in sorted(rows_by_table.items()):
-            rejected += self._insert(table, [to_json(row) for row in rows])
-        if rejected:
-            still = self._insert(DEAD_LETTER, [to_json(row) for row in rejected])
-            if still:
-                raise RuntimeError(f"BigQuery rejected {len(still)} dead-letter rows: {still[:3]}")
-        return len(rejected)
+            for row, reason in self._insert(table, [to_json(row) for row in rows], deadline):
+                letters.append(_dead_letter(table, row, reason))
+        if letters:
+            # The dead letters get a deadline of their own: they are the rows' last way in.
+            unwritten = self._insert(DEAD_LETTER, [to_json(row) for row in letters],
+                                     time.monotonic() + self.retry_deadline_s)
+            for row, reason in unwritten:
+                _LOG.error("Could not write a dead-letter row of run %s to BigQuery: %s", row.get("run_id"),
+                           reason)
+                if on_unwritten is not None:
+                    on_unwritten(DEAD_LETTER, row, reason)
+        return len(letters)
 
-    def _insert(self, table: str, rows: list[dict[str, Any]]) -> list[Row]:
-        """Inserts rows into ``table``; the dead-letter rows of those BigQuery rejected."""
-        rejected: list[Row] = []
+    def _insert(self, table: str, rows: list[dict[str, Any]], deadline: float
+                ) -> list[tuple[dict[str, Any], str]]:
+        """Inserts rows into ``table``; the rows not written, each with the reason."""
+        from google.api_core import exceptions
+
+        failed: list[tuple[dict[str, Any], str]] = []
         reference = f"{self.project}.{self.dataset}.{table}"
         for chunk in chunks(rows):
-            errors = self.client.insert_rows_json(
-                reference, chunk, row_ids=[insert_id(table, row) for row in chunk],
-                skip_invalid_rows=True, retry=self.retry)
-            for error in errors:
-                row = chunk[error["index"]]
-                reasons = "; ".join(e.get("message") or e.get("reason", "") for e in error["errors"])
-                _LOG.warning("BigQuery rejected a row of %s: %s", table, reasons)
-                rejected.append({
-                    "received_time": datetime.datetime.now(datetime.timezone.utc),
-                    "source": f"bigquery:{table}", "run_id": _text(row.get("run_id")),
-                    "reason": f"BigQuery rejected the row: {reasons}",
-                    "payload": json.dumps(row, sort_keys=True, default=str)})
-        return rejected
+            pending, backoff = chunk, self._backoff()
+            for attempt in range(1, self.row_attempts + 1):
+                remaining = max(0.0, deadline - time.monotonic())
+                try:
+                    errors = self.client.insert_rows_json(
+                        reference, pending, row_ids=[insert_id(table, row) for row in pending],
+                        skip_invalid_rows=True, retry=self.retry.with_timeout(remaining),
+                        timeout=self.request_timeout_s)
+                except exceptions.GoogleAPIError as error:  # RetryError too: the deadline passed
+                    _LOG.warning("BigQuery insert of %d rows into %s failed: %s", len(pending), table, error)
+                    failed += [(row, f"BigQuery insert into {table} failed: {error}") for row in pending]
+                    break
+                retry_rows, last = [], attempt == self.row_attempts or time.monotonic() >= deadline
+                for row_error in errors:
+                    row = pending[row_error["index"]]
+                    reasons = {e.get("reason") for e in row_error["errors"]}
+                    if reasons <= TRANSIENT_ROW_REASONS and not last:
+                        retry_rows.append(row)
+                        continue
+                    text = "; ".join(e.get("message") or e.get("reason", "") for e in row_error["errors"])
+                    _LOG.warning("BigQuery rejected a row of %s: %s", table, text)
+                    failed.append((row, f"BigQuery rejected the row: {text}"))
+                if not retry_rows:
+                    break
+                pending = retry_rows
+                time.sleep(min(next(backoff), max(0.0, deadline - time.monotonic())))
+        return failed
+
+    def _backoff(self) -> Iterator[float]:
+        """Exponential backoff with full jitter, as ``google.api_core.retry`` does."""
+        ceiling = self.initial_backoff_s
+        while True:
+            yield random.uniform(0.0, ceiling)
+            ceiling = min(ceiling * 2.0, self.max_backoff_s)
+
+
+def _dead_letter(table: str, row: dict[str, Any], reason: str) -> Row:
+    return {"received_time": datetime.datetime.now(datetime.timezone.utc), "source": f"bigquery:{table}",
+            "run_id": _text(row.get("run_id")), "reason": free_text(reason),
+            "payload": json.dumps(row, sort_keys=True, default=str)}
 
 
 def _text(value: Any) -> str | None:

@@ -3,12 +3,14 @@
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
 in BigQuery: a later snapshot is a new row, and "latest" is a view. ``accelerator_prices``, which
 the fleet SQL joins for costs, is seeded from ``schemas/accelerator_prices.csv`` while empty.
-Timestamps are stored as ``TIMESTAMP`` in UTC.
+Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQuery
+(``pipeline.sanitize``), so both hold the same values.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -21,6 +23,7 @@ import pyarrow as pa
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema, views
 from pipeline.events import Batch
 from pipeline.rows import EVENTS, Element, Row, by_table, event_rows
+from pipeline.sanitize import clean_row, identifier
 
 _DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
                  "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP"}
@@ -45,6 +48,13 @@ def _utc_naive(value: object) -> object:
     return value
 
 
+@functools.cache
+def _columns() -> dict[str, list[tuple[str, str]]]:
+    return {name: [(f["name"], _DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
+            for name in table_names()}
+
+
+
 class DuckDBSink:
     """Appends rows to the output tables of one DuckDB file."""
 
@@ -52,13 +62,18 @@ class DuckDBSink:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._connection = duckdb.connect(str(self.path))
-        for name in table_names():
-            self._connection.execute(create_table_sql(name))
-        self._seed_prices()
-        for name, query in views("main").items():
-            self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
-        self._columns = {name: [(f["name"], _DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
-                         for name in table_names()}
+        # A streaming pipeline opens the file for every bundle it writes: one look at the
+        # catalog, rather than making every table and view again.
+        found = {name for name, in self._connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' UNION ALL "
+            "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main'").fetchall()}
+        if not found >= {*table_names(), *views("main")}:
+            for name in table_names():
+                self._connection.execute(create_table_sql(name))
+            self._seed_prices()
+            for name, query in views("main").items():
+                self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
+        self._columns = _columns()
 
     def _seed_prices(self) -> None:
         """Fills an empty ``accelerator_prices`` table from the price list in ``schemas/``."""
@@ -70,7 +85,7 @@ class DuckDBSink:
     def write(self, table: str, rows: Iterable[Row]) -> int:
         """Appends ``rows`` to ``table``; returns how many."""
         columns = self._columns[table]
-        rows = list(rows)
+        rows = [clean_row(row) for row in rows]
         if not rows:
             return 0
         self._insert(table, {name: pa.array([_utc_naive(row.get(name)) for row in rows],
@@ -95,8 +110,8 @@ class DuckDBSink:
 
         total = sum(counts)
         self._insert(EVENTS, {
-            "run_id": repeated([batch.run_id for batch in stepped]),
-            "attempt_id": repeated([batch.attempt_id for batch in stepped]),
+            "run_id": repeated([identifier(batch.run_id) for batch in stepped]),
+            "attempt_id": repeated([identifier(batch.attempt_id) for batch in stepped]),
             "seq": pa.array(joined("step_seqs")),
             "event_time": pa.array(joined("step_times"), pa.timestamp("us")),
             "kind": repeated(["step_start"] * len(stepped)), "step": pa.array(joined("steps")),

@@ -57,7 +57,7 @@ def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
 
 
 def build_streaming_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
-    """The streaming graph on ``pipeline``; returns the PCollection of (table, row) outputs."""
+    """The streaming graph on ``pipeline``; returns what ``_write`` returns."""
     parsed = (pipeline
               | "ReadPubSub" >> beam.io.ReadFromPubSub(subscription=options.subscription,
                                                        with_attributes=True)
@@ -72,7 +72,7 @@ def build_streaming_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -
 
 
 def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
-    """The batch graph on ``pipeline``; returns the PCollection of (table, row) outputs."""
+    """The batch graph on ``pipeline``; returns what ``_write`` returns."""
     parsed = (pipeline
               | "Files" >> beam.Create(list(options.events))
               | "ReadLines" >> beam.FlatMap(read_lines)
@@ -83,12 +83,17 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
 
 
 def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool) -> Any:
-    """Every output row (snapshots, raw events and run metadata, dead letters) to the sinks."""
+    """Every output row (snapshots, raw events and run metadata, dead letters) to the sinks;
+    returns the PCollection of them all that the cloud sinks take (None if there are none)."""
     raw_events = not options.no_raw_events
     inputs = parsed.events | "InputRows" >> beam.FlatMap(lambda kv: batch_rows(kv[1], raw_events))
-    rows = (snapshots, inputs, parsed.dead_letter) | "AllRows" >> beam.Flatten()
-    if options.duckdb:
-        rows | "WriteToDuckDB" >> WriteToDuckDB(options.duckdb, streaming=streaming)
+    sources = {"Snapshots": snapshots, "Inputs": inputs, "DeadLetters": parsed.dead_letter}
+    if options.duckdb:  # each source apart: a batch runner holds a Flatten's input whole
+        for name, source in sources.items():
+            source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb, streaming=streaming)
+    if not (options.bigquery_dataset or options.monitoring_project):
+        return None
+    rows = tuple(sources.values()) | "AllRows" >> beam.Flatten()
     if options.bigquery_dataset:
         project, dataset = parse_dataset(options.bigquery_dataset)
         if options.bigquery_create_tables:
@@ -98,8 +103,14 @@ def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool
         settings = MonitoringSettings(
             options.monitoring_min_interval_s, options.monitoring_max_lag_s,
             options.monitoring_latest_now, options.monitoring_location, options.monitoring_cluster_name)
-        rows | "WriteToMonitoring" >> WriteToMonitoring(options.monitoring_project, settings, streaming,
-                                                        options.monitoring_endpoint)
+        refused = rows | "WriteToMonitoring" >> WriteToMonitoring(options.monitoring_project, settings,
+                                                                  streaming, options.monitoring_endpoint)
+        # Points Cloud Monitoring did not take are kept as dead letters in the same tables.
+        if options.duckdb:
+            refused | "MonitoringDeadLettersToDuckDB" >> WriteToDuckDB(options.duckdb, streaming=streaming)
+        if options.bigquery_dataset:
+            refused | "MonitoringDeadLettersToBigQuery" >> WriteToBigQuery(project, dataset,
+                                                                           options.bigquery_endpoint)
     return rows
 
 

@@ -16,19 +16,29 @@ pipeline gates each run's series; see ``pipeline.transforms.WriteToMonitoring``)
 errors retried with backoff. Points are stamped when written, as the reference stamps them;
 points older than 25 h are refused by the service, so a replay of old events writes only when
 asked to, and then the latest values, stamped now.
+
+What a job sends reaches Cloud Monitoring only as label values, never as label keys: each metric
+has the fixed labels of ``METRICS`` (and ``cluster_name``), and a point with any other key is not
+sent. Values (the run id, the location, the accelerator type, custom badput names) are made
+printable and cut to the service's 1024 bytes (``pipeline.sanitize``), and a run's custom badput
+types beyond ``MAX_CUSTOM_BADPUT_SERIES`` are summed into one series, so that a job cannot make
+an unbounded number of series.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pipeline.engine import DATA_LOADING_ASYNC
+from pipeline.engine import CUSTOM_PREFIX, DATA_LOADING_ASYNC
 from pipeline.rows import BADPUT, GOODPUT, Row
+from pipeline.sanitize import free_text, label_value
 
 _LOG = logging.getLogger(__name__)
 WORKLOAD = "compute.googleapis.com/Workload"
@@ -63,6 +73,10 @@ def resource_of(metric: str) -> tuple[str, frozenset[str]]:
     """The monitored resource type a metric is written on, and that resource's labels."""
     return (GENERIC_TASK, GENERIC_TASK_LABELS) if metric.startswith(CUSTOM) else (WORKLOAD, WORKLOAD_LABELS)
 UNKNOWN_ACCELERATOR = "UNKNOWN"  # the reference's value when the accelerator type is not known
+#: A run's custom badput types written as series of their own (the largest); the rest are summed
+#: into ``OTHER_CUSTOM_BADPUT``, so a job naming thousands of types makes a bounded number of series.
+MAX_CUSTOM_BADPUT_SERIES = 20
+OTHER_CUSTOM_BADPUT = CUSTOM_PREFIX + "OTHER"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +89,10 @@ class MonitoringSettings:
     location: str = "global"
     cluster_name: str | None = None
     settle_s: float = 1.0
+    #: Retries of a failed write (see ``MetricWriter``).
+    retry_deadline_s: float = 60.0
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +127,9 @@ def snapshot_points(rows: Sequence[tuple[str, Row]], default_location: str = "gl
     badput = [row for table, row in rows if table == BADPUT and row["snapshot_time"] == latest
               and row["badput_source"] != DATA_LOADING_ASYNC]
     first = next(iter(windows.values()))
-    run_id, location = first["run_id"], first.get("location") or default_location
-    accelerator = ("accelerator_type", first.get("accelerator_type") or UNKNOWN_ACCELERATOR)
-    extra = (("cluster_name", cluster_name),) if cluster_name else ()
+    run_id, location = label_value(first["run_id"]), label_value(first.get("location") or default_location)
+    accelerator = ("accelerator_type", label_value(first.get("accelerator_type") or UNKNOWN_ACCELERATOR))
+    extra = (("cluster_name", label_value(cluster_name)),) if cluster_name else ()
     points: list[Point] = []
 
     def add(metric: str, value: float | int | None, *labels: tuple[str, str]) -> None:
@@ -134,8 +152,8 @@ def snapshot_points(rows: Sequence[tuple[str, Row]], default_location: str = "gl
             add(REFERENCE + name, cumulative.get(name), accelerator, ("window_type", "CUMULATIVE"),
                 ("rolling_window_size", "0"))
         add(CUSTOM + "goodput_pct", cumulative.get("goodput_pct"), accelerator)
-    for row in badput:
-        source = ("badput_source", row["badput_source"])
+    for row in _bounded_custom_badput(badput):
+        source = ("badput_source", label_value(row["badput_source"]))
         if row["window_s"] == 0:
             add(REFERENCE + "badput_time", float(row["seconds"]), source, accelerator)
         else:
@@ -146,6 +164,31 @@ def snapshot_points(rows: Sequence[tuple[str, Row]], default_location: str = "gl
             add(REFERENCE + "interval_goodput", row.get("goodput_pct"), ("goodput_source", "TOTAL"),
                 accelerator, ("rolling_window_size", str(window_s)))
     return points
+
+
+def _bounded_custom_badput(badput: list[Row]) -> list[Row]:
+    """The badput rows with at most ``MAX_CUSTOM_BADPUT_SERIES`` custom types: those with the most
+    cumulative seconds (then by name); the others summed into ``OTHER_CUSTOM_BADPUT`` per window."""
+    custom = {row["badput_source"] for row in badput if row["badput_source"].startswith(CUSTOM_PREFIX)}
+    if len(custom) <= MAX_CUSTOM_BADPUT_SERIES:
+        return badput
+    seconds = {row["badput_source"]: row["seconds"] for row in badput if row["window_s"] == 0}
+    candidates = custom - {OTHER_CUSTOM_BADPUT}  # a type named OTHER joins the sum
+    kept = set(sorted(candidates, key=lambda name: (-(seconds.get(name) or 0.0), name))[
+        :MAX_CUSTOM_BADPUT_SERIES])
+    bounded: list[Row] = []
+    other: dict[int, Row] = {}
+    for row in badput:
+        name = row["badput_source"]
+        if name not in custom or name in kept:
+            bounded.append(row)
+            continue
+        total = other.setdefault(row["window_s"], {**row, "badput_source": OTHER_CUSTOM_BADPUT,
+                                                    "seconds": 0.0, "pct": None})
+        total["seconds"] += row["seconds"] or 0.0
+        if row.get("pct") is not None:
+            total["pct"] = (total["pct"] or 0.0) + row["pct"]
+    return bounded + [other[window_s] for window_s in sorted(other)]
 
 
 def requests(points: Iterable[Point]) -> list[list[Point]]:
@@ -181,43 +224,84 @@ def make_client(endpoint: str | None = None) -> Any:
         transport=MetricServiceGrpcTransport(channel=grpc.insecure_channel(endpoint)))
 
 
+#: Called with each point that could not be written and why.
+OnFailure = Callable[[Point, str], None]
+
+
 class MetricWriter:
     """Writes points with ``CreateTimeSeries``, within the service's rules.
 
-    Transient errors are retried with exponential backoff for up to ``retry_deadline_s``. A
-    series the service refuses is logged with its name and counted; Monitoring is telemetry, so
-    the next snapshot's point supersedes it rather than the pipeline stopping (BigQuery is the
-    record).
+    Transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, RESOURCE_EXHAUSTED: a quota) are
+    retried with exponential backoff and full jitter, from ``initial_backoff_s`` up to
+    ``max_backoff_s`` between tries, for at most ``retry_deadline_s`` per ``write`` in all: a long
+    outage costs a bundle that much time once, not once per request. A point that is still not
+    written — refused by the service (logged with its series), or its request failed for good — is
+    counted and handed to ``on_failure``, which the pipeline turns into a dead-letter row; the
+    write never raises for it. Monitoring is telemetry: the run's next snapshot writes the series
+    again (BigQuery is the record).
     """
 
-    def __init__(self, client: Any, project: str, retry_deadline_s: float = 60.0) -> None:
+    def __init__(self, client: Any, project: str, retry_deadline_s: float = 60.0,
+                 initial_backoff_s: float = 0.5, max_backoff_s: float = 10.0,
+                 request_timeout_s: float = 30.0) -> None:
         from google.api_core import exceptions, retry
 
         self.client, self.project = client, project
+        self.retry_deadline_s, self.request_timeout_s = retry_deadline_s, request_timeout_s
         self.retry = retry.Retry(
             predicate=retry.if_exception_type(exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
                                               exceptions.InternalServerError,
                                               exceptions.ResourceExhausted),
-            initial=0.5, maximum=10.0, multiplier=2.0, timeout=retry_deadline_s)
+            initial=initial_backoff_s, maximum=max_backoff_s, multiplier=2.0, timeout=retry_deadline_s)
 
-    def write(self, points: Iterable[Point]) -> int:
-        """Writes every point; returns how many the service refused (logged)."""
+    def write(self, points: Iterable[Point], on_failure: OnFailure | None = None) -> int:
+        """Writes every point; returns how many were not written (each logged and handed to
+        ``on_failure``)."""
         from google.api_core import exceptions
 
+        deadline = time.monotonic() + self.retry_deadline_s
         failed = 0
-        for batch in requests(points):
+
+        def fail(point: Point, reason: str) -> None:
+            nonlocal failed
+            failed += 1
+            if on_failure is not None:
+                on_failure(point, reason)
+
+        allowed: list[Point] = []
+        for point in points:
+            problem = _label_problem(point)
+            if problem is None:
+                allowed.append(point)
+            else:
+                _LOG.warning("Not writing %s: %s", point.describe(), problem)
+                fail(point, problem)
+        for batch in requests(allowed):
+            series, sent = [], []
+            for point in batch:
+                try:
+                    series.append(self._series(point))
+                    sent.append(point)
+                except (ValueError, TypeError, OverflowError) as error:  # e.g. an int beyond int64
+                    _LOG.warning("Not writing %s: %s", point.describe(), error)
+                    fail(point, f"not a valid point: {error}")
+            if not series:
+                continue
+            remaining = max(0.0, deadline - time.monotonic())
             try:
-                self.client.create_time_series(name=f"projects/{self.project}",
-                                               time_series=[self._series(p) for p in batch], retry=self.retry)
+                self.client.create_time_series(name=f"projects/{self.project}", time_series=series,
+                                               retry=self.retry.with_timeout(remaining),
+                                               timeout=self.request_timeout_s)
             except exceptions.InvalidArgument as error:  # the valid series of the request are kept
-                refused = _refused_indexes(str(error.message), len(batch))
-                for index in refused:
-                    _LOG.warning("Cloud Monitoring refused %s: %s", batch[index].describe(), error.message)
-                failed += len(refused)
-            except exceptions.GoogleAPICallError as error:
-                _LOG.warning("Cloud Monitoring write of %d series failed: %s; first: %s", len(batch),
-                             error, batch[0].describe())
-                failed += len(batch)
+                message = str(error.message)
+                for index in _refused_indexes(message, len(sent)):
+                    _LOG.warning("Cloud Monitoring refused %s: %s", sent[index].describe(), message)
+                    fail(sent[index], f"Cloud Monitoring refused the point: {message}")
+            except exceptions.GoogleAPIError as error:  # RetryError too: the deadline passed
+                _LOG.warning("Cloud Monitoring write of %d series failed: %s; first: %s", len(sent),
+                             error, sent[0].describe())
+                for point in sent:
+                    fail(point, f"Cloud Monitoring write failed: {error}")
         return failed
 
     def _series(self, point: Point) -> Any:
@@ -225,19 +309,41 @@ class MetricWriter:
 
         series = monitoring_v3.TimeSeries()
         series.metric.type = point.metric
-        series.metric.labels.update(dict(point.labels))
+        series.metric.labels.update({key: label_value(value) for key, value in point.labels})
         series.resource.type = resource_of(point.metric)[0]
+        run_id, location = label_value(point.run_id), label_value(point.location)
         if series.resource.type == WORKLOAD:
-            series.resource.labels.update({"location": point.location, "workload_id": point.run_id,
-                                           "replica_id": "0"})
+            series.resource.labels.update({"location": location, "workload_id": run_id, "replica_id": "0"})
         else:
-            series.resource.labels.update({"location": point.location, "namespace": NAMESPACE,
-                                           "job": point.run_id, "task_id": "0"})
+            series.resource.labels.update({"location": location, "namespace": NAMESPACE, "job": run_id,
+                                           "task_id": "0"})
         end = datetime.datetime.fromtimestamp(point.end_us / 1e6, datetime.timezone.utc)
         value = (monitoring_v3.TypedValue(int64_value=point.value) if isinstance(point.value, int)
                  else monitoring_v3.TypedValue(double_value=point.value))
         series.points = [monitoring_v3.Point(interval=monitoring_v3.TimeInterval(end_time=end), value=value)]
         return series
+
+
+def _label_problem(point: Point) -> str | None:
+    """Why the point may not be written as it is: a metric this pipeline does not write, or a
+    label key that is not one of its metric's (user data never becomes a label key)."""
+    labels = METRICS.get(point.metric)
+    if labels is None:
+        return f"{point.metric} is not a metric this pipeline writes"
+    unknown = sorted({key for key, _ in point.labels} - labels - {OPTIONAL_LABEL})
+    if unknown:
+        return f"label keys {unknown} are not labels of {point.metric}"
+    return None
+
+
+def dead_letter_row(point: Point, reason: str, received: datetime.datetime) -> Row:
+    """A ``dead_letter`` row for a point that was not written: the point as JSON and the reason."""
+    end = datetime.datetime.fromtimestamp(point.end_us / 1e6, datetime.timezone.utc)
+    payload = {"metric": point.metric, "labels": dict(point.labels), "run_id": point.run_id,
+               "location": point.location, "value": point.value, "end_time": end.isoformat()}
+    return {"received_time": received, "source": f"monitoring:{point.metric}",
+            "run_id": point.run_id or None, "reason": free_text(reason),
+            "payload": json.dumps(payload, sort_keys=True, default=str)}
 
 
 def _refused_indexes(message: str, size: int) -> list[int]:

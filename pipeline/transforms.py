@@ -2,7 +2,9 @@
 
 ``ParseEvents`` validates messages and routes rejects to a dead-letter output; ``TrackRuns``
 keys events by run and computes each run's snapshot with the engine; ``WriteToDuckDB`` appends
-every output row to a DuckDB file.
+every output row to a DuckDB file. ``WriteToBigQuery`` and ``WriteToMonitoring`` never stop the
+pipeline for a service's error: each returns, as its output, ("dead_letter", row) for what it
+could not write (see ``pipeline.bigquery_sink`` and ``pipeline.monitoring_sink``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import AsSingleton, PCollection
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline import engine
@@ -104,39 +107,40 @@ class TrackRuns(beam.PTransform):
                                              self.windows_s, self.exclusions))
 
 
-class _WriteAll(beam.DoFn):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def process(self, element: tuple[int, Iterable[Element]]) -> None:
-        from pipeline.duckdb_sink import append
-
-        append(self.path, list(element[1]))
-
-
 Sink = Callable[[list[Element]], object]
 
 
 class _WritePerBundle(beam.DoFn):
-    """Buffers a bundle's rows by table and hands them to a sink when the bundle finishes."""
+    """Buffers output elements and hands them to a sink when the bundle finishes, or sooner, once
+    they hold ``flush_rows`` rows (a message's raw events count one row each): a batch runner
+    may make its whole input one bundle, and the buffer must not grow with the input."""
 
-    def __init__(self, open_sink: Callable[[], Sink]) -> None:
+    def __init__(self, open_sink: Callable[[], Sink], flush_rows: int | None = None) -> None:
         self.open_sink = open_sink
+        self.flush_rows = flush_rows
         self._elements: list[Element] = []
+        self._rows = 0
 
     def setup(self) -> None:
         self._sink = self.open_sink()
 
     def start_bundle(self) -> None:
-        self._elements = []
+        self._elements, self._rows = [], 0
 
     def process(self, element: Element) -> None:
         self._elements.append(element)
+        value = element[1]
+        self._rows += len(value) if isinstance(value, Batch) else 1
+        if self.flush_rows is not None and self._rows >= self.flush_rows:
+            self._flush()
 
     def finish_bundle(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
         if self._elements:
             self._sink(self._elements)
-            self._elements = []
+        self._elements, self._rows = [], 0
 
 
 def _duckdb_appender(path: str) -> Sink:
@@ -145,34 +149,86 @@ def _duckdb_appender(path: str) -> Sink:
     return functools.partial(append, path)
 
 
-def _bigquery_writer(project: str, dataset: str, endpoint: str | None) -> Sink:
-    from pipeline.bigquery_sink import BigQueryWriter, make_client
+class _InsertPerBundle(beam.DoFn):
+    """Gathers rows and inserts them into BigQuery when the bundle finishes, or sooner, once they
+    hold ``FLUSH_ROWS`` rows (a batch runner may make its whole input one bundle); outputs
+    ("dead_letter", row) for each row it could write nowhere (logged and counted)."""
 
-    writer = BigQueryWriter(make_client(project, endpoint), project, dataset)
-    return lambda elements: writer.write(by_table(elements))
+    FLUSH_ROWS = 10_000  # a few dozen insertAll requests
+
+    def __init__(self, project: str, dataset: str, endpoint: str | None,
+                 retry: tuple[float, float, float]) -> None:
+        self.project, self.dataset, self.endpoint, self.retry = project, dataset, endpoint, retry
+        self.dead_lettered = Metrics.counter("goodput", "bigquery_rows_dead_lettered")
+        self.unwritten = Metrics.counter("goodput", "bigquery_rows_not_written")
+        self._elements: list[Element] = []
+        self._rows = 0
+
+    def setup(self) -> None:
+        from pipeline.bigquery_sink import BigQueryWriter, make_client
+
+        deadline_s, initial_s, maximum_s = self.retry
+        self._writer = BigQueryWriter(make_client(self.project, self.endpoint), self.project, self.dataset,
+                                      retry_deadline_s=deadline_s, initial_backoff_s=initial_s,
+                                      max_backoff_s=maximum_s)
+
+    def start_bundle(self) -> None:
+        self._elements, self._rows = [], 0
+
+    def process(self, element: Element) -> Iterator[tuple[str, Row]]:
+        self._elements.append(element)
+        self._rows += len(element[1]) if isinstance(element[1], Batch) else 1
+        if self._rows >= self.FLUSH_ROWS:
+            yield from self._flush()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        for letter in self._flush():
+            yield GlobalWindows.windowed_value(letter)
+
+    def _flush(self) -> Iterator[tuple[str, Row]]:
+        elements, self._elements, self._rows = self._elements, [], 0
+        if not elements:
+            return
+        lost: list[Row] = []
+        self.dead_lettered.inc(self._writer.write(by_table(elements),
+                                                  lambda table, row, reason: lost.append(row)))
+        self.unwritten.inc(len(lost))
+        for row in lost:
+            yield DEAD_LETTER, row
 
 
 class WriteToBigQuery(beam.PTransform):
     """Appends (table, row) pairs to the output tables of a BigQuery dataset, each bundle's rows
     in a few streaming inserts; rows BigQuery rejects land in its ``dead_letter`` table (see
-    ``pipeline.bigquery_sink``)."""
+    ``pipeline.bigquery_sink``). The output is ("dead_letter", row) for each row that could not
+    be written even there. The retries are ``BigQueryWriter``'s, with its defaults unless given."""
 
-    def __init__(self, project: str, dataset: str, endpoint: str | None = None) -> None:
+    def __init__(self, project: str, dataset: str, endpoint: str | None = None, *,
+                 retry_deadline_s: float = 120.0, initial_backoff_s: float = 1.0,
+                 max_backoff_s: float = 32.0) -> None:
         super().__init__()
-        self.open_sink = functools.partial(_bigquery_writer, project, dataset, endpoint)
+        self.project, self.dataset, self.endpoint = project, dataset, endpoint
+        self.retry = (retry_deadline_s, initial_backoff_s, max_backoff_s)
 
     def expand(self, rows: PCollection) -> Any:
-        return rows | "InsertPerBundle" >> beam.ParDo(_WritePerBundle(self.open_sink))
+        return rows | "InsertPerBundle" >> beam.ParDo(_InsertPerBundle(self.project, self.dataset,
+                                                                       self.endpoint, self.retry))
 
 
 class WriteToDuckDB(beam.PTransform):
     """Appends (table, row) pairs to a DuckDB file.
 
-    DuckDB has one writer per file: a batch pipeline gathers every row to one writer; a
-    streaming one appends each bundle's rows as the bundle finishes, opening the file only for
-    the write, so that readers can open it between writes. (On Dataflow the sinks are BigQuery
-    and Cloud Monitoring; DuckDB is the local stand-in.)
+    Each bundle's rows are appended as the bundle finishes, and every ``FLUSH_ROWS`` rows within
+    it, so that memory stays bounded however large the input. DuckDB has one writer per file:
+    each append opens the file only for the write, under a lock shared by the process's threads,
+    and retries while another process holds it, so readers can open it between writes. (On
+    Dataflow the sinks are BigQuery and Cloud Monitoring; DuckDB is the local stand-in.) Batch and
+    streaming pipelines append alike: ``streaming`` changes nothing.
     """
+
+    #: Rows (a message's raw events count one each) buffered before an append: an append costs
+    #: tens of milliseconds to open the file, and the rows a few hundred bytes each.
+    FLUSH_ROWS = 100_000
 
     def __init__(self, path: str, streaming: bool = False) -> None:
         super().__init__()
@@ -180,13 +236,8 @@ class WriteToDuckDB(beam.PTransform):
         self.streaming = streaming
 
     def expand(self, rows: PCollection) -> Any:
-        if self.streaming:
-            return rows | "AppendPerBundle" >> beam.ParDo(
-                _WritePerBundle(functools.partial(_duckdb_appender, self.path)))
-        return (rows
-                | "OneWriter" >> beam.WithKeys(lambda _: 0)
-                | "Gather" >> beam.GroupByKey()
-                | "Append" >> beam.ParDo(_WriteAll(self.path)))
+        return rows | "AppendPerBundle" >> beam.ParDo(
+            _WritePerBundle(functools.partial(_duckdb_appender, self.path), self.FLUSH_ROWS))
 
 
 class _GateSeries(beam.DoFn):
@@ -257,15 +308,20 @@ class _GateSeries(beam.DoFn):
 
 
 class _WritePoints(beam.DoFn):
-    def __init__(self, project: str, endpoint: str | None) -> None:
-        self.project, self.endpoint = project, endpoint
+    """Writes a bundle's points when it finishes; outputs ("dead_letter", row) for each point that
+    was not written (refused, or its request failed after the retries), logged and counted."""
+
+    def __init__(self, project: str, endpoint: str | None, settings: MonitoringSettings) -> None:
+        self.project, self.endpoint, self.settings = project, endpoint, settings
         self.refused = Metrics.counter("goodput", "monitoring_points_refused")
         self._points: list[Point] = []
 
     def setup(self) -> None:
         from pipeline.monitoring_sink import MetricWriter, make_client
 
-        self._writer = MetricWriter(make_client(self.endpoint), self.project)
+        settings = self.settings
+        self._writer = MetricWriter(make_client(self.endpoint), self.project, settings.retry_deadline_s,
+                                    settings.initial_backoff_s, settings.max_backoff_s)
 
     def start_bundle(self) -> None:
         self._points = []
@@ -273,15 +329,24 @@ class _WritePoints(beam.DoFn):
     def process(self, point: Point) -> None:
         self._points.append(point)
 
-    def finish_bundle(self) -> None:
-        if self._points:
-            self.refused.inc(self._writer.write(self._points))
-            self._points = []
+    def finish_bundle(self) -> Iterator[Any]:
+        if not self._points:
+            return
+        from pipeline.monitoring_sink import dead_letter_row
+
+        received = datetime.datetime.now(datetime.timezone.utc)
+        letters: list[Row] = []
+        self.refused.inc(self._writer.write(
+            self._points, lambda point, reason: letters.append(dead_letter_row(point, reason, received))))
+        self._points = []
+        for row in letters:
+            yield GlobalWindows.windowed_value((DEAD_LETTER, row))
 
 
 class WriteToMonitoring(beam.PTransform):
     """Writes the reference's Cloud Monitoring metrics of every run from the snapshot rows (see
-    ``pipeline.monitoring_sink``), each run's series gated by ``_GateSeries``."""
+    ``pipeline.monitoring_sink``), each run's series gated by ``_GateSeries``. The output is
+    ("dead_letter", row) for each point that was not written."""
 
     def __init__(self, project: str, settings: MonitoringSettings, streaming: bool,
                  endpoint: str | None = None) -> None:
@@ -294,4 +359,4 @@ class WriteToMonitoring(beam.PTransform):
                 | "ByRun" >> beam.Map(lambda tr: (tr[1]["run_id"], tr)).with_output_types(
                     tuple[str, Any])
                 | "Gate" >> beam.ParDo(_GateSeries(self.settings, self.streaming))
-                | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint)))
+                | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint, self.settings)))

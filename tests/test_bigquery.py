@@ -122,10 +122,14 @@ def test_writer_splits_requests_retries_and_is_idempotent(client, emulator):
     assert len(dead_letter(emulator)) == 1_200
 
 
-def test_writer_raises_when_the_table_is_missing(emulator):
+def test_writer_hands_back_what_it_cannot_write_when_the_tables_are_missing(emulator):
+    """No table at all: nothing raises; the rows come back as dead letters not written."""
     writer = BigQueryWriter(make_client(PROJECT, emulator.endpoint), PROJECT, DATASET)
-    with pytest.raises(exceptions.NotFound):
-        writer.write({"dead_letter": [letter()]})
+    unwritten: list[tuple[str, dict[str, Any], str]] = []
+    assert writer.write({"dead_letter": [letter()]}, lambda *failure: unwritten.append(failure)) == 1
+    ((table, row, reason),) = unwritten
+    assert (table, row["source"], row["run_id"]) == ("dead_letter", "bigquery:dead_letter", "run-1")
+    assert "Not found: Table" in reason and '"source": "file:1"' in row["payload"]
 
 
 def test_dataset_option_is_checked():

@@ -25,7 +25,8 @@ STEP_NAMES = [
     "ReadPubSub", "WithSource", "ParseEvents", "ParseEvents/Validate", "Keyed", "TrackRuns",
     "TrackRuns/TrackRun", "InputRows", "AllRows", "WriteToBigQuery", "WriteToBigQuery/InsertPerBundle",
     "WriteToMonitoring", "WriteToMonitoring/Snapshots", "WriteToMonitoring/ByRun",
-    "WriteToMonitoring/Gate", "WriteToMonitoring/Write",
+    "WriteToMonitoring/Gate", "WriteToMonitoring/Write", "MonitoringDeadLettersToBigQuery",
+    "MonitoringDeadLettersToBigQuery/InsertPerBundle",
 ]
 
 

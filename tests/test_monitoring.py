@@ -215,13 +215,13 @@ def test_writer_writes_every_series_through_the_real_client(monitoring):
 
 def test_writer_splits_requests_and_retries_transient_errors(monitoring):
     points = stamped([p for i in range(3) for p in snapshot_points(run_rows(f"run-{i}", windows=()))]
-                     + [Point(CUSTOM + "probe", (("i", str(i)),), "run-x", "global", 1.0)
-                        for i in range(400)])
+                     + [Point(CUSTOM + "goodput_pct", (("accelerator_type", f"a{i}"),), "run-x", "global",
+                              1.0) for i in range(400)])
     monitoring.store.fail_next(1, grpc.StatusCode.UNAVAILABLE)
     before = monitoring.store.requests
     assert MetricWriter(make_client(monitoring.host), PROJECT).write(points) == 0
     assert monitoring.store.requests - before == 1 + math.ceil(len(points) / MAX_SERIES_PER_REQUEST)
-    assert len(monitoring.store.points(CUSTOM + "probe")) == 400
+    assert sum(p[1]["job"] == "run-x" for p in monitoring.store.points(CUSTOM + "goodput_pct")) == 400
 
 
 def test_writer_logs_each_refused_series_and_keeps_the_rest(monitoring, caplog):

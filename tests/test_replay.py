@@ -208,3 +208,18 @@ def test_a_replay_on_the_direct_runner_goes_straight_to_the_fn_api_runner():
     assert isinstance(_batch_runner(GoodputOptions([])), FnApiRunner)
     assert isinstance(_batch_runner(GoodputOptions(["--runner=DirectRunner"])), FnApiRunner)
     assert _batch_runner(GoodputOptions(["--runner=DataflowRunner"])) is None
+
+
+def test_a_duckdb_file_replaced_under_the_same_name_gets_its_tables_again(tmp_path: Path):
+    """The tables are made once per file, and again for a new file at the same path."""
+    from pipeline.duckdb_sink import DuckDBSink
+
+    path = tmp_path / "out.duckdb"
+    for _ in range(2):
+        DuckDBSink(path).close()  # the second open skips making what is there
+        path.unlink()
+        sink = DuckDBSink(path)
+        assert sink.query("SELECT count(*) FROM accelerator_prices")[0][0] > 0
+        assert sink.query("SELECT count(*) FROM goodput_snapshots") == [(0,)]
+        sink.close()
+        path.unlink()

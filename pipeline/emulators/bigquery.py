@@ -13,8 +13,14 @@ Started with ``python -m pipeline.emulators.bigquery --port 9050``, or in-proces
 table must exist; every row is checked against the table's schema (unknown fields, missing
 required fields, values of the wrong type); without ``skipInvalidRows`` one invalid row stops the
 whole request (the others get the reason ``stopped``), with it the valid rows are kept; at most
-50,000 rows and 10 MB per request; a row's ``insertId`` deduplicates it for a minute. Rows are
-kept in memory for assertions. Queries (``jobs``) are not served: fleet SQL runs on DuckDB.
+50,000 rows and 10 MB per request; STRING values must be valid UTF-8; a row's ``insertId``
+deduplicates it for a minute. Rows are kept in memory for assertions. Queries (``jobs``) are not
+served: fleet SQL runs on DuckDB.
+
+Faults are injected through the store: ``fail_next(n, status, reason)`` fails the next n
+insertAll requests as a whole (503 ``backendError``, 429 ``rateLimitExceeded``, 403
+``quotaExceeded``, ...), ``reject_rows_next(n, reason)`` rejects the next n valid rows one by one
+(a partial failure; ``backendError`` is transient, ``invalid`` is not).
 """
 
 from __future__ import annotations
@@ -85,7 +91,9 @@ def _boolean(value: Any) -> bool:
 def _string(value: Any) -> str:
     if isinstance(value, (dict, list)):
         raise ValueError(value)
-    return value if isinstance(value, str) else json.dumps(value)
+    text = value if isinstance(value, str) else json.dumps(value)
+    text.encode("utf-8")  # a lone surrogate (a JSON escape of half a character) is not UTF-8
+    return text
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
@@ -110,7 +118,7 @@ def check_row(schema: list[dict[str, Any]], row: Any,
             continue
         try:
             values[name] = _CONVERT[field["type"]](value)
-        except (ValueError, TypeError, OverflowError):
+        except (ValueError, TypeError, OverflowError):  # UnicodeEncodeError is a ValueError
             problems.append(f"Cannot convert value to {field['type'].lower()}: {json.dumps(value)} "
                             f"(field {name}).")
     return values, problems
@@ -126,13 +134,26 @@ class BigQueryStore:
         self._tables: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self._seen: dict[tuple[str, str, str], dict[str, float]] = {}
-        self._failures: list[HTTPStatus] = []
+        self._failures: list[tuple[HTTPStatus, str]] = []
+        self._row_rejections: list[str] = []
         self.insert_requests = 0
 
-    def fail_next(self, count: int, status: HTTPStatus = HTTPStatus.SERVICE_UNAVAILABLE) -> None:
-        """The next ``count`` insertAll requests fail with ``status`` and change nothing."""
+    def fail_next(self, count: int, status: HTTPStatus = HTTPStatus.SERVICE_UNAVAILABLE,
+                  reason: str | None = None) -> None:
+        """The next ``count`` insertAll requests fail with ``status`` and change nothing. The
+        reason defaults to what BigQuery answers with the status: ``backendError`` for a 5xx,
+        ``rateLimitExceeded`` for 429, ``quotaExceeded`` for 403, ``invalid`` otherwise."""
+        if reason is None:
+            reason = ("backendError" if status >= 500 else "rateLimitExceeded" if status == 429
+                      else "quotaExceeded" if status == 403 else "invalid")
         with self._lock:
-            self._failures.extend([status] * count)
+            self._failures.extend([(status, reason)] * count)
+
+    def reject_rows_next(self, count: int, reason: str = "backendError") -> None:
+        """The next ``count`` valid rows inserted are rejected one by one with ``reason`` (the
+        others of their requests are kept): a partial failure."""
+        with self._lock:
+            self._row_rejections.extend([reason] * count)
 
     def rows(self, project: str, dataset: str, table: str) -> list[dict[str, Any]]:
         """The table's rows in insert order, values as Python (timestamps as aware datetimes)."""
@@ -190,9 +211,8 @@ class BigQueryStore:
         with self._lock:
             self.insert_requests += 1
             if self._failures:
-                status = self._failures.pop(0)
-                reason = "backendError" if status >= 500 else "rateLimitExceeded"
-                raise ApiError(status, reason, "The service is unavailable; try again.")
+                status, reason = self._failures.pop(0)
+                raise ApiError(status, reason, f"Injected failure: {reason}")
             if key not in self._tables:
                 raise ApiError(HTTPStatus.NOT_FOUND, "notFound",
                                f"Not found: Table {project}:{dataset}.{table}")
@@ -203,9 +223,18 @@ class BigQueryStore:
             schema = self._tables[key]["schema"]["fields"]
             checked = [check_row(schema, entry.get("json") if isinstance(entry, dict) else None,
                                  bool(request.get("ignoreUnknownValues"))) for entry in rows]
-            errors = [{"index": i, "errors": [{"reason": "invalid", "location": "", "message": problem}
-                                              for problem in problems]}
-                      for i, (_, problems) in enumerate(checked) if problems]
+            rejected: dict[int, str] = {}
+            for index, (_, problems) in enumerate(checked):
+                if not problems and self._row_rejections:
+                    rejected[index] = self._row_rejections.pop(0)
+            errors: list[dict[str, Any]] = [
+                {"index": i, "errors": [{"reason": "invalid", "location": "", "message": problem}
+                                        for problem in problems]}
+                for i, (_, problems) in enumerate(checked) if problems]
+            errors += [{"index": i, "errors": [{"reason": reason, "location": "",
+                                                "message": f"Injected rejection: {reason}"}]}
+                       for i, reason in rejected.items()]
+            errors.sort(key=lambda e: e["index"])
             if errors and not request.get("skipInvalidRows"):
                 failed = {error["index"] for error in errors}
                 errors += [{"index": i, "errors": [{"reason": "stopped", "location": "", "message": ""}]}
@@ -215,9 +244,9 @@ class BigQueryStore:
             now, seen = self._clock(), self._seen[key]
             for expired in [k for k, at in seen.items() if now - at > DEDUP_S]:
                 del seen[expired]
-            for entry, (values, problems) in zip(rows, checked, strict=True):
+            for index, (entry, (values, problems)) in enumerate(zip(rows, checked, strict=True)):
                 insert_id = entry.get("insertId")
-                if problems or (insert_id and insert_id in seen):
+                if problems or index in rejected or (insert_id and insert_id in seen):
                     continue
                 if insert_id:
                     seen[insert_id] = now

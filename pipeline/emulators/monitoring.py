@@ -13,7 +13,8 @@ service refuses, so a sink is tested with the unmodified client::
 
 or in-process: ``with MonitoringEmulator() as emulator: ...`` with ``emulator.host`` as the
 channel's address and ``emulator.store`` for assertions (``store.points(metric_type)``) and
-fault injection (``store.fail_next(n)``).
+fault injection: ``store.fail_next(n, code)`` (the next n calls fail, an outage or a quota) and
+``store.refuse_next(n, reason)`` (the next n series are refused, a partial failure).
 
 Served: CreateTimeSeries with the documented rules (see ``MetricStore``), including the
 partial failure of the real service: the valid series of a request are written, and the error
@@ -47,6 +48,9 @@ from pipeline.emulators import emulator_parser, log_to_console, serve_until_sign
 
 _LOG = logging.getLogger(__name__)
 MAX_SERIES_PER_REQUEST = 200
+# https://cloud.google.com/monitoring/quotas (user-defined metrics): 30 labels per descriptor, keys
+# of at most 100 and values of at most 1024. The page says "string length": values are counted
+# here in UTF-8 bytes, the stricter reading, so a sink that passes here passes there either way.
 MAX_LABELS = 30
 MAX_LABEL_KEY = 100
 MAX_LABEL_VALUE = 1024
@@ -127,8 +131,8 @@ def _check_labels(labels: Iterable[tuple[str, str]], what: str) -> None:
         if len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
             raise _Refused(f"{what} has an invalid label key {key!r}: lower-case letters, digits "
                            f"and underscores, starting with a letter, at most {MAX_LABEL_KEY} characters")
-        if len(value) > MAX_LABEL_VALUE:
-            raise _Refused(f"{what} label {key!r} is longer than {MAX_LABEL_VALUE} characters")
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_LABEL_VALUE:
+            raise _Refused(f"{what} label {key!r} is longer than {MAX_LABEL_VALUE} bytes")
 
 
 def _check_kind(kind: int, value_type: int, metric_type: str) -> None:
@@ -173,12 +177,20 @@ class MetricStore:
         self._series: dict[SeriesKey, _Series] = {}
         self._written: list[tuple[SeriesKey, int, Any]] = []  # every accepted point, in write order
         self._failures: list[grpc.StatusCode] = []
+        self._refusals: list[str] = []
         self.requests = 0
 
     def fail_next(self, n: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
-        """The next ``n`` CreateTimeSeries calls fail with ``code`` and write nothing: an outage."""
+        """The next ``n`` CreateTimeSeries calls fail with ``code`` and write nothing: an outage
+        (UNAVAILABLE, INTERNAL), a quota (RESOURCE_EXHAUSTED), a permission (PERMISSION_DENIED)."""
         with self._lock:
             self._failures.extend([code] * n)
+
+    def refuse_next(self, n: int, reason: str = "Injected refusal") -> None:
+        """The next ``n`` series written (over any number of calls) are refused with ``reason``, the
+        others of their requests written: a partial failure."""
+        with self._lock:
+            self._refusals.extend([reason] * n)
 
     def points(self, metric_type: str) -> list[tuple[dict[str, str], dict[str, str], float, Any]]:
         """The accepted points of a metric type, in write order: metric labels, resource labels,
@@ -209,6 +221,8 @@ class MetricStore:
             for index, series in enumerate(time_series):
                 pb = types.TimeSeries.pb(series)
                 try:
+                    if self._refusals:
+                        raise _Refused(self._refusals.pop(0))
                     self._write(project, pb, now_ns, seen)
                 except _Refused as reason:
                     refused.append((index, str(reason), len(pb.points)))
@@ -230,6 +244,7 @@ class MetricStore:
         if ts.resource.type not in allowed:
             raise _Refused(f"Metric {metric_type} cannot be written on monitored resource type "
                            f"{ts.resource.type}; it can on {', '.join(sorted(allowed))}")
+        _check_labels(ts.resource.labels.items(), f"The monitored resource {ts.resource.type}")
         resource_labels = dict(ts.resource.labels)
         if filled is not None:
             resource_labels.setdefault(filled, project)
