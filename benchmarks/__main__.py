@@ -1,7 +1,7 @@
 """Runs every benchmark and writes BENCHMARKS.md: ``make bench`` or ``python -m benchmarks``.
 
-``python -m benchmarks NAME ...`` runs only the named sections (emitter, engine, replay,
-streaming); BENCHMARKS.md then holds only those.
+``python -m benchmarks NAME ...`` runs only the named sections (emitter, engine, replay, fleet,
+streaming, costs, profile); BENCHMARKS.md then holds only those.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from benchmarks.common import machine
 
 SECTIONS = {"emitter": "benchmarks.emitter_overhead", "engine": "benchmarks.engine",
-            "replay": "benchmarks.replay", "streaming": "benchmarks.streaming", "costs": "benchmarks.costs"}
+            "replay": "benchmarks.replay", "fleet": "benchmarks.fleet", "streaming": "benchmarks.streaming",
+            "costs": "benchmarks.costs", "profile": "benchmarks.profile"}
 OUTPUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
