@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from emitter import testing
@@ -122,6 +122,10 @@ class GoodputRecorder:
         background_grace_period_s: The reference's keyword; sets ``close_timeout_s``.
         background_batch_size: The reference's keyword; sets ``max_batch_events``.
         background_max_latency_s: The reference's keyword; sets ``max_latency_s``.
+        wall_clock_ns: The clock that dates a call passing no time, in nanoseconds since the
+            Unix epoch (``time.time_ns``, the default). Event times follow it wherever it
+            jumps; batching, retries and heartbeats are paced by the monotonic clock, so a jump
+            neither stalls nor hurries them. For tests of a host whose clock misbehaves.
 
     Raises:
         ValueError: An argument is invalid, or recording is enabled with no destination.
@@ -145,6 +149,7 @@ class GoodputRecorder:
         background_grace_period_s: float | None = None,
         background_batch_size: int | None = None,
         background_max_latency_s: float | None = None,
+        wall_clock_ns: Callable[[], int] | None = None,
     ) -> None:
         self.job_name = _text(job_name, "job_name")
         if not job_name:
@@ -158,6 +163,7 @@ class GoodputRecorder:
             background_grace_period_s, background_batch_size, background_max_latency_s,
         )
         self.settings = settings
+        self._now_ns = wall_clock_ns or time.time_ns
         self._worker: BatchWorker | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -182,10 +188,10 @@ class GoodputRecorder:
                     "GoodputRecorder needs a destination when logging_enabled=True: pass "
                     "destination='file:PATH' or 'projects/P/topics/T', or set $GOODPUT_DESTINATION"
                 )
-            transport = transport_for(resolved)
+            transport = transport_for(resolved, send_timeout_s=settings.send_timeout_s)
             self.destination = resolved
         self.attempt_id = uuid.uuid4().hex
-        start_ns = time.time_ns()
+        start_ns = self._now_ns()
         spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, start_ns,
                       max_bytes=settings.max_spool_bytes,
                       segment_bytes=settings.spool_segment_bytes)
@@ -229,7 +235,7 @@ class GoodputRecorder:
     def _record(self, kind: str, when: object, name: str, body: dict[str, Any],
                 clock_hint: bool = True) -> None:
         if when is None:
-            time_us = time.time_ns() // 1000
+            time_us = self._now_ns() // 1000
         else:
             time_us = _time_us(when, name)
             # An explicit time may be a simulated or backfilled clock: no more invented heartbeats.
@@ -247,7 +253,7 @@ class GoodputRecorder:
     def _automatic_heartbeat(self) -> None:
         # Called from the worker thread while idle: only on the real clock, only mid-job.
         if self._in_job and not self._explicit_time and not self._closed and self._worker:
-            self._worker.put(time.time_ns() // 1000, "heartbeat", {})
+            self._worker.put(self._now_ns() // 1000, "heartbeat", {})
 
     # -- the reference's API ----------------------------------------------------------------
 
@@ -393,7 +399,7 @@ class GoodputRecorder:
         """
         if self._worker is not None:
             body = {"step": _count(step, "step"),
-                    "blocking_s": self._blocking_s(start_time, end_time),
+                    "blocking_s": self._blocking_s(start_time, end_time, "checkpoint save"),
                     "persistent": bool(persistent)}
             self._record("checkpoint_save", start_time, "start_time", body, clock_hint=False)
 
@@ -406,7 +412,7 @@ class GoodputRecorder:
         """Records a checkpoint restore of ``step`` that ran from ``start_time`` to ``end_time``."""
         if self._worker is not None:
             body = {"step": _count(step, "step"),
-                    "blocking_s": self._blocking_s(start_time, end_time)}
+                    "blocking_s": self._blocking_s(start_time, end_time, "checkpoint restore")}
             self._record("checkpoint_restore", start_time, "start_time", body, clock_hint=False)
 
     def record_heartbeat(self, time_: datetime.datetime | None = None) -> None:
@@ -440,14 +446,23 @@ class GoodputRecorder:
                 body[name] = json_double(_number(value, name))
         self._record("model_metrics", time_, "time_", body)
 
-    @staticmethod
-    def _blocking_s(start_time: object, end_time: object) -> float:
+    def _blocking_s(self, start_time: object, end_time: object, what: str) -> float:
         if start_time is None:
             raise ValueError("start_time is required")
         start = _time_us(start_time, "start_time")
-        end = time.time_ns() // 1000 if end_time is None else _time_us(end_time, "end_time")
+        if end_time is not None:
+            end = _time_us(end_time, "end_time")
+            if end < start:
+                raise ValueError(f"end_time is before start_time by {(start - end) / 1e6:.6f} s")
+            return (end - start) / 1e6
+        end = self._now_ns() // 1000
         if end < start:
-            raise ValueError(f"end_time is before start_time by {(start - end) / 1e6:.6f} s")
+            # "Now" is before the caller's start: the wall clock jumped back in between. Not
+            # the caller's mistake, so no error; the true duration is unknown.
+            _LOG.warning("goodput recorder for %r: the clock is %.6f s before the %s's "
+                         "start_time; recording it as not blocking", self.job_name,
+                         (start - end) / 1e6, what)
+            return 0.0
         return (end - start) / 1e6
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -496,7 +511,7 @@ class GoodputRecorder:
             return
         self._close_lock = threading.Lock()
         self.attempt_id = uuid.uuid4().hex
-        self._worker.after_fork(self.attempt_id, time.time_ns())
+        self._worker.after_fork(self.attempt_id, self._now_ns())
         self._in_job = False
 
 

@@ -42,6 +42,10 @@ class EmitterSettings:
             explicit times): the emitter never invents an event time.
         retry_initial_backoff_s: First wait after a failed send; doubled per failure.
         retry_max_backoff_s: Cap on the wait between send attempts.
+        send_timeout_s: How long one send to Pub/Sub retries, inside the client library,
+            before it counts as failed and the emitter backs off (the attempt then under way
+            may take this long again). The next send starts on a new connection, so a broker
+            that comes back is found within about ``send_timeout_s + retry_max_backoff_s``.
     """
 
     max_batch_events: int = 1000
@@ -58,6 +62,7 @@ class EmitterSettings:
     heartbeat_interval_s: float | None = 60.0
     retry_initial_backoff_s: float = 0.5
     retry_max_backoff_s: float = 30.0
+    send_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spool_dir", Path(self.spool_dir))
@@ -65,7 +70,8 @@ class EmitterSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EmitterSettings.{name} must be a positive integer, got {value!r}")
-        for name in ("max_latency_s", "close_timeout_s", "retry_initial_backoff_s", "retry_max_backoff_s"):
+        for name in ("max_latency_s", "close_timeout_s", "retry_initial_backoff_s", "retry_max_backoff_s",
+                     "send_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"EmitterSettings.{name} must be a positive number, got {value!r}")

@@ -5,11 +5,16 @@ JSON array ``[seq, time_us, kind, body]`` per event. Names sort oldest first: th
 time, its id, then the first sequence number in the file. A segment is written by one process
 under an exclusive ``flock``, so another process (the next attempt draining what this one left)
 never reads or deletes a segment that is still being written.
+
+Each event is written with its own ``write`` as it is spilled, not buffered in the process: what
+the spool accepted survives the process being killed (``SIGKILL``, the OOM killer), and a write
+the disk refuses (full, read-only) fails at once for that event, leaving no torn line behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -22,7 +27,7 @@ from emitter.encoding import Record
 
 _LOG = logging.getLogger(__name__)
 _SUFFIX = ".seg"
-_WRITE_CHUNK = 64 * 1024
+_COUNT_CHUNK = 1024 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -58,16 +63,21 @@ class Spool:
         self._fd: int | None = None
         self._open_path: Path | None = None
         self._open_bytes = 0
-        self._buffer: list[bytes] = []
-        self._buffered = 0
         self._total_bytes: int | None = None
-        #: Events dropped because the spool was full.
+        self._claimed: Path | None = None
+        #: Events of this attempt dropped because the spool was full.
         self.dropped_events = 0
+        #: Events of earlier attempts dropped (their oldest segments) to make room.
+        self.dropped_backlog_events = 0
 
     # -- writing ----------------------------------------------------------------------------
 
     def append(self, record: Record) -> bool:
-        """Adds one event of this attempt; False if it was dropped because the spool is full."""
+        """Adds one event of this attempt; False if it was dropped because the spool is full.
+
+        Raises:
+            OSError: The disk refused the write (full, read-only, gone); nothing was written.
+        """
         line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
         size = len(line)
         if not self._make_room(size):
@@ -75,54 +85,75 @@ class Spool:
             return False
         if self._fd is None or self._open_bytes + size > self._segment_bytes:
             self._begin_segment(record[0])
-        self._buffer.append(line)
-        self._buffered += size
-        if self._buffered >= _WRITE_CHUNK:
-            self._write_buffer()
+        self._write(line)
         self._open_bytes += size
         self._total_bytes = (self._total_bytes or 0) + size
         return True
 
-    def _write_buffer(self) -> None:
-        if self._fd is not None and self._buffer:
-            data = b"".join(self._buffer)
-            while data:
-                data = data[os.write(self._fd, data):]
-        self._buffer.clear()
-        self._buffered = 0
+    def _write(self, data: bytes) -> None:
+        """Writes ``data`` at the end of the open segment, all of it or (raising) none of it."""
+        assert self._fd is not None
+        written = 0
+        try:
+            while written < len(data):
+                count = os.write(self._fd, data[written:])
+                if count <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += count
+        except OSError:
+            if written:  # a full disk takes part of a line: cut it off again
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._open_bytes)
+            raise
 
-    def write_segment(self, records: list[Record]) -> None:
-        """Writes ``records`` (in seq order) as sealed segments of this attempt; what does not
-        fit is dropped and counted in ``dropped_events``."""
+    def write_segment(self, records: list[Record]) -> int:
+        """Writes ``records`` (in seq order) as sealed segments of this attempt.
+
+        What does not fit is dropped and counted in ``dropped_events``. Returns how many events
+        the disk refused (from the first refusal on, logged), which are lost and not counted here.
+        """
         if not records:
-            return
+            return 0
         self.seal()
-        for record in records:
-            self.append(record)
-        self.seal()
+        try:
+            for index, record in enumerate(records):
+                try:
+                    self.append(record)
+                except OSError as error:
+                    _LOG.error("spool %s refused %d events: %s", self.directory,
+                               len(records) - index, error)
+                    return len(records) - index
+            return 0
+        finally:
+            self.seal()
 
     def seal(self) -> None:
         """Closes the segment being written, so that it can be drained."""
         if self._fd is not None:
-            try:
-                self._write_buffer()
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                os.close(self._fd)
-                self._fd = None
-                self._open_path = None
-                self._open_bytes = 0
+            fd, self._fd = self._fd, None
+            self._open_path = None
+            self._open_bytes = 0
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def _begin_segment(self, first_seq: int) -> None:
         self.seal()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self._prefix}{first_seq:012d}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
         header = (json.dumps({"run_id": self._run_id, "attempt_id": self._attempt_id}) + "\n").encode()
-        self._fd, self._open_path = fd, path
-        self._buffer.append(header)
-        self._buffered += len(header)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._fd, self._open_bytes = fd, 0
+            self._write(header)
+        except OSError:
+            self._fd = None
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        self._open_path = path
         self._open_bytes = len(header)
         self._total_bytes = (self._total_bytes or 0) + self._open_bytes
 
@@ -130,12 +161,16 @@ class Spool:
         if self._total_bytes is None:
             self._total_bytes = sum(p.stat().st_size for p in self._segment_files())
         while self._total_bytes + size > self._max_bytes:
-            oldest = self.segments()
+            # The segment being sent is not dropped: its events may be delivered at this moment.
+            oldest = [p for p in self.segments() if p != self._claimed]
             if not oldest:
                 return False
             dropped = self._count_events(oldest[0])
             self.remove(oldest[0])
-            self.dropped_events += dropped
+            if oldest[0].name.startswith(self._prefix):
+                self.dropped_events += dropped
+            else:
+                self.dropped_backlog_events += dropped
         return True
 
     # -- draining ---------------------------------------------------------------------------
@@ -152,30 +187,41 @@ class Spool:
             return found
         return [p for p in found if p.name.startswith(self._prefix) == own]
 
-    def read(self, path: Path) -> tuple[str, str, list[Record]] | None:
-        """(run_id, attempt_id, records) of a sealed segment; None if it is gone or in use.
+    def claim(self, path: Path | None) -> None:
+        """Marks the segment being sent (``None``: none), so that making room never drops it."""
+        self._claimed = path
 
-        A torn last line (the writer was killed mid-write) is skipped with a warning.
+    @staticmethod
+    def read(path: Path) -> tuple[str, str, list[Record]] | None:
+        """(run_id, attempt_id, records) of a sealed segment; None if it is gone, in use or unreadable.
+
+        Changes nothing, so the worker reads and decodes a segment without holding the lock that
+        ``record_*`` calls take. A segment with no valid header has no records. A torn line (the
+        writer was killed mid-write) is skipped with a warning.
         """
         try:
-            handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+            handle = open(path, "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
+            return None
+        except OSError as error:
+            _LOG.warning("spool segment %s cannot be read (%s); leaving it", path, error)
             return None
         with handle:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return None  # another live process is still writing it
-            lines = handle.read().splitlines()
-        if not lines:
-            return None
+            data = handle.read()
+        # Only "\n" ends a line: JSON escapes it inside strings, but not U+2028 or U+0085.
+        lines = data.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
         try:
             header = json.loads(lines[0])
             run_id, attempt_id = str(header["run_id"]), str(header["attempt_id"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, IndexError):
             _LOG.warning("spool segment %s has no valid header; removing it", path)
-            self.remove(path)
-            return None
+            return "", "", []
         records: list[Record] = []
         for number, line in enumerate(lines[1:], start=2):
             try:
@@ -197,24 +243,27 @@ class Spool:
 
     @staticmethod
     def _count_events(path: Path) -> int:
+        lines = 0
         try:
             with open(path, "rb") as handle:
-                return max(0, sum(1 for _ in handle) - 1)
+                while chunk := handle.read(_COUNT_CHUNK):
+                    lines += chunk.count(b"\n")
         except FileNotFoundError:
             return 0
+        return max(0, lines - 1)
 
     def after_fork(self, attempt_id: str, attempt_start_ns: int) -> None:
         """Forgets the parent's open segment and writes under the child's attempt from now on."""
         if self._fd is not None:
             os.close(self._fd)  # the parent keeps its own descriptor, and with it the lock
         self._fd = None
-        self._buffer.clear()  # the parent writes what it had buffered
-        self._buffered = 0
+        self._claimed = None
         self._open_path = None
         self._open_bytes = 0
         self._attempt_id = attempt_id
         self._prefix = f"{attempt_start_ns:020d}-{attempt_id}-"
         self.dropped_events = 0
+        self.dropped_backlog_events = 0
 
     def close(self) -> None:
         """Seals the open segment and removes the run directory if nothing is left in it."""

@@ -7,10 +7,12 @@ own retry loop or buffering.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,68 +101,113 @@ class PubSubTransport:
     run id, the message id (``attempt_id:first-last``, for deduplication) and the event time in
     milliseconds (for Beam's ``timestamp_attribute``); the ordering key is the run id. ``send``
     waits for the broker's acknowledgement, so a failure reaches the worker, which retries with
-    backoff and spools meanwhile. The client's own retries are cut short for the same reason,
-    and its flow control errors instead of blocking. ``$PUBSUB_EMULATOR_HOST`` points the client
-    at an emulator, as for every Google client.
+    backoff and spools meanwhile. The client's own retries are cut short for the same reason (it
+    makes them endless when ordering keys are used), and its flow control errors instead of
+    blocking. ``$PUBSUB_EMULATOR_HOST`` points the client at an emulator, as for every Google
+    client.
+
+    A send that failed leaves nothing behind that could still deliver its message later, after
+    the retry that replaced it (a duplicate, out of order): the client's retries end by
+    ``timeout_s`` and ``send`` waits for them to end. It then discards the client, with its
+    paused ordering key and its gRPC channel, which while the broker is away waits longer and
+    longer between reconnection attempts (up to two minutes); the next send starts a new
+    client, which connects at once.
     """
 
     def __init__(self, topic: str, *, timeout_s: float = 30.0) -> None:
         self.topic = topic
         self.timeout_s = timeout_s
         self._client: Any = None
+        self._lock = threading.Lock()
+        self._sending = False
 
     def _publisher(self) -> Any:
-        if self._client is None:
-            import google.cloud.pubsub_v1 as pubsub_v1  # imported here: files never need it
+        with self._lock:
+            self._sending = True
+            if self._client is None:
+                import google.cloud.pubsub_v1 as pubsub_v1  # imported here: files never need it
 
-            self._client = pubsub_v1.PublisherClient(
-                batch_settings=pubsub_v1.types.BatchSettings(max_messages=1, max_latency=0.0),
-                publisher_options=pubsub_v1.types.PublisherOptions(
-                    enable_message_ordering=True,
-                    flow_control=pubsub_v1.types.PublishFlowControl(
-                        message_limit=1000,
-                        limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.ERROR),
-                ),
-            )
-        return self._client
+                self._client = pubsub_v1.PublisherClient(
+                    batch_settings=pubsub_v1.types.BatchSettings(max_messages=1, max_latency=0.0),
+                    publisher_options=pubsub_v1.types.PublisherOptions(
+                        enable_message_ordering=True,
+                        flow_control=pubsub_v1.types.PublishFlowControl(
+                            message_limit=1000,
+                            limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.ERROR),
+                    ),
+                )
+            return self._client
 
     def send(self, message: Message) -> None:
-        from google.api_core import retry
+        from google.api_core import exceptions, retry
 
-        client = self._publisher()
-        future = client.publish(
-            self.topic, message.data, ordering_key=message.run_id,
-            retry=retry.Retry(initial=0.1, maximum=1.0, timeout=self.timeout_s),
-            timeout=self.timeout_s,
-            run_id=message.run_id, message_id=message.message_id,
-            event_time=str(message.event_time_us // 1000),
-        )
+        deadline = time.monotonic() + self.timeout_s
+        transient = retry.if_exception_type(  # the client's own choice for Publish
+            exceptions.Aborted, exceptions.Cancelled, exceptions.DeadlineExceeded,
+            exceptions.InternalServerError, exceptions.ResourceExhausted,
+            exceptions.ServiceUnavailable, exceptions.Unknown)
+
+        def retryable(error: Exception) -> bool:
+            # With ordering keys the client retries for 2**32 s whatever the Retry says:
+            # the predicate is what ends its retries.
+            return time.monotonic() < deadline and bool(transient(error))
+
+        client = future = None
+        delivered = False
         try:
-            future.result(timeout=self.timeout_s)
-        except Exception:
-            # A failed publish pauses its ordering key; the worker's retry must find it open.
-            client.resume_publish(self.topic, message.run_id)
-            raise
+            client = self._publisher()
+            future = client.publish(
+                self.topic, message.data, ordering_key=message.run_id,
+                retry=retry.Retry(predicate=retryable, initial=0.1, maximum=1.0,
+                                  timeout=self.timeout_s),
+                timeout=self.timeout_s,
+                run_id=message.run_id, message_id=message.message_id,
+                event_time=str(message.event_time_us // 1000),
+            )
+            # Retries end by the deadline; the attempt then in flight within timeout_s more.
+            future.result(timeout=2 * self.timeout_s + 2.0)
+            delivered = True
+        finally:
+            with self._lock:
+                self._sending = False
+                if not delivered and self._client is client:
+                    self._client = None
+                kept = client is None or self._client is client
+            # Closing a channel under a publish still running would kill its thread noisily.
+            if not kept and (future is None or future.done()):
+                _release(client)
 
     def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._sending = False
         self._client = None  # a gRPC channel must not cross a fork
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.stop()
-            self._client = None
+        with self._lock:
+            client, self._client = self._client, None
+            sending = self._sending
+        if client is not None and not sending:  # else the send releases it as it ends
+            _release(client)
 
     def __repr__(self) -> str:
         return f"PubSubTransport({self.topic!r})"
 
 
+def _release(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.stop()
+    with contextlib.suppress(Exception):
+        client.transport.close()
+
+
 _TOPIC = re.compile(r"projects/[^/]+/topics/[^/]+")
 
 
-def transport_for(destination: str) -> Transport:
+def transport_for(destination: str, *, send_timeout_s: float = 30.0) -> Transport:
     """The transport for a destination string.
 
-    ``file:PATH`` appends to a local file; ``projects/P/topics/T`` publishes to a Pub/Sub topic.
+    ``file:PATH`` appends to a local file; ``projects/P/topics/T`` publishes to a Pub/Sub topic,
+    each send taking at most about ``send_timeout_s``.
 
     Raises:
         ValueError: The destination is not understood.
@@ -171,7 +218,7 @@ def transport_for(destination: str) -> Transport:
             raise ValueError("destination 'file:' needs a path, e.g. 'file:/var/log/goodput.jsonl'")
         return FileTransport(path)
     if _TOPIC.fullmatch(destination):
-        return PubSubTransport(destination)
+        return PubSubTransport(destination, timeout_s=send_timeout_s)
     raise ValueError(
         f"destination {destination!r} not understood: use 'file:PATH' or 'projects/P/topics/T'"
     )

@@ -3,12 +3,18 @@
 ``put`` is what every ``record_*`` call ends in: it takes a lock, numbers the event, appends it
 to a deque and returns; it never waits for the thread and never raises. When the queue is full
 it appends the event to the on-disk spool instead, and keeps doing so until the thread has
-drained the spool, so events stay in order and nothing is lost while the spool has room.
+drained the spool, so events stay in order and nothing is lost while the spool has room. When
+the spool refuses events too (a full or read-only disk), the queue keeps the newest events and
+drops the oldest, counted; the next event that overflows tries the spool again.
 
 The thread sends, in order: segments left in the spool by earlier attempts of the run, then the
 queue, then this attempt's own spooled events. A failed send is retried with exponential backoff
 (the queue fills and spills to disk meanwhile); what is still unsent when the worker is closed is
-written to the spool for the next process of the run to send.
+written to the spool for the next process of the run to send. The thread reads and decodes spool
+segments without holding the lock, so a ``record_*`` call never waits for the disk's reads.
+
+Every pause here is paced by the monotonic clock: a wall clock that jumps neither stalls nor
+hurries batching, retries or heartbeats.
 """
 
 from __future__ import annotations
@@ -32,16 +38,27 @@ _LOG = logging.getLogger("emitter")
 
 @dataclasses.dataclass(frozen=True)
 class EmitterStats:
-    """Counters of one recorder (one attempt), for logs and tests.
+    """Counters of one recorder (one attempt): what it recorded and where each event went.
+
+    ``GoodputRecorder.stats`` returns a snapshot of them. No loss is silent: once ``flush()``
+    returns True, every event this attempt recorded is counted in ``sent`` or in ``dropped``.
+    ``close()`` leaves what it could not deliver in time in the spool for the next attempt of
+    the run (and says so in the log); the next attempt counts it in ``backlog_sent``.
 
     Attributes:
-        recorded: Events accepted by ``record_*`` calls.
-        sent: Events delivered by the transport (an event re-sent after a failure counts once
-            per delivery).
-        spilled: Events that went to the on-disk spool because the queue was full.
-        dropped: Events lost: the spool was full, or a call came after ``close()``.
-        send_errors: Failed transport sends (each retried).
-        messages_sent: Messages delivered.
+        recorded: Events accepted by ``record_*`` calls; their sequence numbers are
+            ``0 .. recorded - 1``.
+        sent: Events of this attempt delivered by the transport, each counted once.
+        spilled: Events written to the on-disk spool because the in-memory queue was full.
+        dropped: Events of this attempt lost: memory and spool were both full or the spool
+            refused them (the oldest go first), or a call came after ``close()`` (such a call
+            is not in ``recorded``).
+        send_errors: Failed transport sends (each retried with backoff).
+        messages_sent: Messages delivered (this attempt's and the backlog's).
+        queued: Events held in memory at the moment, never more than ``max_queue_events``.
+        backlog_sent: Events left in the spool by earlier attempts of the run (a crash, a
+            ``close()`` that ran out of time), delivered by this attempt.
+        backlog_dropped: Events of earlier attempts dropped from a full spool to make room.
     """
 
     recorded: int = 0
@@ -50,6 +67,9 @@ class EmitterStats:
     dropped: int = 0
     send_errors: int = 0
     messages_sent: int = 0
+    queued: int = 0
+    backlog_sent: int = 0
+    backlog_dropped: int = 0
 
 
 class BatchWorker:
@@ -83,7 +103,7 @@ class BatchWorker:
         self._finished_changed = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._closing = threading.Event()
-        self._inflight: list[Record] = []
+        self._inflight: list[Record] = []  # a batch taken from the queue, being sent
         self._oldest_at = 0.0  # when the oldest queued event was queued
         self._force = False  # send a partial batch now (flush, close)
         self._seen_seq = 0
@@ -103,7 +123,7 @@ class BatchWorker:
             record = (seq, time_us, kind, body)
             if not self._spilling:
                 queued = len(self._queue)
-                if queued < self._capacity:
+                if queued + len(self._inflight) < self._capacity:
                     if not queued:
                         self._oldest_at = time.monotonic()
                     self._queue.append(record)
@@ -116,20 +136,46 @@ class BatchWorker:
     def _spill(self, record: Record) -> None:
         dropped_before = self._spool.dropped_events
         try:
-            if self._spool.append(record):
-                self._counts["spilled"] += 1
-            # Events dropped to make room will never be delivered: flush must not wait for them.
-            self._finished += self._spool.dropped_events - dropped_before
-            if self._spool.dropped_events > dropped_before:
-                self._log_once("spool-full", logging.ERROR,
-                               "goodput spool %s is full: dropping the oldest events",
-                               self._spool.directory)
+            stored = self._spool.append(record)
         except OSError as error:
-            self._counts["dropped"] += 1
-            self._finished += 1
             self._log_once("spool-error", logging.ERROR,
-                           "goodput spool %s unusable (%s): dropping events that do not fit "
-                           "in memory", self._spool.directory, error)
+                           "goodput spool %s refuses events (%s): keeping the newest %d in memory "
+                           "and dropping the oldest until it accepts them again",
+                           self._spool.directory, error, self._capacity)
+            self._keep_in_memory(record)
+            return
+        if stored:
+            self._counts["spilled"] += 1
+        dropped = self._spool.dropped_events - dropped_before
+        if dropped:
+            self._finish(dropped)  # never delivered: flush must not wait for them
+            self._log_once("spool-full", logging.ERROR,
+                           "goodput spool %s is full: dropping the oldest events",
+                           self._spool.directory)
+
+    def _keep_in_memory(self, record: Record) -> None:
+        """Queues an event the spool refused, dropping the oldest queued one if memory is full.
+
+        While events spilled earlier wait on disk, the event overtakes them: the pipeline puts
+        an attempt's events back in order by sequence number.
+        """
+        queue = self._queue
+        if len(queue) + len(self._inflight) >= self._capacity:
+            self._counts["dropped"] += 1
+            self._finish(1)
+            if not queue:
+                return  # all in memory is the batch being sent: the event itself is the oldest left
+            queue.popleft()
+        if not queue:
+            self._oldest_at = time.monotonic()
+        queue.append(record)
+        if len(queue) >= self._batch:
+            self._wake.set()
+
+    def _finish(self, count: int) -> None:
+        """Counts own events delivered or dropped (holding the lock); wakes ``flush``."""
+        self._finished += count
+        self._finished_changed.notify_all()
 
     # -- flushing and closing ---------------------------------------------------------------
 
@@ -157,17 +203,19 @@ class BatchWorker:
             leftover = list(self._inflight) + list(self._queue)
             self._queue.clear()
             self._inflight = []
-            try:
-                if leftover:
-                    self._spool.write_segment(sorted(leftover))
+            if leftover:
+                full_before = self._spool.dropped_events
+                refused = self._spool.write_segment(sorted(leftover))
+                self._counts["dropped"] += refused
+                kept = len(leftover) - refused - (self._spool.dropped_events - full_before)
+                if kept:
                     _LOG.warning("goodput emitter: %d undelivered events kept in spool %s for "
-                                 "the next process of this run", len(leftover),
-                                 self._spool.directory)
+                                 "the next process of this run", kept, self._spool.directory)
+            try:
                 self._spool.close()
             except OSError as error:
-                self._counts["dropped"] += len(leftover)
-                _LOG.error("goodput emitter: could not spool %d undelivered events: %s",
-                           len(leftover), error)
+                _LOG.error("goodput emitter: closing spool %s failed: %s",
+                           self._spool.directory, error)
         try:
             self._transport.close()
         except Exception as error:  # noqa: BLE001 - a transport must not break close()
@@ -192,6 +240,9 @@ class BatchWorker:
                 dropped=counts["dropped"] + self._spool.dropped_events,
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
+                queued=len(self._queue) + len(self._inflight),
+                backlog_sent=counts["backlog_sent"],
+                backlog_dropped=self._spool.dropped_backlog_events,
             )
 
     def count_dropped_after_close(self) -> None:
@@ -201,18 +252,27 @@ class BatchWorker:
     # -- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            self._send_backlog()
-            latency = self._settings.max_latency_s
-            while not self._closing.is_set():
-                with self._lock:
-                    wait = latency if not self._queue else self._oldest_at + latency - time.monotonic()
-                self._wake.wait(max(0.0, wait))
-                self._wake.clear()
-                self._drain()
-                self._maybe_heartbeat()
-        except Exception:  # noqa: BLE001 - the thread must never die silently
-            _LOG.exception("goodput emitter thread failed; events will be spooled at close")
+        while True:
+            try:
+                self._serve()
+                return
+            except Exception:  # noqa: BLE001 - the thread must neither die nor die silently
+                if "thread" not in self._logged:
+                    self._logged.add("thread")
+                    _LOG.exception("goodput emitter thread failed; it carries on after a pause")
+            if self._closing.wait(self._settings.retry_max_backoff_s):
+                return
+
+    def _serve(self) -> None:
+        self._send_backlog()
+        latency = self._settings.max_latency_s
+        while not self._closing.is_set():
+            with self._lock:
+                wait = latency if not self._queue else self._oldest_at + latency - time.monotonic()
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+            self._drain()
+            self._maybe_heartbeat()
 
     def _drain(self) -> None:
         """Sends the full batches queued now, and a partial one once it is due.
@@ -226,14 +286,22 @@ class BatchWorker:
             with self._lock:
                 queued = len(self._queue)
                 due = self._force or time.monotonic() - self._oldest_at >= latency
-                if queued >= self._batch or (queued and due):
+                if self._inflight:
+                    pass  # a batch whose sending an error interrupted: it goes first
+                elif queued >= self._batch or (queued and due):
                     count = min(self._batch, queued)
                     self._inflight = [self._queue.popleft() for _ in range(count)]
                 elif queued:
                     return  # a partial batch that is not due yet
                 elif self._spilling:
-                    self._spool.seal()
-                    own = self._spool.segments(own=True)
+                    try:
+                        self._spool.seal()
+                        own = self._spool.segments(own=True)
+                    except OSError as error:
+                        self._log_once("spool-list", logging.ERROR,
+                                       "goodput spool %s cannot be read (%s); retrying",
+                                       self._spool.directory, error)
+                        return
                     if not own:
                         self._spilling = False
                         self._force = False
@@ -254,28 +322,34 @@ class BatchWorker:
     def _send_backlog(self) -> None:
         """Sends what earlier attempts of this run left in the spool."""
         with self._lock:
-            backlog = self._spool.segments(own=False)
+            try:
+                backlog = self._spool.segments(own=False)
+            except OSError as error:
+                _LOG.error("goodput spool %s cannot be read (%s): events that earlier attempts "
+                           "left there are not sent", self._spool.directory, error)
+                return
         for path in backlog:
             if self._closing.is_set() or not self._send_segment(path, own=False):
                 return
 
     def _send_segment(self, path: Path, *, own: bool) -> bool:
+        """Sends a sealed segment and deletes it; False if it is still there to send later."""
         with self._lock:
-            content = self._spool.read(path)
-        if content is None:
+            self._spool.claim(path)  # making room must not drop what is being sent
+        try:
+            content = Spool.read(path)  # disk reads and decoding, without the lock
+            if content is None:
+                return not own  # another process's is skipped; this attempt's is retried later
+            run_id, attempt_id, records = content
+            for start in range(0, len(records), self._batch):
+                if not self._deliver(run_id, attempt_id, records[start:start + self._batch], own=own):
+                    return False
+            with self._lock:
+                self._spool.remove(path)
             return True
-        run_id, attempt_id, records = content
-        for start in range(0, len(records), self._batch):
-            chunk = records[start:start + self._batch]
-            if own:
-                with self._lock:
-                    self._inflight = chunk
-            if not self._deliver(run_id, attempt_id, chunk, own=own):
-                return False
-        with self._lock:
-            self._inflight = []
-            self._spool.remove(path)
-        return True
+        finally:
+            with self._lock:
+                self._spool.claim(None)
 
     def _deliver(self, run_id: str, attempt_id: str, records: list[Record], *, own: bool) -> bool:
         """Sends one batch, retrying with backoff; False if closing interrupted the retries."""
@@ -284,11 +358,10 @@ class BatchWorker:
         while True:
             if self._send(message):
                 with self._lock:
-                    self._counts["sent"] += len(records)
+                    self._counts["sent" if own else "backlog_sent"] += len(records)
                     self._counts["messages_sent"] += 1
                     if own:
-                        self._finished += len(records)
-                        self._finished_changed.notify_all()
+                        self._finish(len(records))
                 return True
             if self._closing.wait(backoff):
                 return False
