@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 import pytest
 from google.protobuf import json_format
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from emitter.encoding import encode_batch
 from goodput_schemas.goodput_event_pb2 import EventBatch
+from pipeline import events as events_module
 from pipeline.events import (
     EVENT_KINDS,
     MAX_TIME_US,
@@ -148,7 +150,7 @@ _numbers = st.one_of(st.integers(0, 10**18 + 10),
 @given(run_id=st.text(min_size=0, max_size=600), attempt_id=st.text(min_size=1, max_size=4),
        triples=st.lists(st.tuples(_numbers, _numbers, _numbers), min_size=1, max_size=5),
        spacing=st.sampled_from(["", " "]))
-def test_columnar_agree_with_the_general_path(run_id, attempt_id, triples, spacing):
+def test_step_messages_in_columns_agree_with_the_general_path(run_id, attempt_id, triples, spacing):
     """A message of step starts reads the same as bytes (the columnar path) and as text (the general one)."""
     events = ",".join(f'{{"seq":{seq},"time_us":{t},"step_start":{{"step":{step}}}}}'
                       for seq, t, step in triples)
@@ -198,24 +200,40 @@ def test_mixed_messages_read_in_columns_agree_with_the_general_path(events, asci
     can) and as text (the general path), dead letters included."""
     message = json.dumps({"schema_version": 1, "run_id": "run", "attempt_id": "a", "events": events},
                          separators=(",", ":"), ensure_ascii=ascii)
-    columnar, general = parse_batch(message.encode()), parse_batch(message)
+    with _in_columns_however_many_others():
+        columnar, general = parse_batch(message.encode()), parse_batch(message)
     assert columnar[0] == general[0]
     assert [(d.reason, d.run_id) for d in columnar[1]] == [(d.reason, d.run_id) for d in general[1]]
 
 
-def test_the_emitters_mixed_messages_take_the_columnar_path():
-    """Steps with metrics, a checkpoint and a labelled job start read in columns equal the general path."""
+def _in_columns_however_many_others() -> Any:
+    """Lets a message of any share of other events take the columnar path (tests of it use few events)."""
+    return mock.patch.object(events_module, "_MAX_OTHER_SHARE", 1.0)
+
+
+def _metrics_message(steps: int, metrics_every: int) -> bytes:
     records: list[tuple[int, int, str, dict[str, object]]] = [
         (0, T, "job_start", {"chip_count": 8, "labels": {"team": "a"}})]
-    for step in range(200):
+    for step in range(steps):
         records.append((len(records), T + step * 1_500_000, "step_start", {"step": step}))
-        records.append((len(records), T + step * 1_500_000 + 1, "model_metrics",
-                        {"step": step, "loss": 1.5, "mfu": 0.4}))
-    records.append((len(records), T + 300_000_000, "checkpoint_save", {"step": 199, "blocking_s": 2.5}))
-    data = encode_batch("run-1", "a1", records).data
+        if step % metrics_every == 0:
+            records.append((len(records), T + step * 1_500_000 + 1, "model_metrics",
+                            {"step": step, "loss": 1.5, "mfu": 0.4}))
+    records.append((len(records), T + 900_000_000, "checkpoint_save", {"step": steps - 1, "blocking_s": 2.5}))
+    return encode_batch("run-1", "a1", records).data
+
+
+def test_the_emitters_mixed_messages_take_the_columnar_path():
+    """Steps with metrics every 20 steps, a checkpoint and a labelled job start read in columns equal the
+    general path; with metrics every step, the general path reads them."""
+    data = _metrics_message(200, 20)
     columns = _columnar(data)
-    assert columns is not None and list(columns.steps) == list(range(200)) and len(columns.others) == 202
+    assert columns is not None and list(columns.steps) == list(range(200)) and len(columns.others) == 12
     assert columns == parse_batch(data.decode())[0]
+    dense = _metrics_message(200, 1)
+    assert _columnar(dense) is None
+    with _in_columns_however_many_others():
+        assert _columnar(dense) == parse_batch(dense.decode())[0]
 
 
 def test_the_emitters_step_messages_take_the_columnar_path():
@@ -247,4 +265,5 @@ def test_strings_in_event_bodies_read_alike_in_columns_and_in_general(kind, text
         data = message.encode()
     except UnicodeEncodeError:
         return  # a lone surrogate written raw: the bytes are not UTF-8, so there is no text form
-    assert parse_batch(data) == parse_batch(message)
+    with _in_columns_however_many_others():
+        assert parse_batch(data) == parse_batch(message)
