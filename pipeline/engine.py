@@ -164,11 +164,13 @@ class Attempt:
 
     def split_indices(self) -> list[int]:
         """Indices of steps that start a new sub-segment (not 0), scanning only new steps."""
-        start = max(1, self.split_scanned)
-        if len(self.steps) > start:
-            steps = _ints(self.steps[start - 1:])
-            self.splits.extend((np.flatnonzero(steps[1:] <= steps[:-1]) + start).tolist())
-        self.split_scanned = len(self.steps)
+        start, steps = max(1, self.split_scanned), self.steps
+        if len(steps) - start > _FEW:
+            numbers = _ints(steps[start - 1:])
+            self.splits.extend((np.flatnonzero(numbers[1:] <= numbers[:-1]) + start).tolist())
+        else:
+            self.splits.extend(k for k in range(start, len(steps)) if steps[k] <= steps[k - 1])
+        self.split_scanned = len(steps)
         return self.splits
 
 
@@ -483,6 +485,10 @@ def _summary(stats: StepStatistics) -> StepSummary | None:
 
 def _feed(stats: StepStatistics, steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> None:
     """Adds the durations (microseconds) of consecutive step numbers among steps[lo:hi]."""
+    if hi - lo <= _FEW:
+        stats.set_many([(steps[k - 1], times[k] - times[k - 1])
+                        for k in range(lo + 1, hi) if steps[k] == steps[k - 1] + 1])
+        return
     numbers, starts = _ints(steps[lo:hi]), _ints(times[lo:hi])
     consecutive = numbers[1:] == numbers[:-1] + 1
     stats.set_many(list(zip(numbers[:-1][consecutive].tolist(),
@@ -498,6 +504,9 @@ def _in_step_order(times: np.ndarray, steps: np.ndarray) -> bool:
 def _ordering(body: dict[str, Any]) -> str:
     """A total order of event bodies, to choose between two job starts of one attempt and time."""
     return json.dumps(body, sort_keys=True)
+
+
+_FEW = 32  # steps below which plain Python beats numpy's fixed cost (a live run's new steps)
 
 
 def _ints(values: Sequence[int]) -> np.ndarray:
