@@ -90,7 +90,7 @@ def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool
     sources = {"Snapshots": snapshots, "Inputs": inputs, "DeadLetters": parsed.dead_letter}
     if options.duckdb:  # each source apart: a batch runner holds a Flatten's input whole
         for name, source in sources.items():
-            source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb, streaming=streaming)
+            source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb)
     if not (options.bigquery_dataset or options.monitoring_project):
         return None
     rows = tuple(sources.values()) | "AllRows" >> beam.Flatten()
@@ -107,7 +107,7 @@ def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool
                                                                   streaming, options.monitoring_endpoint)
         # Points Cloud Monitoring did not take are kept as dead letters in the same tables.
         if options.duckdb:
-            refused | "MonitoringDeadLettersToDuckDB" >> WriteToDuckDB(options.duckdb, streaming=streaming)
+            refused | "MonitoringDeadLettersToDuckDB" >> WriteToDuckDB(options.duckdb)
         if options.bigquery_dataset:
             refused | "MonitoringDeadLettersToBigQuery" >> WriteToBigQuery(project, dataset,
                                                                            options.bigquery_endpoint)

@@ -110,9 +110,15 @@ class TrackRuns(beam.PTransform):
 Sink = Callable[[list[Element]], object]
 
 
+def _buffered_rows(value: Any) -> int:
+    """What an output element weighs in a sink's buffer, in rows: a message's step starts are
+    int64 columns, each a tenth of a row's bytes or less; its other events are rows."""
+    return 1 + len(value.others) + len(value.steps) // 10 if isinstance(value, Batch) else 1
+
+
 class _WritePerBundle(beam.DoFn):
     """Buffers output elements and hands them to a sink when the bundle finishes, or sooner, once
-    they hold ``flush_rows`` rows (a message's raw events count one row each): a batch runner
+    they hold ``flush_rows`` rows (as ``_buffered_rows`` weighs them): a batch runner
     may make its whole input one bundle, and the buffer must not grow with the input."""
 
     def __init__(self, open_sink: Callable[[], Sink], flush_rows: int | None = None) -> None:
@@ -130,7 +136,7 @@ class _WritePerBundle(beam.DoFn):
     def process(self, element: Element) -> None:
         self._elements.append(element)
         value = element[1]
-        self._rows += len(value) if isinstance(value, Batch) else 1
+        self._rows += _buffered_rows(value)
         if self.flush_rows is not None and self._rows >= self.flush_rows:
             self._flush()
 
@@ -177,7 +183,7 @@ class _InsertPerBundle(beam.DoFn):
 
     def process(self, element: Element) -> Iterator[tuple[str, Row]]:
         self._elements.append(element)
-        self._rows += len(element[1]) if isinstance(element[1], Batch) else 1
+        self._rows += len(element[1]) if isinstance(element[1], Batch) else 1  # each a row of a request
         if self._rows >= self.FLUSH_ROWS:
             yield from self._flush()
 
@@ -223,17 +229,16 @@ class WriteToDuckDB(beam.PTransform):
     each append opens the file only for the write, under a lock shared by the process's threads,
     and retries while another process holds it, so readers can open it between writes. (On
     Dataflow the sinks are BigQuery and Cloud Monitoring; DuckDB is the local stand-in.) Batch and
-    streaming pipelines append alike: ``streaming`` changes nothing.
+    streaming pipelines append alike.
     """
 
-    #: Rows (a message's raw events count one each) buffered before an append: an append costs
+    #: Rows (as ``_buffered_rows`` weighs them) buffered before an append: an append costs
     #: tens of milliseconds to open the file, and the rows a few hundred bytes each.
     FLUSH_ROWS = 100_000
 
-    def __init__(self, path: str, streaming: bool = False) -> None:
+    def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
-        self.streaming = streaming
 
     def expand(self, rows: PCollection) -> Any:
         return rows | "AppendPerBundle" >> beam.ParDo(

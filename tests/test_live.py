@@ -183,7 +183,7 @@ def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
          | stream
          | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
          | TrackRunsLive(WINDOWS, 10_000.0, 10_000.0, 600.0, clock=lambda: 0.0)
-         | WriteToDuckDB(str(database), streaming=True))
+         | WriteToDuckDB(str(database)))
     with duckdb.connect(str(database), read_only=True) as connection:
         rows = connection.execute("SELECT run_id, goodput_pct, max_productive_step, ended "
                                   "FROM goodput_snapshots WHERE window_s = 0 ORDER BY run_id").fetchall()
