@@ -1,4 +1,4 @@
-"""Shared helpers: the machine, summary statistics, the reference library's offline stand-ins."""
+"""Shared helpers: the machine, summary statistics, processes, the reference library's offline stand-ins."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 
@@ -24,6 +26,25 @@ def summary(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     scaled = [v * scale for v in values]
     return (f"{statistics.median(scaled):,.{digits}f} "
             f"({min(scaled):,.{digits}f}–{max(scaled):,.{digits}f})")
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of the CPU times in /proc/PID/stat
+
+
+def cpu_s(pid: int | str) -> float:
+    """User + system CPU seconds of process ``pid`` (or "self") so far, all its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def stop(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """Terminates ``process`` and waits for it; kills it if it does not end within a minute."""
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -45,7 +45,7 @@ from typing import Any
 
 import duckdb
 
-from benchmarks.common import summary
+from benchmarks.common import cpu_s, stop, summary
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = 10_000
@@ -65,7 +65,6 @@ STREAM_LIMIT_S = 90.0
 POLL_S = 2.0
 TARGET_WALL_S = 60.0
 TARGET_PEAK_BYTES = 2 * 10**9
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 Record = tuple[int, int, str, dict[str, Any]]
 
@@ -148,12 +147,6 @@ def _state_bytes() -> int:
         state.add_batch(batch)
     assert state.events == STEPS + 2
     return len(engine.encode_state(state))
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _peak_bytes(pid: int) -> int:
@@ -248,7 +241,7 @@ def _stream() -> Streamed:
                                        + log.read_text(errors="replace")[-2000:])
                 time.sleep(0.1)
 
-            pipeline_cpu, bench_cpu = _cpu_s(stream.pid), _cpu_s(os.getpid())
+            pipeline_cpu, bench_cpu = cpu_s(stream.pid), cpu_s(os.getpid())
             started = time.monotonic()
             futures = [publisher.publish(TOPIC, message.data, run_id=message.run_id,
                                          message_id=message.message_id,
@@ -273,8 +266,8 @@ def _stream() -> Streamed:
                     result.samples.append((polled, result.events_written))
             elapsed = time.monotonic() - started
             result.peak_bytes = _peak_bytes(stream.pid)
-            result.pipeline_cores = (_cpu_s(stream.pid) - pipeline_cpu) / elapsed
-            result.bench_cores = (_cpu_s(os.getpid()) - bench_cpu) / elapsed
+            result.pipeline_cores = (cpu_s(stream.pid) - pipeline_cpu) / elapsed
+            result.bench_cores = (cpu_s(os.getpid()) - bench_cpu) / elapsed
             result.backlog = emulator.broker.unacknowledged(SUBSCRIPTION)
         finally:
             publisher.stop()
@@ -282,12 +275,7 @@ def _stream() -> Streamed:
                 del os.environ["PUBSUB_EMULATOR_HOST"]
             else:
                 os.environ["PUBSUB_EMULATOR_HOST"] = previous_host
-            stream.terminate()
-            try:
-                stream.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                stream.kill()
-                stream.wait(timeout=30)
+            stop(stream)
     return result
 
 

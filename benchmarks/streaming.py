@@ -52,7 +52,7 @@ from typing import Any
 
 import duckdb
 
-from benchmarks.common import percentile
+from benchmarks.common import cpu_s, percentile, stop
 from emitter.settings import EmitterSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,13 +81,6 @@ PULL_SIZE = 10  # messages the DirectRunner's Pub/Sub read pulls at once, at mos
 WRITE_REPEATS = 7
 BURST_RUNS, BURST_MESSAGES, BURST_EVENTS = 100, 10, 1_000
 BURST_WITHIN_S = 120.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int | str) -> float:
-    """User + system CPU seconds of process ``pid`` so far, its ended threads included."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _threads(pid: int) -> dict[str, tuple[float, float]]:
@@ -290,13 +283,13 @@ def _run_level(publisher: Any, broker: Any, database: Path, stream: subprocess.P
     level.backlog_start = broker.unacknowledged(SUBSCRIPTION)
     with Watcher(database, broker, level) as watcher:
         threads_before = _threads(stream.pid)
-        pipeline_cpu, bench_cpu, began = _cpu_s(stream.pid), _cpu_s("self"), time.monotonic()
+        pipeline_cpu, bench_cpu, began = cpu_s(stream.pid), cpu_s("self"), time.monotonic()
         watcher.loading = True
         _publish(publisher, level)
         watcher.loading = False
         elapsed = time.monotonic() - began
-        level.pipeline_cores = (_cpu_s(stream.pid) - pipeline_cpu) / elapsed
-        level.bench_cores = (_cpu_s("self") - bench_cpu) / elapsed
+        level.pipeline_cores = (cpu_s(stream.pid) - pipeline_cpu) / elapsed
+        level.bench_cores = (cpu_s("self") - bench_cpu) / elapsed
         used = []
         for tid, (ran, waited) in _threads(stream.pid).items():
             ran_before, waited_before = threads_before.get(tid, (0.0, 0.0))
@@ -459,12 +452,7 @@ def run() -> str:
             stopped = stream.poll() is not None
         finally:
             publisher.stop()
-            stream.terminate()
-            try:
-                stream.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                stream.kill()
-                stream.wait(timeout=30)
+            stop(stream)
         # With the pipeline stopped, the file is the benchmark's alone.
         write_s = _write_s(database, levels[-1].per_message if levels else 10)
     burst = (f"{throughput:,.0f} events/s" if throughput is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -107,52 +106,41 @@ class TrackRuns(beam.PTransform):
                                              self.windows_s, self.exclusions))
 
 
-Sink = Callable[[list[Element]], object]
-
-
 def _buffered_rows(value: Any) -> int:
-    """What an output element weighs in a sink's buffer, in rows: a message's step starts are
+    """What an output element weighs in a writer's buffer, in rows: a message's step starts are
     int64 columns, each a tenth of a row's bytes or less; its other events are rows."""
     return 1 + len(value.others) + len(value.steps) // 10 if isinstance(value, Batch) else 1
 
 
-class _WritePerBundle(beam.DoFn):
-    """Buffers output elements and hands them to a sink when the bundle finishes, or sooner, once
-    they hold ``flush_rows`` rows (as ``_buffered_rows`` weighs them): a batch runner
-    may make its whole input one bundle, and the buffer must not grow with the input."""
+class _AppendPerBundle(beam.DoFn):
+    """Buffers output elements and appends them to the DuckDB file when the bundle finishes, or
+    sooner, once they weigh ``flush_rows`` rows: a batch runner may make its whole input one
+    bundle, and the buffer must not grow with the input."""
 
-    def __init__(self, open_sink: Callable[[], Sink], flush_rows: int | None = None) -> None:
-        self.open_sink = open_sink
+    def __init__(self, path: str, flush_rows: int) -> None:
+        self.path = path
         self.flush_rows = flush_rows
         self._elements: list[Element] = []
         self._rows = 0
-
-    def setup(self) -> None:
-        self._sink = self.open_sink()
 
     def start_bundle(self) -> None:
         self._elements, self._rows = [], 0
 
     def process(self, element: Element) -> None:
         self._elements.append(element)
-        value = element[1]
-        self._rows += _buffered_rows(value)
-        if self.flush_rows is not None and self._rows >= self.flush_rows:
+        self._rows += _buffered_rows(element[1])
+        if self._rows >= self.flush_rows:
             self._flush()
 
     def finish_bundle(self) -> None:
         self._flush()
 
     def _flush(self) -> None:
+        from pipeline.duckdb_sink import append
+
         if self._elements:
-            self._sink(self._elements)
+            append(self.path, self._elements)
         self._elements, self._rows = [], 0
-
-
-def _duckdb_appender(path: str) -> Sink:
-    from pipeline.duckdb_sink import append
-
-    return functools.partial(append, path)
 
 
 class _InsertPerBundle(beam.DoFn):
@@ -242,7 +230,7 @@ class WriteToDuckDB(beam.PTransform):
 
     def expand(self, rows: PCollection) -> Any:
         return rows | "AppendPerBundle" >> beam.ParDo(
-            _WritePerBundle(functools.partial(_duckdb_appender, self.path), self.FLUSH_ROWS))
+            _AppendPerBundle(self.path, self.FLUSH_ROWS))
 
 
 class _GateSeries(beam.DoFn):

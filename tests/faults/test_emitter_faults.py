@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_emitter import GatedTransport
 
 import emitter.spool
 from conftest import at
@@ -103,28 +104,6 @@ class FailingTransport:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-class GatedTransport:
-    """Holds every send until ``open()``; keeps what it delivered."""
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.messages: list[Message] = []
-
-    def send(self, message: Message) -> None:
-        if not self.gate.wait(10):
-            raise TimeoutError("gate never opened")
-        self.messages.append(message)
-
-    def after_fork(self) -> None:
-        """Nothing inherited."""
-
-    def close(self) -> None:
-        self.gate.set()
-
-    def seqs(self) -> list[int]:
-        return [seq for m in self.messages for _, seq, *_ in decode(m.data)]
 
 
 class Broker:
@@ -450,7 +429,7 @@ def test_a_spool_that_refuses_writes_drops_the_oldest_counted_logged_once_and_re
     undo()
     record_steps(recorder, range(500, 700), durations)
     assert recorder.stats.spilled == 200
-    transport.gate.set()
+    transport.open()
     assert recorder.flush(10)
     delivered = transport.seqs()
     in_flight = delivered[:10]  # the batch being sent when memory filled up
@@ -507,7 +486,7 @@ def test_a_full_disk_keeps_memory_bounded_leaves_no_torn_line_and_counts_every_l
 
     disk.full = False
     record_steps(recorder, range(21_000, 21_500), durations)
-    transport.gate.set()
+    transport.open()
     assert recorder.flush(10)
     delivered = transport.seqs()
     stats = recorder.stats
@@ -540,7 +519,7 @@ def test_room_made_by_dropping_an_earlier_attempts_backlog_is_counted_apart(
     stats = second.stats
     assert stats.backlog_dropped > stats.recorded == 10 and stats.dropped == 0
     assert second.flush(timeout=0.2) is False  # none of its own was delivered
-    transport.gate.set()
+    transport.open()
     assert second.flush(timeout=10)
     stats = second.stats
     assert (stats.sent, stats.dropped) == (10, 0)
@@ -559,7 +538,7 @@ def test_text_with_unicode_line_separators_survives_the_spool(make_recorder, mak
     for index, kind in enumerate(kinds):
         recorder.record_custom_badput_event_start_time(at(index), kind)
     assert recorder.stats.spilled >= 2
-    transport.gate.set()
+    transport.open()
     assert recorder.flush(10)
     bodies = [body for m in transport.messages for *_, body in decode(m.data)]
     assert bodies == [{"badput_type": kind} for kind in kinds]
