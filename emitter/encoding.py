@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from emitter.transports import Message
+from goodput_schemas.limits import MAX_MESSAGE_BYTES
 
 #: Version of the event contract this emitter writes (``EventBatch.schema_version``).
 SCHEMA_VERSION = 1
@@ -56,3 +57,16 @@ def encode_batch(run_id: str, attempt_id: str, records: list[Record]) -> Message
         event_time_us=max(record[1] for record in records),
         data=f'{header[:-1]},"events":[{events}]}}'.encode(),
     )
+
+
+def encode_batches(run_id: str, attempt_id: str, records: list[Record],
+                   max_bytes: int = MAX_MESSAGE_BYTES) -> list[Message]:
+    """The messages carrying ``records``: one, or as many as keep each within ``max_bytes`` (the
+    pipeline dead-letters a larger one). An event is far smaller than the limit: the contract's
+    limits on text and labels bound it to a few hundred kilobytes."""
+    message = encode_batch(run_id, attempt_id, records)
+    if len(message.data) <= max_bytes or len(records) == 1:
+        return [message]
+    half = len(records) // 2
+    return (encode_batches(run_id, attempt_id, records[:half], max_bytes)
+            + encode_batches(run_id, attempt_id, records[half:], max_bytes))

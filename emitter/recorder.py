@@ -3,9 +3,12 @@
 Every ``record_*`` method of the reference's ``GoodputRecorder`` and ``ElasticGoodputRecorder``
 is here with the same name and arguments. Instead of writing Cloud Logging entries, each call
 appends one event to an in-memory queue and returns in microseconds; a background thread sends
-batches to the destination (see ``emitter.worker``). Caller mistakes (a naive datetime, a
-negative step, a wrong type) raise ``ValueError`` at the call; transport and disk problems never
-raise: they are logged and counted in ``stats``.
+batches to the destination (see ``emitter.worker``). Caller mistakes raise ``ValueError`` at the
+call: a naive datetime, a negative step, a wrong type, and anything the pipeline would refuse (the
+limits of ``goodput_schemas.limits``: a time outside 2000..2200, a name with control characters
+or over ``MAX_TEXT_LENGTH`` characters, more than ``MAX_LABELS`` labels), so that nothing a job
+records ends up in the ``dead_letter`` table. Transport and disk problems never raise: they are
+logged and counted in ``stats``.
 
 One recorder instance is one attempt of the run: a new process start, a new attempt id.
 """
@@ -32,6 +35,15 @@ from emitter.settings import EmitterSettings, destination_from_env
 from emitter.spool import Spool
 from emitter.transports import Transport, transport_for
 from emitter.worker import BatchWorker, EmitterStats
+from goodput_schemas.limits import (
+    MAX_DURATION_S,
+    MAX_INT64,
+    MAX_LABELS,
+    MAX_TIME_US,
+    MIN_TIME_US,
+    id_problem,
+    text_problem,
+)
 
 __version__ = "0.1.0"
 
@@ -43,16 +55,20 @@ _MICROSECOND = datetime.timedelta(microseconds=1)
 
 def _time_us(value: object, name: str) -> int:
     if isinstance(value, datetime.datetime) and value.tzinfo is _UTC:
-        return (value - _EPOCH) // _MICROSECOND  # the common case, without utcoffset()
-    if not isinstance(value, datetime.datetime):
+        time_us = (value - _EPOCH) // _MICROSECOND  # the common case, without utcoffset()
+    elif not isinstance(value, datetime.datetime):
         raise ValueError(
             f"{name} must be a timezone-aware datetime.datetime or None, got {type(value).__name__}"
         )
-    if value.utcoffset() is None:
+    elif value.utcoffset() is None:
         raise ValueError(
             f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value!r}"
         )
-    return (value - _EPOCH) // _MICROSECOND
+    else:
+        time_us = (value - _EPOCH) // _MICROSECOND
+    if not MIN_TIME_US <= time_us < MAX_TIME_US:
+        raise ValueError(f"{name} must be in 2000-01-01..2200-01-01 UTC, got {value!r}")
+    return time_us
 
 
 def _count(value: object, name: str) -> int:
@@ -62,14 +78,19 @@ def _count(value: object, name: str) -> int:
         number = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if number < 0:
-        raise ValueError(f"{name} must be >= 0, got {number}")
+    if not 0 <= number <= MAX_INT64:
+        raise ValueError(f"{name} must be >= 0 and at most 2**63-1, got {number}")
     return number
 
 
-def _text(value: object, name: str) -> str:
+def _text(value: object, name: str, free_form: bool = False) -> str:
+    """A string the pipeline accepts: a name of printable characters, or free text (a label's
+    value), each at most ``MAX_TEXT_LENGTH`` characters."""
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a str, got {type(value).__name__}")
+    problem = text_problem(name, value, free_form)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -151,9 +172,12 @@ class GoodputRecorder:
         background_max_latency_s: float | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
     ) -> None:
-        self.job_name = _text(job_name, "job_name")
-        if not job_name:
-            raise ValueError("job_name must not be empty")
+        if not isinstance(job_name, str):
+            raise ValueError(f"job_name must be a str, got {type(job_name).__name__}")
+        problem = id_problem("job_name", job_name)
+        if problem is not None:
+            raise ValueError(problem)
+        self.job_name = job_name
         self.logger_name = logger_name
         self._metadata = self._job_start_body(
             configured_ideal_step_time, run_group, accelerator_type, chip_count, labels, location
@@ -222,11 +246,15 @@ class GoodputRecorder:
         if labels:
             if not isinstance(labels, Mapping):
                 raise ValueError(f"labels must be a mapping of str to str, got {type(labels).__name__}")
-            body["labels"] = {_text(k, "label key"): _text(v, f"label {k!r}") for k, v in labels.items()}
+            if len(labels) > MAX_LABELS:
+                raise ValueError(f"labels has {len(labels)} labels, more than MAX_LABELS ({MAX_LABELS})")
+            body["labels"] = {_text(k, "label key"): _text(v, f"label {k!r}", free_form=True)
+                              for k, v in labels.items()}
         if configured_ideal_step_time is not None:
             ideal = _number(configured_ideal_step_time, "configured_ideal_step_time")
-            if not (math.isfinite(ideal) and ideal > 0):
-                raise ValueError(f"configured_ideal_step_time must be > 0, got {ideal}")
+            if not (math.isfinite(ideal) and 0 < ideal <= MAX_DURATION_S):
+                raise ValueError(f"configured_ideal_step_time must be > 0 s and at most "
+                                 f"{MAX_DURATION_S:.0f} s, got {ideal}")
             body["configured_ideal_step_time_s"] = ideal
         return body
 
@@ -275,7 +303,7 @@ class GoodputRecorder:
         """Records the start of training step ``step``."""
         if self._worker is None:
             return
-        if type(step) is not int or step < 0:
+        if type(step) is not int or not 0 <= step <= MAX_INT64:
             step = _count(step, "step")
         self._record("step_start", start_time, "start_time", {"step": step})
 

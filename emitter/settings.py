@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from goodput_schemas.limits import MAX_EVENTS_PER_MESSAGE
+
 _LOG = logging.getLogger(__name__)
 
 #: Environment variable naming the default destination (``file:PATH`` or ``projects/P/topics/T``).
@@ -26,7 +28,8 @@ class EmitterSettings:
     """How the emitter batches, buffers and spools events.
 
     Attributes:
-        max_batch_events: Events per message; a full batch is sent at once.
+        max_batch_events: Events per message, at most ``MAX_EVENTS_PER_MESSAGE`` (100,000); a
+            full batch is sent at once. A batch over Pub/Sub's 10 MB is sent as several messages.
         max_latency_s: A partial batch is sent after waiting at most this long.
         max_queue_events: Events held in memory; beyond this, ``record_*`` calls spill to the
             on-disk spool instead of blocking or dropping.
@@ -75,6 +78,9 @@ class EmitterSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"EmitterSettings.{name} must be a positive number, got {value!r}")
+        if self.max_batch_events > MAX_EVENTS_PER_MESSAGE:
+            raise ValueError(f"EmitterSettings.max_batch_events must be at most {MAX_EVENTS_PER_MESSAGE} "
+                             f"(the pipeline's MAX_EVENTS_PER_MESSAGE), got {self.max_batch_events}")
         hb = self.heartbeat_interval_s
         if hb is not None and (isinstance(hb, bool) or not isinstance(hb, (int, float)) or not hb > 0):
             raise ValueError(f"EmitterSettings.heartbeat_interval_s must be positive or None, got {hb!r}")

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emitter.encoding import Record, encode_batch
+from emitter.encoding import Record, encode_batches
 from emitter.settings import EmitterSettings
 from emitter.spool import Spool
 from emitter.transports import Message, Transport
@@ -352,20 +352,22 @@ class BatchWorker:
                 self._spool.claim(None)
 
     def _deliver(self, run_id: str, attempt_id: str, records: list[Record], *, own: bool) -> bool:
-        """Sends one batch, retrying with backoff; False if closing interrupted the retries."""
-        message = encode_batch(run_id, attempt_id, records)
-        backoff = self._settings.retry_initial_backoff_s
-        while True:
-            if self._send(message):
-                with self._lock:
-                    self._counts["sent" if own else "backlog_sent"] += len(records)
-                    self._counts["messages_sent"] += 1
-                    if own:
-                        self._finish(len(records))
-                return True
-            if self._closing.wait(backoff):
-                return False
-            backoff = min(backoff * 2, self._settings.retry_max_backoff_s)
+        """Sends one batch, as one message unless it is too large for one, retrying with
+        backoff; False if closing interrupted the retries (a part sent already is sent again
+        with the rest: the pipeline drops the repeated events)."""
+        for message in encode_batches(run_id, attempt_id, records):
+            backoff = self._settings.retry_initial_backoff_s
+            while not self._send(message):
+                if self._closing.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, self._settings.retry_max_backoff_s)
+            with self._lock:
+                self._counts["messages_sent"] += 1
+        with self._lock:
+            self._counts["sent" if own else "backlog_sent"] += len(records)
+            if own:
+                self._finish(len(records))
+        return True
 
     def _send(self, message: Message) -> bool:
         try:

@@ -3,6 +3,7 @@ file, imports of the reference's history, and the local emulators.
 
     goodput demo                                      a live local fleet, end to end, and its report
     goodput replay --events=events.jsonl --duckdb=goodput.duckdb   batch (python -m pipeline)
+    goodput replay --from_duckdb=goodput.duckdb --duckdb=new.duckdb  a backfill from the raw events
     goodput report --duckdb goodput.duckdb --output report.html    a self-contained HTML report
     goodput import exported.json --output events.jsonl             the reference's Cloud Logging history
     goodput query --list                              the saved fleet queries
@@ -146,8 +147,9 @@ def parser() -> argparse.ArgumentParser:
         "demo", add_help=False, help="a live local fleet, end to end, in under 3 minutes, with an HTML "
                                      "report (goodput demo --help for its options)")
     commands.add_parser(
-        "replay", add_help=False, help="replay emitter files in batch into DuckDB and BigQuery "
-                                       "(python -m pipeline; goodput replay --help for its options)")
+        "replay", add_help=False, help="replay emitter files, or backfill from a raw events table, in batch "
+                                       "into DuckDB and BigQuery (python -m pipeline; goodput replay "
+                                       "--help for its options)")
     report = commands.add_parser(
         "report", help="write a self-contained HTML report of a DuckDB file",
         description="Writes one HTML file (plots inline, nothing loaded from the network): goodput over "

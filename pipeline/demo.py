@@ -471,8 +471,8 @@ class CopySaver:
     """Saves every message of the copy subscription to a file (an emitter file: one message a
     line), as it arrives, for the batch replay; counts messages and events."""
 
-    def __init__(self, broker: Any, path: Path) -> None:
-        self.broker, self.path = broker, path
+    def __init__(self, broker: Any, path: Path, subscription: str = COPY) -> None:
+        self.broker, self.path, self.subscription = broker, path, subscription
         self.messages = self.events = 0
         self._stop = threading.Event()
         self._out = path.open("wb")
@@ -484,9 +484,9 @@ class CopySaver:
             self._drain(wait_s=0.2)
 
     def _drain(self, wait_s: float) -> int:
-        batch = self.broker.pull(COPY, 500, wait_s=wait_s)
+        batch = self.broker.pull(self.subscription, 500, wait_s=wait_s)
         if batch:
-            self.broker.acknowledge(COPY, [m.ack_id for m in batch])
+            self.broker.acknowledge(self.subscription, [m.ack_id for m in batch])
             for received in batch:
                 data = received.message.data
                 self._out.write(data + b"\n")

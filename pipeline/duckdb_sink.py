@@ -9,11 +9,12 @@ Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQ
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import duckdb
@@ -64,16 +65,31 @@ class DuckDBSink:
         self._connection = duckdb.connect(str(self.path))
         # A streaming pipeline opens the file for every bundle it writes: one look at the
         # catalog, rather than making every table and view again.
-        found = {name for name, in self._connection.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' UNION ALL "
-            "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main'").fetchall()}
-        if not found >= {*table_names(), *views("main")}:
-            for name in table_names():
-                self._connection.execute(create_table_sql(name))
-            self._seed_prices()
-            for name, query in views("main").items():
-                self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
+        found = set(self._connection.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' UNION ALL "
+            "SELECT view_name, NULL FROM duckdb_views() WHERE schema_name = 'main'").fetchall())
+        wanted: set[tuple[str, str | None]] = {
+            (name, column) for name, columns in _columns().items() for column, _ in columns}
+        wanted |= {(name, None) for name in views("main")}
+        if not found >= wanted:
+            self._make_tables(wanted - found)
         self._columns = _columns()
+
+    def _make_tables(self, missing: set[tuple[str, str | None]]) -> None:
+        """Creates what is missing: tables, and columns added to a table's schema since the file
+        was written (as BigQuery adds them, nullable: older rows hold NULL); then the views."""
+        existing = {name for name, in self._connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+        for name in table_names():
+            if name not in existing:
+                self._connection.execute(create_table_sql(name))
+                continue
+            for column, kind in _columns()[name]:
+                if (name, column) in missing:
+                    self._connection.execute(f'ALTER TABLE "{name}" ADD COLUMN "{column}" {kind}')
+        self._seed_prices()
+        for name, query in views("main").items():
+            self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
 
     def _seed_prices(self) -> None:
         """Fills an empty ``accelerator_prices`` table from the price list in ``schemas/``."""
@@ -136,11 +152,10 @@ class DuckDBSink:
 _APPEND_LOCK = threading.Lock()
 
 
-def append(path: str | Path, elements: Sequence[Element], attempts: int = 50) -> None:
-    """Opens the file, appends the output elements' rows, closes it; retries while another
-    process holds it."""
-    rows_by_table = by_table(element for element in elements if not isinstance(element[1], Batch))
-    batches = [value for _, value in elements if isinstance(value, Batch)]
+@contextlib.contextmanager
+def opened(path: str | Path, attempts: int = 50) -> Iterator[DuckDBSink]:
+    """The file opened for writing, under a lock shared by the process's threads; retries while
+    another process holds it. Closed again on leaving."""
     with _APPEND_LOCK:
         for attempt in range(attempts):
             try:
@@ -151,9 +166,17 @@ def append(path: str | Path, elements: Sequence[Element], attempts: int = 50) ->
                 time.sleep(0.1)
                 continue
             try:
-                for table, rows in sorted(rows_by_table.items()):
-                    sink.write(table, rows)
-                sink.write_events(batches)
+                yield sink
             finally:
                 sink.close()
             return
+
+
+def append(path: str | Path, elements: Sequence[Element]) -> None:
+    """Opens the file, appends the output elements' rows, closes it."""
+    rows_by_table = by_table(element for element in elements if not isinstance(element[1], Batch))
+    batches = [value for _, value in elements if isinstance(value, Batch)]
+    with opened(path) as sink:
+        for table, rows in sorted(rows_by_table.items()):
+            sink.write(table, rows)
+        sink.write_events(batches)

@@ -145,6 +145,11 @@ class Attempt:
             self.watermark += 1
         return True
 
+    def missing(self) -> int:
+        """Sequence numbers below the highest seen that have not arrived: events lost (a killed
+        process's, a full spool's) or still on their way."""
+        return max(self.extra) + 1 - self.watermark - len(self.extra) if self.extra else 0
+
     def add_step(self, step: int, time_us: int) -> bool:
         """Adds a step start; True if it simply extends the attempt (later, higher step)."""
         times = self.step_times
@@ -243,6 +248,7 @@ class Snapshot:
     stepping_slice_efficiency: float | None
     available_slice_efficiency: float | None
     step_summary: StepSummary | None = None
+    missing_events: int = 0  # of every attempt, as ``Attempt.missing`` counts them
 
 
 @dataclasses.dataclass
@@ -449,6 +455,7 @@ class RunState:
             stepping_slice_efficiency=stepping,
             available_slice_efficiency=available,
             step_summary=_summary(stats),
+            missing_events=sum(attempt.missing() for attempt in self.attempts.values()),
         )
 
     def _step_statistics(self, timeline: _Timeline) -> StepStatistics:

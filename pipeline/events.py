@@ -17,6 +17,7 @@ import json
 import math
 import re
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,37 +25,23 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 
+from emitter.encoding import encode_batch, json_double
 from goodput_schemas.goodput_event_pb2 import EventBatch
+from goodput_schemas.limits import (
+    MAX_DURATION_S,
+    MAX_EVENTS_PER_MESSAGE,
+    MAX_ID_LENGTH,
+    MAX_JSON_DEPTH,
+    MAX_LABELS,
+    MAX_MESSAGE_BYTES,
+    MAX_TIME_US,
+    MIN_TIME_US,
+    SUPPORTED_SCHEMA_VERSIONS,
+    id_problem,
+    shown,
+    text_problem,
+)
 
-#: Versions of the event contract this pipeline reads.
-SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
-#: Event times outside [2000-01-01, 2200-01-01) UTC are rejected as corrupt.
-MIN_TIME_US = 946_684_800 * 1_000_000
-MAX_TIME_US = 7_258_118_400 * 1_000_000
-#: Longest run or attempt id accepted.
-MAX_ID_LENGTH = 512
-#: Largest message accepted, in bytes: Pub/Sub's own limit (a publish request is at most 10 MB),
-#: so nothing that came through the topic exceeds it; a replayed file's lines are held to it too.
-MAX_MESSAGE_BYTES = 10_000_000
-#: Most events in one message: 100 times the emitter's default batch. It bounds the dead letters
-#: one message can produce (an event of two bytes, ``{}``, would let 10 MB carry millions).
-MAX_EVENTS_PER_MESSAGE = 100_000
-#: Deepest JSON nesting accepted. The schema nests five levels (batch, events, event, kind,
-#: labels); the cap keeps every parser's recursion far below Python's limit, where a deeper
-#: document would raise instead of being dead-lettered.
-MAX_JSON_DEPTH = 32
-#: Most labels on one job start: as many as a Google Cloud resource takes. Labels ride in every
-#: snapshot's metadata and in the run's state, once per attempt.
-MAX_LABELS = 64
-#: Longest string in an event body (label keys and values, run group, accelerator type,
-#: location, badput and elastic wait types), in characters. These become table columns and
-#: Cloud Monitoring labels, whose values may be 1024 bytes: 256 characters are at most 1024 bytes
-#: in UTF-8 (with the ``CUSTOM_BADPUT_EVENTS.`` prefix, an upper-cased badput type still fits).
-MAX_TEXT_LENGTH = 256
-#: Longest duration (a checkpoint's blocking time, a configured ideal step time), in seconds:
-#: the span of accepted event times. Anything longer is corrupt, and would overflow in the
-#: engine's microsecond arithmetic.
-MAX_DURATION_S = (MAX_TIME_US - MIN_TIME_US) / 1_000_000
 #: The head of an oversized message kept as its dead letter's payload, in bytes.
 OVERSIZED_PAYLOAD_BYTES = 64 * 1024
 
@@ -140,6 +127,15 @@ class Batch:
         return sorted(steps + list(self.others), key=lambda e: e.seq)
 
 
+def encode_events(events: Sequence[Event]) -> bytes:
+    """The message carrying ``events`` (all of one attempt), in the order given, as the emitter
+    encodes it: ``parse_batch`` reads the same events back."""
+    records = [(e.seq, e.time_us, e.kind,
+                {k: json_double(v) if type(v) is float else v for k, v in e.body.items()})
+               for e in events]
+    return encode_batch(events[0].run_id, events[0].attempt_id, records).data
+
+
 def _decode(data: bytes | str) -> str:
     return data if isinstance(data, str) else data.decode("utf-8")
 
@@ -168,28 +164,7 @@ def _shown(value: Any, limit: int = 80) -> str:
     """``repr(value)``, shortened for a reason a person reads (a container by its type only)."""
     if isinstance(value, (list, dict)):
         return _JSON_TYPES[type(value)]
-    if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit]!r}… ({len(value)} characters)"
-    return repr(value)
-
-
-def _text_problem(where: str, value: str, free_form: bool = False) -> str | None:
-    """Why a string of an event body is unacceptable, or None.
-
-    Names (types, run group, accelerator, location, label keys) become columns, bucket names and
-    metric labels that people read: printable characters only, as for ids. Label values are free
-    text kept as JSON, so any valid Unicode goes; a lone surrogate cannot be stored as UTF-8.
-    """
-    if len(value) > MAX_TEXT_LENGTH:
-        return f"{where} is {len(value)} characters, more than MAX_TEXT_LENGTH ({MAX_TEXT_LENGTH})"
-    if free_form:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{where} is not valid Unicode (a lone surrogate), got {_shown(value)}"
-    elif not value.isprintable():
-        return f"{where} must be printable characters (no control or format characters), got {_shown(value)}"
-    return None
+    return shown(value, limit) if isinstance(value, str) else repr(value)
 
 
 def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]) -> str | None:
@@ -201,9 +176,10 @@ def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any
         if time_us == 0:
             return "time_us is missing (or 0): it must be in 2000-01-01..2200-01-01 UTC"
         return f"time_us {time_us} is outside 2000-01-01..2200-01-01 UTC"
+    problem: str | None
     for name, value in body.items():
         if type(value) is str:
-            problem = _text_problem(f"{kind}.{name}", value)
+            problem = text_problem(f"{kind}.{name}", value)
             if problem is not None:
                 return problem
             continue
@@ -211,8 +187,8 @@ def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any
             if len(value) > MAX_LABELS:
                 return f"{kind}.{name} has {len(value)} labels, more than MAX_LABELS ({MAX_LABELS})"
             for key, text in value.items():
-                problem = (_text_problem(f"{kind}.{name} key {_shown(key, 40)}", key)
-                           or _text_problem(f"{kind}.{name}[{_shown(key, 40)}]", text, free_form=True))
+                problem = (text_problem(f"{kind}.{name} key {_shown(key, 40)}", key)
+                           or text_problem(f"{kind}.{name}[{_shown(key, 40)}]", text, free_form=True))
                 if problem is not None:
                     return problem
             continue
@@ -526,12 +502,9 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
     batch_run_id, attempt_id = (value if type(value) is str else ""
                                 for value in (document.get("run_id"), document.get("attempt_id")))
     for name, value in (("run_id", batch_run_id), ("attempt_id", attempt_id)):
-        if not value:
-            return reject(f"{name} is missing or empty: it must be 1..{MAX_ID_LENGTH} printable characters",
-                          run_id)
-        if len(value) > MAX_ID_LENGTH or not value.isprintable():
-            return reject(f"{name} must be 1..{MAX_ID_LENGTH} printable characters, got {_shown(value)}",
-                          run_id)
+        problem = id_problem(name, value)
+        if problem is not None:
+            return reject(problem, run_id)
     raw_events = document.get("events")
     if not isinstance(raw_events, list) or not raw_events:
         return reject("message has no events: 'events' must be a non-empty list", run_id)

@@ -46,7 +46,7 @@ from typing import Any, TextIO
 
 from emitter.encoding import Record, encode_batch
 from emitter.transports import Message, PubSubTransport
-from pipeline.events import MAX_TIME_US, MIN_TIME_US
+from goodput_schemas.limits import MAX_INT64, MAX_TIME_US, MIN_TIME_US
 
 #: Events per message; well under Pub/Sub's 10 MB message limit.
 EVENTS_PER_MESSAGE = 1000
@@ -74,7 +74,6 @@ _KINDS: tuple[tuple[str, str, dict[str, str]], ...] = (
 )
 # Body fields that are counts (Cloud Logging stores every number as a double: 5.0).
 _COUNTS = frozenset({"step", "active_slices", "total_slices", "available_slices"})
-_MAX_INT64 = 2**63 - 1
 # The reference's default for a custom badput event without a type.
 _DEFAULTS = {"badput_type": "unknown"}
 # Orbax entries: when training blocked, by preference, and the blocking duration.
@@ -231,7 +230,7 @@ def _time_us(payload: dict[str, Any], key: str) -> int:
 
 def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= _MAX_INT64 or value != int(value):
+            or not 0 <= value <= MAX_INT64 or value != int(value):
         raise _Reject("bad field", f"{name} must be a whole number in 0..2^63-1, got {value!r}")
     return int(value)
 

@@ -8,6 +8,11 @@ Batch replay (Beam's DirectRunner)::
 
 A malformed line never stops the run: it lands in the ``dead_letter`` table, exit code 0.
 
+Backfill: every table rebuilt from the raw events table of a DuckDB file the pipeline wrote
+(after a fix to the engine, say, or with other --windows)::
+
+    python -m pipeline --from_duckdb=goodput.duckdb --duckdb=backfill.duckdb
+
 Streaming, from a Pub/Sub subscription (locally: ``PUBSUB_EMULATOR_HOST`` set)::
 
     python -m pipeline --streaming --runner=BundleBasedDirectRunner \\
@@ -31,12 +36,14 @@ from typing import Any, TextIO
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
-from apache_beam.runners.runner import PipelineRunner, PipelineState
+from apache_beam.runners.runner import PipelineRunner
 
+from pipeline import direct_pubsub
 from pipeline.bigquery_sink import create_tables, make_client, parse_dataset
 from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
 from pipeline.monitoring_sink import MonitoringSettings
 from pipeline.options import GoodputOptions
+from pipeline.raw_events import backfill_messages
 from pipeline.rows import batch_rows
 from pipeline.transforms import (
     ParseEvents,
@@ -66,17 +73,25 @@ def build_streaming_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -
               | "ParseEvents" >> ParseEvents())
     snapshots = (parsed.events
                  | "Keyed" >> beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
-                 | "TrackRuns" >> TrackRunsLive(options.windows, options.snapshot_interval_s,
-                                                options.silence_s, options.gc_after_s))
+                 | "TrackRuns" >> TrackRunsLive(
+                     options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
+                     restore_from=None if options.no_raw_events else options.duckdb))
     return _write(parsed, snapshots, options, streaming=True)
 
 
 def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
     """The batch graph on ``pipeline``; returns what ``_write`` returns."""
-    parsed = (pipeline
-              | "Files" >> beam.Create(list(options.events))
-              | "ReadLines" >> beam.FlatMap(read_lines)
-              | "ParseEvents" >> ParseEvents())
+    inputs = []
+    if options.events:
+        inputs.append(pipeline
+                      | "Files" >> beam.Create(list(options.events))
+                      | "ReadLines" >> beam.FlatMap(read_lines))
+    if options.from_duckdb:
+        inputs.append(pipeline
+                      | "EventsTables" >> beam.Create(list(options.from_duckdb))
+                      | "ReadEventsTable" >> beam.FlatMap(backfill_messages))
+    messages = inputs[0] if len(inputs) == 1 else tuple(inputs) | "AllInputs" >> beam.Flatten()
+    parsed = messages | "ParseEvents" >> ParseEvents()
     snapshots = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
                                                          tuple(options.exclude or ()))
     return _write(parsed, snapshots, options, streaming=False)
@@ -174,19 +189,25 @@ def run_streaming(options: GoodputOptions) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
+    direct = "Direct" in runner
+    if direct:
+        direct_pubsub.install()
     pipeline = beam.Pipeline(options=options)
     build_streaming_pipeline(pipeline, goodput)
     result = pipeline.run()
-    if "Direct" not in runner:  # e.g. Dataflow, which runs the job on its own: submitted is done
+    if not direct:  # e.g. Dataflow, which runs the job on its own: submitted is done
         print(f"submitted the streaming job to {runner}", file=sys.stderr)
         return 0
+    failed = _watch_for_failure(result, stop)
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
-    while not stop.wait(1.0) and not PipelineState.is_terminal(result.state):
+    while not stop.wait(1.0) and not failed.is_set():
         pass
-    if not PipelineState.is_terminal(result.state):
-        # The DirectRunner cannot drain (see pipeline.live): report new messages at once, and
-        # wait until the interval snapshots pending for the others are due and written.
+    if not failed.is_set():
+        # The DirectRunner cannot drain (see pipeline.live): read no more, report new messages
+        # at once, and wait until the interval snapshots pending for the others are due and
+        # written, then cancel: every message read is in the tables.
+        direct_pubsub.stop_reading()
         DRAINING.set()
         due_s = next_snapshot_due(round(time.time() * 1e6), goodput.snapshot_interval_s) / 1e6
         if goodput.monitoring_project:  # the last snapshots' points wait for their series' turn
@@ -194,15 +215,30 @@ def run_streaming(options: GoodputOptions) -> int:
         deadline = due_s + DRAIN_GRACE_S
         print(f"stopping: final snapshots within {deadline - time.time():.0f} s "
               "(signal again to stop at once)", file=sys.stderr, flush=True)
-        while time.time() < deadline and not force.wait(0.2):
-            if PipelineState.is_terminal(result.state):
-                break
+        while time.time() < deadline and not force.wait(0.2) and not failed.is_set():
+            pass
         result.cancel()
-    if result.state == PipelineState.FAILED:
+    if failed.is_set():
         print("python -m pipeline: the streaming pipeline failed (see the log above)", file=sys.stderr)
         return 1
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _watch_for_failure(result: Any, stop: threading.Event) -> threading.Event:
+    """An event set when the DirectRunner's pipeline fails: its state says so only to
+    ``wait_until_finish``, which a thread waits in (a cancel ends the wait without a failure)."""
+    failed = threading.Event()
+
+    def wait() -> None:
+        try:
+            result.wait_until_finish()
+        except Exception:  # noqa: BLE001 -- the runner logged it; the launcher exits 1
+            if not stop.is_set():
+                failed.set()
+
+    threading.Thread(target=wait, name="pipeline-watch", daemon=True).start()
+    return failed
 
 
 def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:
@@ -219,12 +255,19 @@ def run(argv: Sequence[str] | None = None) -> int:
     goodput = options.view_as(GoodputOptions)
     if options.view_as(StandardOptions).streaming:
         return run_streaming(goodput)
-    if not goodput.events:
-        print("python -m pipeline: --events=FILE is required (see --help)", file=sys.stderr)
+    if not (goodput.events or goodput.from_duckdb):
+        print("python -m pipeline: --events=FILE or --from_duckdb=FILE is required (see --help)",
+              file=sys.stderr)
         return 2
-    missing = [path for path in goodput.events if not Path(path).is_file()]
+    inputs = (goodput.events or []) + (goodput.from_duckdb or [])
+    missing = [path for path in inputs if not Path(path).is_file()]
     if missing:
         print(f"python -m pipeline: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if goodput.duckdb and any(Path(path).resolve() == Path(goodput.duckdb).resolve()
+                              for path in goodput.from_duckdb or []):
+        print(f"python -m pipeline: --from_duckdb={goodput.duckdb} is also the output: write the backfill "
+              "to another --duckdb file", file=sys.stderr)
         return 2
     with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:
         build_pipeline(pipeline, goodput)

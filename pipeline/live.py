@@ -20,6 +20,16 @@ The DirectRunner cannot drain: its Pub/Sub read holds the watermark at the wall 
 launcher sets ``DRAINING`` instead, after which every message is reported as it arrives, and
 stops the pipeline once the pending interval snapshots are due (``next_snapshot_due``).
 
+A run that is not in Beam state but whose events are in the raw events table (``restore_from``,
+the pipeline's DuckDB file) is restored from that table before its message is added: after the
+pipeline was stopped and started again, and after its state was cleared when it ended and a late
+or resumed attempt speaks again. So a restarted stream catches up to the numbers of one that never
+stopped. (On Dataflow, state survives an update; a restore from BigQuery is not built.)
+
+An exception in the engine (a bug) stays with the run and the message it failed on: the message
+goes to the ``dead_letter`` table whole, with the error, and the run goes on without it; a snapshot
+that fails is a dead letter too. The pipeline never stops for one run.
+
 A snapshot is taken as of the run's own clock: its latest event time plus the processing time
 since that event arrived. For a live job that is now; for a replay it is the replayed time.
 
@@ -31,6 +41,7 @@ a snapshot extends the run's last one instead of rebuilding it.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,16 +54,29 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline import engine
-from pipeline.events import Batch
-from pipeline.rows import Row, snapshot_rows
+from pipeline import engine, raw_events
+from pipeline.events import Batch, parse_batch
+from pipeline.rows import DEAD_LETTER, Row, engine_failure_row, snapshot_rows
 
 _US = 1_000_000
+_LOG = logging.getLogger(__name__)
 
 DRAINING = threading.Event()  # set in this process: report each message at once
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
 # times that, its step statistics included).
 DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
+
+
+_ENGINE_FAILURES = Metrics.counter("goodput", "engine_failures")
+
+
+def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> tuple[str, Row]:
+    """The dead letter of what the engine failed on (a message, or a snapshot when ``batch`` is
+    None), logged with its traceback and counted; called from an ``except`` block."""
+    _ENGINE_FAILURES.inc()
+    _LOG.exception("the engine failed on %s of run %r: see the dead_letter table",
+                   "a message" if batch is not None else "a snapshot", run_id)
+    return DEAD_LETTER, engine_failure_row(run_id, error, batch)
 
 
 def next_snapshot_due(now_us: int, interval_s: float) -> int:
@@ -101,23 +125,30 @@ class TrackRunDoFn(beam.DoFn):
     ARRIVED = ReadModifyWriteStateSpec("arrived_us", VarIntCoder())  # processing time, last event
     SNAPSHOT_DUE = ReadModifyWriteStateSpec("snapshot_due_us", VarIntCoder())  # pending timer
     SILENCE_DUE = ReadModifyWriteStateSpec("silence_due_us", VarIntCoder())  # pending silence timer
+    REPORTED = ReadModifyWriteStateSpec("reported_us", VarIntCoder())  # the last snapshot's time
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     SILENCE_TIMER = TimerSpec("silence", TimeDomain.REAL_TIME)
     GC_TIMER = TimerSpec("gc", TimeDomain.REAL_TIME)
     FINAL_TIMER = TimerSpec("final", TimeDomain.WATERMARK)
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float, silence_s: float,
-                 gc_after_s: float, clock: Callable[[], float] = time.time) -> None:
+                 gc_after_s: float, clock: Callable[[], float] = time.time,
+                 restore_from: str | None = None) -> None:
         self.windows_s = windows_s
         self.snapshot_interval_s = snapshot_interval_s
         self.silence_s = silence_s
         self.gc_after_s = gc_after_s
         self.clock = clock
+        self.restore_from = restore_from
         self.snapshots = Metrics.counter("goodput", "snapshots")
         self.stalled = Metrics.counter("goodput", "stalled_runs")
+        self.restored = Metrics.counter("goodput", "restored_runs")
 
     def setup(self) -> None:
         self.decoded = DecodedStates(DECODED_STATES_MAX_BYTES)
+        # Runs whose events are in the raw events table: an earlier pipeline's, and those this
+        # one forgot (GC_TIMER) but may hear of again.
+        self.written: set[str] = set(raw_events.run_ids(self.restore_from)) if self.restore_from else set()
 
     def process(
         self,
@@ -127,6 +158,7 @@ class TrackRunDoFn(beam.DoFn):
         arrived: Any = beam.DoFn.StateParam(ARRIVED),
         snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
         silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
+        reported: Any = beam.DoFn.StateParam(REPORTED),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
         gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
@@ -134,18 +166,21 @@ class TrackRunDoFn(beam.DoFn):
     ) -> Iterator[tuple[str, Row]]:
         run_id, batch = element
         encoded = run_state.read()
-        if encoded is None:
-            state = engine.RunState(run_id)
-            final_timer.set(window.max_timestamp())
-        else:
-            state = self.decoded.get(run_id, encoded)
-        was_ended = _ended(state)
+        restored = encoded is None and run_id in self.written
         try:
+            if encoded is None:
+                state = self._restore(run_id, reported) if restored else engine.RunState(run_id)
+                final_timer.set(window.max_timestamp())
+            else:
+                state = self.decoded.get(run_id, encoded)
+            was_ended = _ended(state)
             added = state.add_batch(batch)
-        except Exception:
+        except Exception as error:  # noqa: BLE001 -- a bug for one message must not stop the fleet
+            # The stored state is as before the message: the message is dead-lettered whole.
             self.decoded.drop(run_id)  # possibly half changed: decode it again next time
-            raise
-        if not added:
+            yield engine_failure(run_id, error, batch)
+            return
+        if not (added or restored):
             return  # a redelivered message: nothing new
         encoded = engine.encode_state(state)
         run_state.write(encoded)
@@ -156,11 +191,11 @@ class TrackRunDoFn(beam.DoFn):
         silence_timer.set(Timestamp(micros=silence_at))
         silence_due.write(silence_at)
         ends_now = _ended(state) and not was_ended
-        if ends_now:
+        if ends_now or (restored and _ended(state)):
             gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
         if ends_now or DRAINING.is_set():
             snapshot_due.clear()
-            yield from self._snapshot(state, now_us, now_us)
+            yield from self._snapshot(state, reported, now_us, now_us)
             return
         due = snapshot_due.read()
         if due is None or due < now_us:  # set once per interval, not once per message
@@ -174,17 +209,17 @@ class TrackRunDoFn(beam.DoFn):
     def on_snapshot(self, run_id: Any = beam.DoFn.KeyParam,
                     run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     arrived: Any = beam.DoFn.StateParam(ARRIVED),
-                    snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
-                    ) -> Iterator[tuple[str, Row]]:
-        yield from self._report_pending(run_id, run_state, arrived, snapshot_due)
+                    snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
+                    reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[tuple[str, Row]]:
+        yield from self._report_pending(run_id, run_state, arrived, snapshot_due, reported)
 
     @on_timer(FINAL_TIMER)
     def on_final(self, run_id: Any = beam.DoFn.KeyParam,
                  run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                  arrived: Any = beam.DoFn.StateParam(ARRIVED),
-                 snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE)
-                 ) -> Iterator[tuple[str, Row]]:
-        yield from self._report_pending(run_id, run_state, arrived, snapshot_due,
+                 snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
+                 reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[tuple[str, Row]]:
+        yield from self._report_pending(run_id, run_state, arrived, snapshot_due, reported,
                                         round(self.clock() * _US))
 
     @on_timer(SILENCE_TIMER)
@@ -192,6 +227,7 @@ class TrackRunDoFn(beam.DoFn):
                    run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
                    silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
+                   reported: Any = beam.DoFn.StateParam(REPORTED),
                    silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[tuple[str, Row]]:
         encoded, arrived_us, due = run_state.read(), arrived.read(), silence_due.read()
         silence_due.clear()
@@ -202,7 +238,7 @@ class TrackRunDoFn(beam.DoFn):
             if not _ended(state):
                 if due == arrived_us + round(self.silence_s * _US):
                     self.stalled.inc()
-                yield from self._snapshot(state, arrived_us, due)
+                yield from self._snapshot(state, reported, arrived_us, due)
                 again = due + round(self.snapshot_interval_s * _US)
                 if again - arrived_us <= round(self.gc_after_s * _US):
                     silence_timer.set(Timestamp(micros=again))
@@ -213,28 +249,61 @@ class TrackRunDoFn(beam.DoFn):
               run_state: Any = beam.DoFn.StateParam(RUN_STATE),
               arrived: Any = beam.DoFn.StateParam(ARRIVED),
               snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-              silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE)) -> None:
+              silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
+              reported: Any = beam.DoFn.StateParam(REPORTED)) -> None:
         encoded = run_state.read()
         if encoded and _ended(self.decoded.get(run_id, encoded)):  # not restarted since
-            for state in (run_state, arrived, snapshot_due, silence_due):
+            for state in (run_state, arrived, snapshot_due, silence_due, reported):
                 state.clear()
             self.decoded.drop(run_id)
+            if self.restore_from:
+                self.written.add(run_id)
+
+    def _restore(self, run_id: str, reported: Any) -> engine.RunState:
+        """The state of a run that this worker does not hold but whose events are in the raw
+        events table (a restarted pipeline's run, or one forgotten after it ended), and the time
+        of its latest snapshot."""
+        state = engine.RunState(run_id)
+        assert self.restore_from is not None
+        history, reported_us = raw_events.run_history(self.restore_from, run_id)
+        for source, data in history:
+            batch, _ = parse_batch(data, source)  # rows of accepted events: no dead letter
+            if batch is not None:
+                state.add_batch(batch)
+        if reported_us is not None:
+            reported.write(reported_us)
+        self.restored.inc()
+        _LOG.info("restored run %r from the events table of %s: %d events", run_id, self.restore_from,
+                  state.events)
+        return state
 
     def _report_pending(self, run_id: str, run_state: Any, arrived: Any, snapshot_due: Any,
-                        at_us: int | None = None) -> Iterator[tuple[str, Row]]:
+                        reported: Any, at_us: int | None = None) -> Iterator[tuple[str, Row]]:
         """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
         when it is due."""
         encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
         snapshot_due.clear()
         if encoded and arrived_us is not None and due is not None:
-            yield from self._snapshot(self.decoded.get(run_id, encoded), arrived_us,
+            yield from self._snapshot(self.decoded.get(run_id, encoded), reported, arrived_us,
                                       due if at_us is None else at_us)
 
-    def _snapshot(self, state: engine.RunState, arrived_us: int,
+    def _snapshot(self, state: engine.RunState, reported: Any, arrived_us: int,
                   now_us: int) -> Iterator[tuple[str, Row]]:
+        """The run's snapshot as of its latest event time plus the processing time since that
+        event arrived, and after its last snapshot: a run's snapshot times only go on, so the
+        one with the latest time is the newest (an end that arrives after a stalled snapshot,
+        late, is reported a microsecond after it, with the ended run's figures)."""
         latest = max((a.last_event_us for a in state.attempts.values()), default=0)
-        as_of = latest + max(0, now_us - arrived_us)
-        snapshot = state.snapshot(as_of, self.windows_s)
+        as_of, last = latest + max(0, now_us - arrived_us), reported.read()
+        if last is not None and as_of <= last:
+            as_of = last + 1
+        reported.write(as_of)
+        try:
+            snapshot = state.snapshot(as_of, self.windows_s)
+        except Exception as error:  # noqa: BLE001 -- as in process: one run's bug stays its own
+            self.decoded.drop(state.run_id)
+            yield engine_failure(state.run_id, error)
+            return
         if snapshot is not None:
             self.snapshots.inc()
             yield from snapshot_rows(snapshot)
@@ -254,9 +323,9 @@ class TrackRunsLive(beam.PTransform):
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float = 30.0,
                  silence_s: float = 300.0, gc_after_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, restore_from: str | None = None) -> None:
         super().__init__()
-        self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock)
+        self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock, restore_from)
 
     def expand(self, keyed_batches: Any) -> Any:
         return keyed_batches | "TrackRun" >> beam.ParDo(self.fn)

@@ -67,8 +67,13 @@ class GoodputOptions(PipelineOptions):
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--events", action="append", default=None, metavar="FILE",
                             help="an emitter file (one JSON message per line); repeat for more")
+        parser.add_argument("--from_duckdb", action="append", default=None, metavar="FILE",
+                            help="a backfill: replay the raw events table of a DuckDB file the "
+                                 "pipeline wrote (rebuilds every table from it); repeat for more")
         parser.add_argument("--duckdb", default=None, metavar="FILE",
-                            help="DuckDB file the output tables are appended to")
+                            help="DuckDB file the output tables are appended to; a stream started "
+                                 "on a file it wrote before restores each run from its raw events "
+                                 "table when the run speaks again")
         parser.add_argument("--bigquery_dataset", default=None, metavar="PROJECT:DATASET",
                             help="BigQuery dataset the output tables are appended to")
         parser.add_argument("--bigquery_endpoint", default=None, metavar="URL",

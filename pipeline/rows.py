@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pipeline.engine import Snapshot, WindowFigures
-from pipeline.events import Batch, DeadLetter
+from pipeline.events import Batch, DeadLetter, encode_events
 
 Row = dict[str, Any]
 #: An output element: (table, row), or (EVENTS, batch) for the raw events of one message.
@@ -91,6 +91,7 @@ def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
         "location": metadata.get("location") or None, "ended": snapshot.ended,
         "stepping_slice_efficiency": snapshot.stepping_slice_efficiency,
         "available_slice_efficiency": snapshot.available_slice_efficiency,
+        "missing_events": snapshot.missing_events,
     }
     if window is not None:
         row.update(window_start=timestamp(window.start_us), window_end=timestamp(window.end_us),
@@ -104,6 +105,15 @@ def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
 def dead_letter_row(letter: DeadLetter, received: datetime.datetime) -> Row:
     return {"received_time": received, "source": letter.source or None,
             "run_id": letter.run_id or None, "reason": letter.reason, "payload": letter.payload}
+
+
+def engine_failure_row(run_id: str, error: Exception, batch: Batch | None = None) -> Row:
+    """The dead letter of a message the engine failed on (with the message as its payload), or
+    of a snapshot it failed to take (``batch`` None): a bug, kept for replay once it is fixed."""
+    what = "this message" if batch is not None else "the run's snapshot"
+    return {"received_time": datetime.datetime.now(datetime.timezone.utc), "source": "engine",
+            "run_id": run_id, "reason": f"the engine failed on {what}: {type(error).__name__}: {error}",
+            "payload": "" if batch is None else encode_events(batch.events()).decode()}
 
 
 def event_rows(batch: Batch, step_columns: bool = True) -> list[Row]:

@@ -26,6 +26,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
+from pipeline.live import engine_failure
 from pipeline.monitoring_sink import MonitoringSettings, Point, snapshot_points
 from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Element, Row, by_table, dead_letter_row, snapshot_rows
 
@@ -64,18 +65,36 @@ class ParseEvents(beam.PTransform):
             DEAD_LETTER_TAG, main="events")
 
 
-def _run_rows(element: tuple[str, Iterable[Batch]], as_of_us: int | None,
-              windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...]
-              ) -> Iterator[tuple[str, Row]]:
-    run_id, batches = element
-    state = engine.RunState(run_id)
-    for batch in batches:
-        state.add_batch(batch)
-    if as_of_us is None:
-        return
-    snapshot = state.snapshot(as_of_us, windows_s, exclusions)
-    if snapshot is not None:
-        yield from snapshot_rows(snapshot)
+class _SnapshotRun(beam.DoFn):
+    """A run's snapshot rows from all its messages. An exception in the engine (a bug) makes a
+    dead letter of the message it failed on, or of the snapshot, and never stops the replay."""
+
+    def __init__(self, windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...]) -> None:
+        self.windows_s, self.exclusions = windows_s, exclusions
+
+    def process(self, element: tuple[str, Iterable[Batch]], as_of_us: int | None
+                ) -> Iterator[tuple[str, Row]]:
+        run_id, batches = element
+        state, added = engine.RunState(run_id), list[Batch]()
+        for batch in batches:
+            try:
+                state.add_batch(batch)
+            except Exception as error:  # noqa: BLE001 -- see the class docstring
+                yield engine_failure(run_id, error, batch)
+                state = engine.RunState(run_id)  # possibly half changed: the others again
+                for other in added:
+                    state.add_batch(other)
+            else:
+                added.append(batch)
+        if as_of_us is None:
+            return
+        try:
+            snapshot = state.snapshot(as_of_us, self.windows_s, self.exclusions)
+        except Exception as error:  # noqa: BLE001 -- see the class docstring
+            yield engine_failure(run_id, error)
+            return
+        if snapshot is not None:
+            yield from snapshot_rows(snapshot)
 
 
 class TrackRuns(beam.PTransform):
@@ -102,8 +121,8 @@ class TrackRuns(beam.PTransform):
                      | "AsOf" >> beam.CombineGlobally(max).without_defaults())
         return (keyed_batches
                 | "ByRun" >> beam.GroupByKey()
-                | "Snapshot" >> beam.FlatMap(_run_rows, AsSingleton(as_of, default_value=None),
-                                             self.windows_s, self.exclusions))
+                | "Snapshot" >> beam.ParDo(_SnapshotRun(self.windows_s, self.exclusions),
+                                           AsSingleton(as_of, default_value=None)))
 
 
 def _buffered_rows(value: Any) -> int:

@@ -236,11 +236,14 @@ def test_metrics_and_heartbeats_keep_incremental_snapshots_exact(kind, rng: rand
     """Model metrics and heartbeats among the steps (one a new attempt's first event) change no figure."""
     events, as_of = scenario_events(kind)
     extra = []
+    next_seq = {e.attempt_id: e.seq + 1 for e in sorted(events, key=lambda e: e.seq)}  # no gaps
     for i, event in enumerate(events):
         if event.kind == "step_start":
             kind_ = "model_metrics" if i % 2 else "heartbeat"
             body = {"step": event.body["step"], "loss": 1.0} if kind_ == "model_metrics" else {}
-            extra.append(Event(event.run_id, event.attempt_id, 10**6 + i, event.time_us + 1, kind_, body))
+            extra.append(Event(event.run_id, event.attempt_id, next_seq[event.attempt_id], event.time_us + 1,
+                               kind_, body))
+            next_seq[event.attempt_id] += 1
     extra.append(Event("run", "attempt-with-heartbeats-only", 0, events[-1].time_us, "heartbeat", {}))
     mixed = sorted(events + tuple(extra), key=lambda e: e.time_us)
     state = engine.RunState("run")

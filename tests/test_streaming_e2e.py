@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import grpc
 import pytest
 from google.pubsub_v1.types import pubsub as types
 
@@ -179,3 +180,87 @@ def test_an_outage_loses_nothing_and_a_stop_reports_everything(
     streamed = latest_cumulative(live)["run-outage"]
     assert streamed[-1] == replayed["run-outage"][-1] == 99  # the last step, read before the stop
     assert streamed[2:5] == replayed["run-outage"][2:5]  # disruptions, max productive step, ended
+
+
+def published_seqs(broker: PubSubBroker) -> list[int]:
+    """The sequence numbers of every event published, read from the copy subscription."""
+    seqs = []
+    while batch := broker.pull(COPY, 100, wait_s=0.2):
+        broker.acknowledge(COPY, [m.ack_id for m in batch])
+        seqs.extend(e["seq"] for m in batch for e in json.loads(m.message.data)["events"])
+    return sorted(seqs)
+
+
+def table_seqs(database: Path) -> list[int]:
+    """The sequence numbers in the events table, or [] while the stream holds the file."""
+    try:
+        with duckdb.connect(str(database), read_only=True) as connection:
+            rows = connection.execute("SELECT DISTINCT seq FROM events ORDER BY seq").fetchall()
+    except (duckdb.IOException, duckdb.CatalogException):
+        return []
+    return [seq for seq, in rows]
+
+
+def test_pulls_refused_past_the_clients_retries_never_stop_the_stream(
+        tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
+    """Pub/Sub refuses pulls with RESOURCE_EXHAUSTED, which its client does not retry (Beam's
+    DirectRunner would fail the pipeline): the stream logs it once, pulls again, reads every
+    event and stops cleanly."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    live = tmp_path / "live.duckdb"
+    emulator.broker.fail_pulls_next(5, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    stream = start_stream(emulator.host, live, interval_s=2)
+    recorder = GoodputRecorder("run-quota", logging_enabled=True, destination=TOPIC,
+                               settings=make_settings(max_batch_events=10))
+    try:
+        recorder.record_job_start_time(at(0))
+        for step in range(60):
+            recorder.record_step_start_time(step, at(10 + step))
+        assert recorder.flush(timeout=20)
+        deadline = time.monotonic() + 60
+        while emulator.broker.unacknowledged(SUBSCRIPTION) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        output = stop_stream(stream, signal.SIGTERM)
+    finally:
+        recorder.close(timeout=5)
+        if stream.poll() is None:
+            stream.kill()
+    assert "pulling from Pub/Sub failed" in output and "pulling from Pub/Sub again" in output
+    assert table_seqs(live) == list(range(61))
+
+
+def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: PubSubEmulator,
+                                                      monkeypatch, make_settings):
+    """SIGTERM while a job keeps publishing: the stream reads no more once it begins to stop,
+    so every message it acknowledged is in the events table and the rest wait in the
+    subscription for the next start; none is lost in between."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    live = tmp_path / "live.duckdb"
+    stream = start_stream(emulator.host, live, interval_s=1)
+    recorder = GoodputRecorder("run-busy", logging_enabled=True, destination=TOPIC,
+                               settings=make_settings(max_batch_events=2, max_latency_s=0.01))
+    try:
+        recorder.record_job_start_time(at(0))
+        deadline = time.monotonic() + 60
+        while not table_seqs(live) and time.monotonic() < deadline:  # the stream reads
+            time.sleep(0.2)
+        step = 0
+        stream.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
+        while stream.poll() is None and time.monotonic() < stopping + 60:
+            recorder.record_step_start_time(step, at(10 + step))
+            step += 1
+            time.sleep(0.0005)
+        assert recorder.flush(timeout=20)
+        output = stream.communicate(timeout=30)[0]
+    finally:
+        recorder.close(timeout=5)
+        if stream.poll() is None:
+            stream.kill()
+    assert stream.returncode == 0, output
+    left = []
+    while batch := emulator.broker.pull(SUBSCRIPTION, 100, wait_s=0.2):
+        left.extend(e["seq"] for m in batch for e in json.loads(m.message.data)["events"])
+    read = table_seqs(live)
+    assert step > 100 and left and read  # messages came before, during and after the stop
+    assert sorted(read + left) == published_seqs(emulator.broker) == list(range(step + 1))

@@ -16,6 +16,11 @@ key's messages are delivered in publish order, one batch at a time: the next wai
 outstanding ones are acknowledged); dead-letter policies (after ``max_delivery_attempts``
 deliveries a message moves to the dead-letter topic). Not implemented (a call answers
 UNIMPLEMENTED): schemas, snapshots, seek, push and export subscriptions, filters.
+
+Faults are injected through the broker: ``duplicate_next(n)`` delivers the next n messages
+published twice (an at-least-once redelivery); ``fail_pulls_next(n, code)`` makes the next n
+Pull calls fail with ``code``. Stopping the emulator and starting a new one on the same port with
+the same broker is an outage.
 """
 
 from __future__ import annotations
@@ -79,6 +84,20 @@ class PubSubBroker:
         self._subscriptions: dict[str, _Subscription] = {}
         self._message_ids = itertools.count(1)
         self._ack_ids = itertools.count(1)
+        self._duplicates = 0
+        self._failing_pulls: list[grpc.StatusCode] = []
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def duplicate_next(self, count: int) -> None:
+        """The next ``count`` messages published are delivered twice to every subscription."""
+        with self._lock:
+            self._duplicates += count
+
+    def fail_pulls_next(self, count: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        """The next ``count`` Pull calls fail with ``code``, delivering nothing."""
+        with self._lock:
+            self._failing_pulls.extend([code] * count)
 
     # -- topics -----------------------------------------------------------------------------
 
@@ -182,15 +201,22 @@ class PubSubBroker:
         published = types.PubsubMessage(message)
         published.message_id = str(next(self._message_ids))
         published.publish_time = datetime.datetime.now(datetime.timezone.utc)  # type: ignore[assignment]
+        copies = 1
+        if self._duplicates:
+            self._duplicates -= 1
+            copies = 2
         for subscription in self._subscriptions.values():
             if subscription.proto.topic == topic_name:
-                subscription.pending.append(_Delivery(types.PubsubMessage(published)))
+                for _ in range(copies):
+                    subscription.pending.append(_Delivery(types.PubsubMessage(published)))
         return published.message_id
 
     def pull(self, name: str, max_messages: int, wait_s: float = 0.0) -> list[types.ReceivedMessage]:
         """Up to ``max_messages`` deliverable messages, waiting up to ``wait_s`` for one."""
         deadline = self._clock() + wait_s
         with self._lock:
+            if self._failing_pulls:
+                raise _Abort(self._failing_pulls.pop(0), "Injected failure")
             while True:
                 subscription = self._subscription(name)
                 received = self._take(subscription, max(1, max_messages))

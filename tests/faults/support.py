@@ -12,9 +12,9 @@ import duckdb
 from hypothesis import strategies as st
 from reference_harness import T0, TraceBuilder, micros, record_ours
 
-from emitter.encoding import Record, encode_batch, json_double
+from emitter.encoding import Record, encode_batch
 from pipeline import engine
-from pipeline.events import EVENT_KINDS, Batch, Event, parse_batch
+from pipeline.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
 
 S = 1_000_000
 #: Shapes of run (see ``trace``): each exercises different parts of the engine.
@@ -92,16 +92,6 @@ def skewed(events: Iterable[Event], attempt_id: str, offset_s: float) -> list[Ev
             for e in events]
 
 
-def _record(event: Event) -> Record:
-    body = {k: json_double(v) if isinstance(v, float) else v for k, v in event.body.items()}
-    return event.seq, event.time_us, event.kind, body
-
-
-def encode(events: Sequence[Event]) -> bytes:
-    """One message carrying ``events`` (all of one attempt), in the order given."""
-    return encode_batch(events[0].run_id, events[0].attempt_id, [_record(e) for e in events]).data
-
-
 def messages(events: Iterable[Event], size: int) -> list[bytes]:
     """The messages of ``size`` events the emitter would send: per attempt, in seq order; the
     attempts in start order."""
@@ -109,7 +99,7 @@ def messages(events: Iterable[Event], size: int) -> list[bytes]:
     for event in sorted(events, key=lambda e: (e.run_id, e.attempt_id, e.seq)):
         by_attempt.setdefault((event.run_id, event.attempt_id), []).append(event)
     ordered = sorted(by_attempt.values(), key=lambda own: min(e.time_us for e in own))
-    return [encode(own[i:i + size]) for own in ordered for i in range(0, len(own), size)]
+    return [encode_events(own[i:i + size]) for own in ordered for i in range(0, len(own), size)]
 
 
 def batch_of(data: bytes) -> Batch:
@@ -147,19 +137,24 @@ def fleet_events() -> list[Event]:
     return [e for run_id, shape in FLEET.items() for e in as_run(recorded(shape)[0], run_id)]
 
 
-def replay(lines: Sequence[bytes], directory: Path) -> Path:
-    """The DuckDB file of a batch replay (Beam's DirectRunner) of a file holding ``lines``."""
+def run_batch(*arguments: str) -> None:
+    """The batch pipeline (Beam's DirectRunner) with these options, in this process."""
     import apache_beam as beam
 
     from pipeline.launcher import _batch_runner, build_pipeline
     from pipeline.options import GoodputOptions
 
+    options = GoodputOptions(list(arguments))
+    with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:
+        build_pipeline(pipeline, options)
+
+
+def replay(lines: Sequence[bytes], directory: Path) -> Path:
+    """The DuckDB file of a batch replay of a file holding ``lines``."""
     directory.mkdir(parents=True, exist_ok=True)
     events, database = directory / "events.jsonl", directory / "goodput.duckdb"
     events.write_bytes(b"".join(line + b"\n" for line in lines))
-    options = GoodputOptions([f"--events={events}", f"--duckdb={database}"])
-    with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:
-        build_pipeline(pipeline, options)
+    run_batch(f"--events={events}", f"--duckdb={database}")
     return database
 
 

@@ -15,16 +15,18 @@ from hypothesis import strategies as st
 from reference_harness import T0, micros
 
 from emitter.encoding import encode_batch
-from pipeline import engine
-from pipeline import events as events_module
-from pipeline.events import (
-    EVENT_KINDS,
+from goodput_schemas.limits import (
     MAX_EVENTS_PER_MESSAGE,
     MAX_ID_LENGTH,
     MAX_JSON_DEPTH,
     MAX_LABELS,
     MAX_MESSAGE_BYTES,
     MAX_TEXT_LENGTH,
+)
+from pipeline import engine
+from pipeline import events as events_module
+from pipeline.events import (
+    EVENT_KINDS,
     OVERSIZED_PAYLOAD_BYTES,
     Batch,
     DeadLetter,
@@ -37,7 +39,7 @@ from .support import (
     SNAPSHOT_TABLES,
     S,
     batch_of,
-    encode,
+    encode_events,
     final,
     fleet_events,
     messages,
@@ -267,7 +269,7 @@ def test_steps_going_backwards_without_a_restart_are_a_rollback_not_a_dead_lette
 def _without_job_start(shape: int) -> tuple[list[bytes], list[bytes], int]:
     """The messages of a run less its job starts, the job starts one per message, and its as_of."""
     events, as_of = recorded(shape)
-    starts = [encode([e]) for e in events if e.kind == "job_start"]
+    starts = [encode_events([e]) for e in events if e.kind == "job_start"]
     return messages([e for e in events if e.kind != "job_start"], 50), starts, as_of
 
 

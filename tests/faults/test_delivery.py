@@ -4,7 +4,6 @@ change no number (goodput, every badput bucket, disruptions, step statistics, ro
 from __future__ import annotations
 
 import functools
-import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -23,14 +22,14 @@ from .support import (
     SNAPSHOT_TABLES,
     S,
     batch_of,
-    encode,
+    encode_events,
     final,
     messages,
     odd_messages,
     odd_runs,
-    query,
     recorded,
     replay,
+    run_batch,
     skewed,
     state_of,
     table,
@@ -52,7 +51,7 @@ def split(events: list[Event], rng: random.Random, largest: int) -> list[bytes]:
     out, start = [], 0
     while start < len(events):
         size = rng.randint(1, largest)
-        out.append(encode(events[start:start + size]))
+        out.append(encode_events(events[start:start + size]))
         start += size
     return out
 
@@ -197,10 +196,10 @@ def test_steps_sharing_a_start_time_count_the_same_in_any_order():
     a, b = steps[10], steps[11]
     tied = tuple(e if e is not b else Event(b.run_id, b.attempt_id, b.seq, a.time_us, b.kind, b.body)
                  for e in events)
-    in_order = final([encode(list(tied))], as_of)
+    in_order = final([encode_events(list(tied))], as_of)
     reversed_pair = [e for e in tied if e.seq not in (a.seq, b.seq)]
-    late_first = final([encode([e for e in tied if e.seq == b.seq]), encode(reversed_pair),
-                        encode([e for e in tied if e.seq == a.seq])], as_of)
+    late_first = final([encode_events([e for e in tied if e.seq == b.seq]), encode_events(reversed_pair),
+                        encode_events([e for e in tied if e.seq == a.seq])], as_of)
     assert late_first == in_order
     assert in_order.disruptions == ()
 
@@ -213,8 +212,8 @@ def test_two_job_starts_of_one_attempt_at_one_time_count_the_same_in_any_order()
     other = Event(start.run_id, start.attempt_id, 10**6, start.time_us, "job_start",
                   {**start.body, "chip_count": 512, "run_group": "other"})
     rest = [e for e in events if e is not start]
-    first = final([encode([start]), encode([other]), encode(rest)], as_of)
-    second = final([encode([other]), encode([start]), encode(rest)], as_of)
+    first = final([encode_events([start]), encode_events([other]), encode_events(rest)], as_of)
+    second = final([encode_events([other]), encode_events([start]), encode_events(rest)], as_of)
     assert first == second
 
 
@@ -223,7 +222,7 @@ def test_a_run_as_of_the_instant_it_starts_has_a_snapshot_of_no_time():
     elapsed time and no goodput, rather than no snapshot or an error."""
     events, _ = recorded(0)
     start = next(e for e in events if e.kind == "job_start")
-    snapshot = final([encode([start])], start.time_us)
+    snapshot = final([encode_events([start])], start.time_us)
     assert snapshot.cumulative.total_s == 0 and snapshot.cumulative.goodput_pct is None
     assert snapshot.windows == (None,) * len(snapshot.windows)
 
@@ -274,15 +273,9 @@ def test_a_redelivered_file_repeats_raw_rows_but_holds_no_other(name, clean_repl
 
 def test_a_backfill_from_the_redelivered_raw_events_table_gives_the_clean_snapshot_tables(
         clean_replay, redelivered_replay, tmp_path: Path):
-    """Replaying the raw events table, duplicates included, reproduces every snapshot table."""
-    rows = query(redelivered_replay, "SELECT run_id, attempt_id, seq, epoch_us(event_time), kind, step, body "
-                                     "FROM events ORDER BY run_id, attempt_id, seq")
-    by_attempt: dict[tuple[str, str], list[Event]] = {}
-    for run_id, attempt_id, seq, time_us, kind, step, body in rows:
-        values = {"step": step} if kind == "step_start" else json.loads(body)
-        by_attempt.setdefault((run_id, attempt_id), []).append(
-            Event(run_id, attempt_id, seq, time_us, kind, values))
-    lines = [encode(own[i:i + 500]) for own in by_attempt.values() for i in range(0, len(own), 500)]
-    backfilled = replay(lines, tmp_path)
+    """Replaying the raw events table, duplicates included (goodput replay --from_duckdb),
+    reproduces every snapshot table."""
+    backfilled = tmp_path / "backfill.duckdb"
+    run_batch(f"--from_duckdb={redelivered_replay}", f"--duckdb={backfilled}")
     for name in SNAPSHOT_TABLES:
         assert table(backfilled, name) == table(clean_replay, name), name

@@ -514,15 +514,15 @@ def test_room_made_by_dropping_an_earlier_attempts_backlog_is_counted_apart(
 
     transport = GatedTransport()
     second = make_recorder(destination=transport, settings=settings)
-    for index in range(10):  # big events: room is made by dropping the backlog's oldest
-        second.record_custom_badput_event_start_time(at(1000 + index), f"eval-{index}-" + "x" * 600)
+    for index in range(25):  # big events: room is made by dropping the backlog's oldest
+        second.record_custom_badput_event_start_time(at(1000 + index), f"eval-{index:02d}-" + "x" * 240)
     stats = second.stats
-    assert stats.backlog_dropped > stats.recorded == 10 and stats.dropped == 0
+    assert stats.backlog_dropped > stats.recorded == 25 and stats.dropped == 0
     assert second.flush(timeout=0.2) is False  # none of its own was delivered
     transport.open()
     assert second.flush(timeout=10)
     stats = second.stats
-    assert (stats.sent, stats.dropped) == (10, 0)
+    assert (stats.sent, stats.dropped) == (25, 0)
     backlog = [seq for m in transport.messages for attempt, seq, *_ in decode(m.data)
                if attempt == first.attempt_id]
     assert len(backlog) == len(set(backlog)) == stats.backlog_sent
@@ -532,16 +532,16 @@ def test_room_made_by_dropping_an_earlier_attempts_backlog_is_counted_apart(
 def test_text_with_unicode_line_separators_survives_the_spool(make_recorder, make_settings):
     """A spooled event whose text holds U+2028 or U+0085 (not escaped by JSON) arrives intact."""
     transport = GatedTransport()
-    recorder = make_recorder(destination=transport, settings=make_settings(
+    labels = {"a": "eval\u2028set", "b": "eval\x85set", "c": "eval\u2029set"}  # free text: kept
+    recorder = make_recorder(destination=transport, labels=labels, settings=make_settings(
         max_queue_events=1, max_batch_events=1, max_latency_s=60))
-    kinds = ["eval\u2028set", "eval\x85set", "eval\u2029set"]
-    for index, kind in enumerate(kinds):
-        recorder.record_custom_badput_event_start_time(at(index), kind)
+    for index in range(3):
+        recorder.record_job_start_time(at(index))
     assert recorder.stats.spilled >= 2
     transport.open()
     assert recorder.flush(10)
     bodies = [body for m in transport.messages for *_, body in decode(m.data)]
-    assert bodies == [{"badput_type": kind} for kind in kinds]
+    assert [body["labels"] for body in bodies] == [labels] * 3
 
 
 # -- the wall clock jumping -------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""The limits of the event contract: what one message and one event may hold.
+
+The pipeline dead-letters what breaks them (``pipeline.events``); the emitter refuses them at the
+call, before an event is queued, so a job learns of its mistake at once instead of in the
+``dead_letter`` table. Plain constants, no imports: a training image reads them with the emitter.
+"""
+
+#: Versions of the event contract this pipeline reads.
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+#: Event times outside [2000-01-01, 2200-01-01) UTC are rejected as corrupt.
+MIN_TIME_US = 946_684_800 * 1_000_000
+MAX_TIME_US = 7_258_118_400 * 1_000_000
+#: Longest run or attempt id accepted, in characters (printable ones only).
+MAX_ID_LENGTH = 512
+#: Largest message accepted, in bytes: Pub/Sub's own limit (a publish request is at most 10 MB),
+#: so nothing that came through the topic exceeds it; a replayed file's lines are held to it too.
+MAX_MESSAGE_BYTES = 10_000_000
+#: Most events in one message: 100 times the emitter's default batch. It bounds the dead letters
+#: one message can produce (an event of two bytes, ``{}``, would let 10 MB carry millions).
+MAX_EVENTS_PER_MESSAGE = 100_000
+#: Deepest JSON nesting accepted. The schema nests five levels (batch, events, event, kind,
+#: labels); the cap keeps every parser's recursion far below Python's limit, where a deeper
+#: document would raise instead of being dead-lettered.
+MAX_JSON_DEPTH = 32
+#: Most labels on one job start: as many as a Google Cloud resource takes. Labels ride in every
+#: snapshot's metadata and in the run's state, once per attempt.
+MAX_LABELS = 64
+#: Longest string in an event body (label keys and values, run group, accelerator type,
+#: location, badput and elastic wait types), in characters. These become table columns and
+#: Cloud Monitoring labels, whose values may be 1024 bytes: 256 characters are at most 1024 bytes
+#: in UTF-8 (with the ``CUSTOM_BADPUT_EVENTS.`` prefix, an upper-cased badput type still fits).
+MAX_TEXT_LENGTH = 256
+#: Longest duration (a checkpoint's blocking time, a configured ideal step time), in seconds:
+#: the span of accepted event times. Anything longer is corrupt, and would overflow in the
+#: engine's microsecond arithmetic.
+MAX_DURATION_S = (MAX_TIME_US - MIN_TIME_US) / 1_000_000
+#: Largest integer field (steps, sequence numbers, chip and slice counts): protobuf's int64.
+MAX_INT64 = 2**63 - 1
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``repr(text)``, shortened for a reason a person reads."""
+    return f"{text[:limit]!r}… ({len(text)} characters)" if len(text) > limit else repr(text)
+
+
+def id_problem(name: str, value: str) -> str | None:
+    """Why a run or attempt id is unacceptable, or None."""
+    if not value:
+        return f"{name} is missing or empty: it must be 1..{MAX_ID_LENGTH} printable characters"
+    if len(value) > MAX_ID_LENGTH or not value.isprintable():
+        return f"{name} must be 1..{MAX_ID_LENGTH} printable characters, got {shown(value)}"
+    return None
+
+
+def text_problem(where: str, value: str, free_form: bool = False) -> str | None:
+    """Why a string of an event body is unacceptable, or None.
+
+    Names (types, run group, accelerator, location, label keys) become columns, bucket names and
+    metric labels that people read: printable characters only, as for ids. Label values are free
+    text kept as JSON, so any valid Unicode goes; a lone surrogate cannot be stored as UTF-8.
+    """
+    if len(value) > MAX_TEXT_LENGTH:
+        return f"{where} is {len(value)} characters, more than MAX_TEXT_LENGTH ({MAX_TEXT_LENGTH})"
+    if free_form:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} is not valid Unicode (a lone surrogate), got {shown(value)}"
+    elif not value.isprintable():
+        return f"{where} must be printable characters (no control or format characters), got {shown(value)}"
+    return None
