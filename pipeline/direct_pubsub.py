@@ -3,17 +3,18 @@
 Beam's DirectRunner reads a subscription by pulling ten messages at a time and acknowledging
 them at once, before they are processed. Two things follow that a local stream must not suffer:
 
-* A failed pull (the emulator away for more than the client's 60 s of retries) fails the bundle,
-  and the DirectRunner never retries a bundle: the pipeline is dead. Here a failed pull reads
-  nothing, is logged once per outage, and the next pull, on a new connection, reads on.
+* A failed pull (the emulator away for more than the client's 60 s of retries, a quota error the
+  client does not retry) fails the bundle, and the DirectRunner never retries a bundle: the
+  pipeline is dead. Here a failed pull reads nothing, is logged once per outage, and the next
+  pull, on a new connection, reads on; a failed acknowledgement keeps what was pulled.
 * Cancelling the pipeline loses the messages pulled (so acknowledged) but not yet processed. To
   stop cleanly the launcher calls ``stop_reading()`` first: later pulls read nothing, and what
   was read is processed before the pipeline is cancelled.
 
-Both wrap the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is pinned to
-2.77); ``install`` says so in the log if that ever changes, and the stream then runs as Beam
-made it. Dataflow reads Pub/Sub its own way, with acknowledgements after a checkpoint; none of
-this applies there.
+``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
+pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
+that method is ever gone, and the stream then runs as Beam made it. Dataflow reads Pub/Sub its
+own way, with acknowledgements after a checkpoint; none of this applies there.
 """
 
 from __future__ import annotations
@@ -30,43 +31,52 @@ RETRY_PAUSE_S = 1.0
 
 
 def install() -> bool:
-    """Wraps the DirectRunner's Pub/Sub read (once per process); False if it cannot."""
-    try:
-        from apache_beam.runners.direct.transform_evaluator import _PubSubReadEvaluator
-    except ImportError:
-        _LOG.warning("the DirectRunner has no Pub/Sub read evaluator to wrap: a Pub/Sub outage will "
-                     "stop the stream, and a stop may lose the messages in flight")
-        return False
-    original = getattr(_PubSubReadEvaluator, "_read_from_pubsub", None)
-    if original is None:
+    """Replaces the DirectRunner's Pub/Sub read with ``read``; False (logged) if it cannot."""
+    from apache_beam.runners.direct import transform_evaluator
+
+    evaluator = getattr(transform_evaluator, "_PubSubReadEvaluator", None)
+    if not hasattr(evaluator, "_read_from_pubsub"):
         _LOG.warning("the DirectRunner's Pub/Sub read has changed: a Pub/Sub outage will stop the "
                      "stream, and a stop may lose the messages in flight")
         return False
-    if getattr(original, "_fitted", False):
-        return True
-
-    def read(evaluator: Any, timestamp_attribute: Any) -> list[Any]:
-        from google.api_core.exceptions import GoogleAPIError
-
-        if _STOPPED.is_set():
-            return []
-        try:
-            messages: list[Any] = original(evaluator, timestamp_attribute)
-        except GoogleAPIError as error:
-            if not _OUTAGE.is_set():
-                _OUTAGE.set()
-                _LOG.warning("pulling from Pub/Sub failed (%s); retrying until it answers", error)
-            _forget_client(evaluator)
-            _STOPPED.wait(RETRY_PAUSE_S)
-            return []
-        if _OUTAGE.is_set():
-            _OUTAGE.clear()
-            _LOG.warning("pulling from Pub/Sub again")
-        return messages
-
-    read._fitted = True  # type: ignore[attr-defined]
-    setattr(_PubSubReadEvaluator, "_read_from_pubsub", read)  # noqa: B010 -- a private method, wrapped
+    setattr(evaluator, "_read_from_pubsub", read)  # noqa: B010 -- a private method, replaced
     return True
+
+
+def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any]]:
+    """What the runner's read does (pull ten messages, acknowledge them, stamp each with its
+    publish time), but a failed pull reads nothing and a failed acknowledgement keeps what was
+    pulled: the messages may come again, and the pipeline drops repeated events."""
+    from apache_beam.io.gcp.pubsub import PubsubMessage
+    from apache_beam.utils.timestamp import Timestamp
+    from google.api_core.exceptions import GoogleAPIError
+
+    if _STOPPED.is_set():
+        return []
+    if timestamp_attribute:
+        raise NotImplementedError("the local stream stamps messages with their publish time")
+    client = evaluator._get_subscriber_client(evaluator._applied_ptransform)
+    try:
+        received = list(client.pull(subscription=evaluator._sub_name, max_messages=10,
+                                    timeout=30).received_messages)
+    except GoogleAPIError as error:
+        if not _OUTAGE.is_set():
+            _OUTAGE.set()
+            _LOG.warning("pulling from Pub/Sub failed (%s); retrying until it answers", error)
+        _forget_client(evaluator)
+        _STOPPED.wait(RETRY_PAUSE_S)
+        return []
+    if _OUTAGE.is_set():
+        _OUTAGE.clear()
+        _LOG.warning("pulling from Pub/Sub again")
+    if received:
+        try:
+            client.acknowledge(subscription=evaluator._sub_name, ack_ids=[m.ack_id for m in received])
+        except GoogleAPIError as error:
+            _LOG.warning("acknowledging %d messages failed (%s): they may be delivered again",
+                         len(received), error)
+    return [(Timestamp.from_utc_datetime(m.message.publish_time), PubsubMessage._from_message(m.message))
+            for m in received]
 
 
 def _forget_client(evaluator: Any) -> None:

@@ -68,6 +68,18 @@ DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
 
 
 _ENGINE_FAILURES = Metrics.counter("goodput", "engine_failures")
+_WRITTEN_RUNS: dict[str, set[str]] = {}
+_WRITTEN_RUNS_LOCK = threading.Lock()
+
+
+def written_runs(path: str) -> set[str]:
+    """The runs whose events are in the raw events table of the DuckDB file ``path``: those an
+    earlier pipeline wrote (read once per process: the DirectRunner sets a DoFn up for every
+    bundle), and those this one forgot (GC_TIMER) but may hear of again (added as it forgets)."""
+    with _WRITTEN_RUNS_LOCK:
+        if path not in _WRITTEN_RUNS:
+            _WRITTEN_RUNS[path] = set(raw_events.run_ids(path))
+        return _WRITTEN_RUNS[path]
 
 
 def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> tuple[str, Row]:
@@ -146,9 +158,7 @@ class TrackRunDoFn(beam.DoFn):
 
     def setup(self) -> None:
         self.decoded = DecodedStates(DECODED_STATES_MAX_BYTES)
-        # Runs whose events are in the raw events table: an earlier pipeline's, and those this
-        # one forgot (GC_TIMER) but may hear of again.
-        self.written: set[str] = set(raw_events.run_ids(self.restore_from)) if self.restore_from else set()
+        self.written = written_runs(self.restore_from) if self.restore_from else set()
 
     def process(
         self,

@@ -26,7 +26,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from pipeline import engine
 from pipeline.events import Batch, parse_batch
-from pipeline.live import engine_failure
+from pipeline.live import DRAINING, engine_failure
 from pipeline.monitoring_sink import MonitoringSettings, Point, snapshot_points
 from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Element, Row, by_table, dead_letter_row, snapshot_rows
 
@@ -162,6 +162,14 @@ class _AppendPerBundle(beam.DoFn):
         self._elements, self._rows = [], 0
 
 
+def _retry_deadline_s(configured_s: float) -> float:
+    """How long a sink retries a write: as configured, but not at all while a DirectRunner job is
+    stopping (``pipeline.live.DRAINING``), where a bundle waiting out a service's outage would
+    hold up the messages read before the stop until the job is cancelled and they are lost; what
+    fails then is dead-lettered like any write that gave up."""
+    return 0.0 if DRAINING.is_set() else configured_s
+
+
 class _InsertPerBundle(beam.DoFn):
     """Gathers rows and inserts them into BigQuery when the bundle finishes, or sooner, once they
     hold ``FLUSH_ROWS`` rows (a batch runner may make its whole input one bundle); outputs
@@ -203,6 +211,7 @@ class _InsertPerBundle(beam.DoFn):
         if not elements:
             return
         lost: list[Row] = []
+        self._writer.retry_deadline_s = _retry_deadline_s(self.retry[0])
         self.dead_lettered.inc(self._writer.write(by_table(elements),
                                                   lambda table, row, reason: lost.append(row)))
         self.unwritten.inc(len(lost))
@@ -348,6 +357,7 @@ class _WritePoints(beam.DoFn):
 
         received = datetime.datetime.now(datetime.timezone.utc)
         letters: list[Row] = []
+        self._writer.retry_deadline_s = _retry_deadline_s(self.settings.retry_deadline_s)
         self.refused.inc(self._writer.write(
             self._points, lambda point, reason: letters.append(dead_letter_row(point, reason, received))))
         self._points = []

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
@@ -201,6 +202,50 @@ def test_ack_deadline_expiry_redelivers():
     now[0] = 30.5
     (again,) = broker.pull(SUBSCRIPTION, 10)
     assert again.message.message_id == first.message.message_id
+
+
+@pytest.fixture
+def local() -> Iterator[PubSubEmulator]:
+    """This project's emulator alone (the fault hooks are its own), with the topic and two
+    subscriptions."""
+    with PubSubEmulator() as running:
+        running.broker.create_topic(types.Topic(name=TOPIC))
+        for name in (SUBSCRIPTION, f"{PROJECT}/subscriptions/other"):
+            running.broker.create_subscription(types.Subscription(name=name, topic=TOPIC))
+        yield running
+
+
+def test_duplicate_next_delivers_the_next_messages_twice(local, monkeypatch):
+    """duplicate_next(2): the next two messages published come twice, with their one message id,
+    to every subscription; the one after comes once."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.host)
+    local.broker.duplicate_next(2)
+    publisher = pubsub_v1.PublisherClient()
+    ids = [publisher.publish(TOPIC, data).result(timeout=10) for data in (b"a", b"b", b"c")]
+    subscriber = pubsub_v1.SubscriberClient()
+    for name in (SUBSCRIPTION, f"{PROJECT}/subscriptions/other"):
+        received = subscriber.pull(subscription=name, max_messages=10, timeout=10).received_messages
+        assert sorted((m.message.data, m.message.message_id) for m in received) == [
+            (b"a", ids[0]), (b"a", ids[0]), (b"b", ids[1]), (b"b", ids[1]), (b"c", ids[2])]
+    subscriber.close()
+
+
+def test_fail_pulls_next_fails_one_subscriptions_pulls_with_the_code(local, monkeypatch):
+    """fail_pulls_next(2, RESOURCE_EXHAUSTED, subscription): its next two pulls fail as a quota
+    error through the real client (which does not retry it), then pulls deliver; other
+    subscriptions are not affected."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.host)
+    local.broker.publish(TOPIC, [types.PubsubMessage(data=b"x")])
+    local.broker.fail_pulls_next(2, grpc.StatusCode.RESOURCE_EXHAUSTED, SUBSCRIPTION)
+    subscriber = pubsub_v1.SubscriberClient()
+    other = subscriber.pull(subscription=f"{PROJECT}/subscriptions/other", max_messages=10, timeout=10)
+    assert [m.message.data for m in other.received_messages] == [b"x"]
+    for _ in range(2):
+        with pytest.raises(exceptions.ResourceExhausted):
+            subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=10)
+    received = subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=10)
+    assert [m.message.data for m in received.received_messages] == [b"x"]
+    subscriber.close()
 
 
 def test_command_line_help():

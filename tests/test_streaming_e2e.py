@@ -229,14 +229,21 @@ def test_pulls_refused_past_the_clients_retries_never_stop_the_stream(
     assert table_seqs(live) == list(range(61))
 
 
+@pytest.mark.parametrize("monitoring", ["up", "failing"])
 def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: PubSubEmulator,
-                                                      monkeypatch, make_settings):
-    """SIGTERM while a job keeps publishing: the stream reads no more once it begins to stop,
-    so every message it acknowledged is in the events table and the rest wait in the
+                                                      monkeypatch, make_settings, monitoring):
+    """SIGTERM while a job keeps publishing, with Cloud Monitoring up or failing every request:
+    the stream reads no more once it begins to stop and its sinks retry no more, so it stops
+    promptly, every message it acknowledged is in the events table and the rest wait in the
     subscription for the next start; none is lost in between."""
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
     live = tmp_path / "live.duckdb"
-    stream = start_stream(emulator.host, live, interval_s=1)
+    stand_in = MonitoringEmulator().start()
+    if monitoring == "failing":
+        stand_in.store.fail_next(100_000, grpc.StatusCode.UNAVAILABLE)
+    stream = start_stream(emulator.host, live, 1, "--monitoring_project=goodput-local",
+                          f"--monitoring_endpoint={stand_in.host}", "--monitoring_min_interval_s=5",
+                          "--monitoring_latest_now")
     recorder = GoodputRecorder("run-busy", logging_enabled=True, destination=TOPIC,
                                settings=make_settings(max_batch_events=2, max_latency_s=0.01))
     try:
@@ -251,13 +258,16 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
             recorder.record_step_start_time(step, at(10 + step))
             step += 1
             time.sleep(0.0005)
+        stopped_s = time.monotonic() - stopping
         assert recorder.flush(timeout=20)
         output = stream.communicate(timeout=30)[0]
     finally:
         recorder.close(timeout=5)
         if stream.poll() is None:
             stream.kill()
+        stand_in.stop()
     assert stream.returncode == 0, output
+    assert stopped_s < 20  # an interval, the series' turn (5 s) and 2 s: not Monitoring's retries
     left = []
     while batch := emulator.broker.pull(SUBSCRIPTION, 100, wait_s=0.2):
         left.extend(e["seq"] for m in batch for e in json.loads(m.message.data)["events"])

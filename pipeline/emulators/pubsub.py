@@ -19,8 +19,8 @@ UNIMPLEMENTED): schemas, snapshots, seek, push and export subscriptions, filters
 
 Faults are injected through the broker: ``duplicate_next(n)`` delivers the next n messages
 published twice (an at-least-once redelivery); ``fail_pulls_next(n, code)`` makes the next n
-Pull calls fail with ``code``. Stopping the emulator and starting a new one on the same port with
-the same broker is an outage.
+Pull calls (of one subscription, or of any) fail with ``code``. Stopping the emulator and
+starting a new one on the same port with the same broker is an outage.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class PubSubBroker:
         self._message_ids = itertools.count(1)
         self._ack_ids = itertools.count(1)
         self._duplicates = 0
-        self._failing_pulls: list[grpc.StatusCode] = []
+        self._failing_pulls: dict[str | None, list[grpc.StatusCode]] = {}
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -94,10 +94,12 @@ class PubSubBroker:
         with self._lock:
             self._duplicates += count
 
-    def fail_pulls_next(self, count: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
-        """The next ``count`` Pull calls fail with ``code``, delivering nothing."""
+    def fail_pulls_next(self, count: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+                        subscription: str | None = None) -> None:
+        """The next ``count`` Pull calls (of ``subscription``, or of any) fail with ``code``,
+        delivering nothing."""
         with self._lock:
-            self._failing_pulls.extend([code] * count)
+            self._failing_pulls.setdefault(subscription, []).extend([code] * count)
 
     # -- topics -----------------------------------------------------------------------------
 
@@ -215,8 +217,9 @@ class PubSubBroker:
         """Up to ``max_messages`` deliverable messages, waiting up to ``wait_s`` for one."""
         deadline = self._clock() + wait_s
         with self._lock:
-            if self._failing_pulls:
-                raise _Abort(self._failing_pulls.pop(0), "Injected failure")
+            failing = self._failing_pulls.get(name) or self._failing_pulls.get(None)
+            if failing:
+                raise _Abort(failing.pop(0), "Injected failure")
             while True:
                 subscription = self._subscription(name)
                 received = self._take(subscription, max(1, max_messages))
