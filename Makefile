@@ -8,7 +8,7 @@ CHECKOV := .venv-checkov/bin/checkov
 # The HTML report is tested in Debian's chromium, driven by playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit bench soak clean
 
 install: $(STAMP)
 
@@ -45,6 +45,11 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
+
+# Thirty minutes of fleet traffic with random faults (make test runs a 90 s version of it).
+SOAK_S ?= 1800
+soak: $(STAMP)
+	GOODPUT_SOAK_S=$(SOAK_S) $(PY) -m pytest -s -p no:cacheprovider tests/faults/test_soak.py
 
 clean:
 	rm -rf $(VENV) .venv-checkov .cache demo-output .pytest_cache .mypy_cache .ruff_cache

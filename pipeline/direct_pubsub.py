@@ -8,8 +8,8 @@ them at once, before they are processed. Two things follow that a local stream m
   pipeline is dead. Here a failed pull reads nothing, is logged once per outage, and the next
   pull, on a new connection, reads on; a failed acknowledgement keeps what was pulled.
 * Cancelling the pipeline loses the messages pulled (so acknowledged) but not yet processed. To
-  stop cleanly the launcher calls ``stop_reading()`` first: later pulls read nothing, and what
-  was read is processed before the pipeline is cancelled.
+  stop cleanly the launcher calls ``stop_reading()`` a while before it cancels: later pulls read
+  nothing, and what was read is processed meanwhile.
 
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if

@@ -169,7 +169,7 @@ def print_summary(duckdb_path: str, out: TextIO, max_runs: int = SUMMARY_RUNS) -
     out.write(f"{len(runs)} runs; {dead} rejected inputs in table dead_letter; tables in {duckdb_path}\n")
 
 
-DRAIN_GRACE_S = 2.0  # after the last interval timer is due: time for it to fire and be written
+DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
 
 
 def run_streaming(options: GoodputOptions) -> int:
@@ -204,25 +204,30 @@ def run_streaming(options: GoodputOptions) -> int:
     while not stop.wait(1.0) and not failed.is_set():
         pass
     if not failed.is_set():
-        # The DirectRunner cannot drain (see pipeline.live): read no more, report new messages
-        # at once, and wait until the interval snapshots pending for the others are due and
-        # written, then cancel: every message read is in the tables.
-        direct_pubsub.stop_reading()
+        # The DirectRunner cannot drain (see pipeline.live): report each new message at once,
+        # read on until the interval snapshots pending for the others are due, then read no
+        # more, and cancel once what was read is written: every message read is in the tables.
         DRAINING.set()
         due_s = next_snapshot_due(round(time.time() * 1e6), goodput.snapshot_interval_s) / 1e6
         if goodput.monitoring_project:  # the last snapshots' points wait for their series' turn
             due_s += goodput.monitoring_min_interval_s
-        deadline = due_s + DRAIN_GRACE_S
-        print(f"stopping: final snapshots within {deadline - time.time():.0f} s "
+        print(f"stopping: final snapshots within {due_s + DRAIN_GRACE_S - time.time():.0f} s "
               "(signal again to stop at once)", file=sys.stderr, flush=True)
-        while time.time() < deadline and not force.wait(0.2) and not failed.is_set():
-            pass
+        _wait_until(due_s, force, failed)
+        direct_pubsub.stop_reading()
+        _wait_until(time.time() + DRAIN_GRACE_S, force, failed)
         result.cancel()
     if failed.is_set():
         print("python -m pipeline: the streaming pipeline failed (see the log above)", file=sys.stderr)
         return 1
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _wait_until(time_s: float, *events: threading.Event) -> None:
+    """Waits until ``time_s`` (the epoch) or until one of ``events`` is set."""
+    while time.time() < time_s and not any(event.wait(0.1) for event in events):
+        pass
 
 
 def _watch_for_failure(result: Any, stop: threading.Event) -> threading.Event:
