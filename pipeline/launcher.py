@@ -38,7 +38,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner
 
-from pipeline import direct_pubsub
+from pipeline import direct_runner
 from pipeline.bigquery_sink import create_tables, make_client, parse_dataset
 from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
 from pipeline.monitoring_sink import MonitoringSettings
@@ -191,19 +191,18 @@ def run_streaming(options: GoodputOptions) -> int:
         signal.signal(signum, on_signal)
     direct = "Direct" in runner
     if direct:
-        direct_pubsub.install()
+        direct_runner.install()
     pipeline = beam.Pipeline(options=options)
     build_streaming_pipeline(pipeline, goodput)
     result = pipeline.run()
     if not direct:  # e.g. Dataflow, which runs the job on its own: submitted is done
         print(f"submitted the streaming job to {runner}", file=sys.stderr)
         return 0
-    failed = _watch_for_failure(result, stop)
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
-    while not stop.wait(1.0) and not failed.is_set():
+    while not stop.wait(1.0) and not direct_runner.failure(result):
         pass
-    if not failed.is_set():
+    if not direct_runner.failure(result):
         # The DirectRunner cannot drain (see pipeline.live): report each new message at once,
         # read on until the interval snapshots pending for the others are due, then read no
         # more, and cancel once what was read is written: every message read is in the tables.
@@ -213,37 +212,23 @@ def run_streaming(options: GoodputOptions) -> int:
             due_s += goodput.monitoring_min_interval_s
         print(f"stopping: final snapshots within {due_s + DRAIN_GRACE_S - time.time():.0f} s "
               "(signal again to stop at once)", file=sys.stderr, flush=True)
-        _wait_until(due_s, force, failed)
-        direct_pubsub.stop_reading()
-        _wait_until(time.time() + DRAIN_GRACE_S, force, failed)
-        result.cancel()
-    if failed.is_set():
-        print("python -m pipeline: the streaming pipeline failed (see the log above)", file=sys.stderr)
+        _wait_until(due_s, force, result)
+        direct_runner.stop_reading()
+        _wait_until(time.time() + DRAIN_GRACE_S, force, result)
+    error = direct_runner.failure(result)
+    if error is not None:  # its threads are daemons, and may be stuck: they end with the process
+        print(f"python -m pipeline: the streaming pipeline failed: {error!r} (see the log above)",
+              file=sys.stderr)
         return 1
+    result.cancel()
     print("stopped", file=sys.stderr, flush=True)
     return 0
 
 
-def _wait_until(time_s: float, *events: threading.Event) -> None:
-    """Waits until ``time_s`` (the epoch) or until one of ``events`` is set."""
-    while time.time() < time_s and not any(event.wait(0.1) for event in events):
+def _wait_until(time_s: float, force: threading.Event, result: Any) -> None:
+    """Waits until ``time_s`` (the epoch), a second signal, or the pipeline's failure."""
+    while time.time() < time_s and not force.wait(0.1) and not direct_runner.failure(result):
         pass
-
-
-def _watch_for_failure(result: Any, stop: threading.Event) -> threading.Event:
-    """An event set when the DirectRunner's pipeline fails: its state says so only to
-    ``wait_until_finish``, which a thread waits in (a cancel ends the wait without a failure)."""
-    failed = threading.Event()
-
-    def wait() -> None:
-        try:
-            result.wait_until_finish()
-        except Exception:  # noqa: BLE001 -- the runner logged it; the launcher exits 1
-            if not stop.is_set():
-                failed.set()
-
-    threading.Thread(target=wait, name="pipeline-watch", daemon=True).start()
-    return failed
 
 
 def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:

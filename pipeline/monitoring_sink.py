@@ -297,7 +297,8 @@ class MetricWriter:
                 for index in _refused_indexes(message, len(sent)):
                     _LOG.warning("Cloud Monitoring refused %s: %s", sent[index].describe(), message)
                     fail(sent[index], f"Cloud Monitoring refused the point: {message}")
-            except exceptions.GoogleAPIError as error:  # RetryError too: the deadline passed
+            except Exception as error:  # noqa: BLE001 -- RetryError (the deadline passed), and an
+                # answer the client cannot read (an error whose details contradict its code)
                 _LOG.warning("Cloud Monitoring write of %d series failed: %s; first: %s", len(sent),
                              error, sent[0].describe())
                 for point in sent:

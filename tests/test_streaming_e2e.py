@@ -162,10 +162,7 @@ def test_an_outage_loses_nothing_and_a_stop_reports_everything(
         time.sleep(3)  # Pub/Sub stays away: the pipeline's pulls fail meanwhile
         emulator = PubSubEmulator(port=emulator.port, broker=emulator.broker).start()
         assert recorder.flush(timeout=60)
-        deadline = time.monotonic() + 120
-        while emulator.broker.unacknowledged(SUBSCRIPTION) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert emulator.broker.unacknowledged(SUBSCRIPTION) == 0
+        wait_until_read(emulator.broker, 120)
         output = stop_stream(stream, signal.SIGTERM)
     finally:
         recorder.close(timeout=5)
@@ -180,6 +177,14 @@ def test_an_outage_loses_nothing_and_a_stop_reports_everything(
     streamed = latest_cumulative(live)["run-outage"]
     assert streamed[-1] == replayed["run-outage"][-1] == 99  # the last step, read before the stop
     assert streamed[2:5] == replayed["run-outage"][2:5]  # disruptions, max productive step, ended
+
+
+def wait_until_read(broker: PubSubBroker, timeout_s: float) -> None:
+    """Returns once the stream has read every message of its subscription."""
+    deadline = time.monotonic() + timeout_s
+    while broker.unacknowledged(SUBSCRIPTION) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert broker.unacknowledged(SUBSCRIPTION) == 0
 
 
 def published_seqs(broker: PubSubBroker) -> list[int]:
@@ -217,9 +222,7 @@ def test_pulls_refused_past_the_clients_retries_never_stop_the_stream(
         for step in range(60):
             recorder.record_step_start_time(step, at(10 + step))
         assert recorder.flush(timeout=20)
-        deadline = time.monotonic() + 60
-        while emulator.broker.unacknowledged(SUBSCRIPTION) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until_read(emulator.broker, 60)
         output = stop_stream(stream, signal.SIGTERM)
     finally:
         recorder.close(timeout=5)
@@ -274,3 +277,26 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
     read = table_seqs(live)
     assert step > 100 and left and read  # messages came before, during and after the stop
     assert sorted(read + left) == published_seqs(emulator.broker) == list(range(step + 1))
+
+
+def test_a_failed_pipeline_exits_1_instead_of_serving_a_dead_stream(
+        tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
+    """A bundle that fails for good (a DuckDB file that cannot be written) stops the DirectRunner's
+    pipeline; the launcher sees it (the runner tells only wait_until_finish, which may never
+    return), says so and exits 1, instead of leaving a process that reads nothing."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    stream = start_stream(emulator.host, blocker / "live.duckdb", interval_s=1)
+    recorder = GoodputRecorder("run-doomed", logging_enabled=True, destination=TOPIC,
+                               settings=make_settings())
+    try:
+        recorder.record_job_start_time(at(0))
+        assert recorder.flush(timeout=20)
+        output = stream.communicate(timeout=90)[0]
+    finally:
+        recorder.close(timeout=5)
+        if stream.poll() is None:
+            stream.kill()
+    assert stream.returncode == 1, output
+    assert "the streaming pipeline failed" in output

@@ -13,7 +13,8 @@ service refuses, so a sink is tested with the unmodified client::
 
 or in-process: ``with MonitoringEmulator() as emulator: ...`` with ``emulator.host`` as the
 channel's address and ``emulator.store`` for assertions (``store.points(metric_type)``) and
-fault injection: ``store.fail_next(n, code)`` (the next n calls fail, an outage or a quota) and
+fault injection: ``store.garble_next(n)`` (an answer the client cannot read),
+``store.fail_next(n, code)`` (the next n calls fail, an outage or a quota) and
 ``store.refuse_next(n, reason)`` (the next n series are refused, a partial failure).
 
 Served: CreateTimeSeries with the documented rules (see ``MetricStore``), including the
@@ -178,6 +179,7 @@ class MetricStore:
         self._written: list[tuple[SeriesKey, int, Any]] = []  # every accepted point, in write order
         self._failures: list[grpc.StatusCode] = []
         self._refusals: list[str] = []
+        self._garbled = 0
         self.requests = 0
 
     def fail_next(self, n: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
@@ -185,6 +187,20 @@ class MetricStore:
         (UNAVAILABLE, INTERNAL), a quota (RESOURCE_EXHAUSTED), a permission (PERMISSION_DENIED)."""
         with self._lock:
             self._failures.extend([code] * n)
+
+    def garble_next(self, n: int) -> None:
+        """The next ``n`` CreateTimeSeries calls fail with an error the client cannot read: its
+        details name another code than its status (a service or proxy answering oddly)."""
+        with self._lock:
+            self._garbled += n
+
+    def take_garbled(self) -> bool:
+        """Whether this call is to be garbled (counted down)."""
+        with self._lock:
+            if not self._garbled:
+                return False
+            self._garbled -= 1
+            return True
 
     def refuse_next(self, n: int, reason: str = "Injected refusal") -> None:
         """The next ``n`` series written (over any number of calls) are refused with ``reason``, the
@@ -432,9 +448,24 @@ def _partial_failure(refused: list[tuple[int, str, int]], total_points: int) -> 
         errors=[types.CreateTimeSeriesSummary.Error(
             status=status_pb2.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=reason),
             point_count=count) for reason, count in by_reason.items()])
-    named = "; ".join(f"timeSeries[{index}]: {reason}" for index, reason, _ in refused)
+    indexes: dict[str, list[int]] = {}
+    for index, reason, _ in refused:
+        indexes.setdefault(reason, []).append(index)
+    named = "; ".join(f"timeSeries[{_ranges(listed)}]: {reason}" for reason, listed in indexes.items())
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
                         f"One or more TimeSeries could not be written: {named}", summary)
+
+
+def _ranges(indexes: list[int]) -> str:
+    """Ascending indexes as the service names them, runs as ranges: ``0-3,7``. (A message naming
+    each of 200 series would not fit in gRPC's trailing metadata.)"""
+    runs: list[list[int]] = []
+    for index in indexes:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(f"{first}-{last}" if last > first else f"{first}" for first, last in runs)
 
 
 # -- gRPC ----------------------------------------------------------------------------------------
@@ -443,6 +474,10 @@ def _partial_failure(refused: list[tuple[int, str, int]], total_points: int) -> 
 def _handlers(store: MetricStore) -> list[grpc.GenericRpcHandler]:
     def unary(call: Callable[[Any], Any], request_type: Any, response_type: Any) -> Any:
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            if request_type is types.CreateTimeSeriesRequest and store.take_garbled():
+                details = status_pb2.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="garbled")
+                context.set_trailing_metadata((("grpc-status-details-bin", details.SerializeToString()),))
+                context.abort(grpc.StatusCode.UNAVAILABLE, "Injected garbled answer")
             try:
                 result = call(request)
             except ServiceError as error:

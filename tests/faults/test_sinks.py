@@ -300,6 +300,35 @@ def test_monitoring_partial_failure_writes_the_rest_and_hands_back_the_refused(m
     assert len(monitoring.store.points(CUSTOM + "goodput_pct")) == 3
 
 
+def test_monitoring_a_partial_failure_of_a_whole_request_names_ranges_the_client_reads(monitoring):
+    """All 200 series of a request refused: the error names them as a range (timeSeries[0-199]),
+    as the service does, so it fits gRPC's trailing metadata and the client reads it; each point
+    is dead-lettered, none written."""
+    from google.api_core import exceptions
+
+    client = monitoring_client(monitoring.host)
+    monitoring.store.refuse_next(200, "Injected: " + "a long reason " * 20)
+    series = [MetricWriter(client, PROJECT)._series(point) for point in points(200)]
+    with pytest.raises(exceptions.InvalidArgument, match=r"timeSeries\[0-199\]: Injected"):
+        client.create_time_series(name=f"projects/{PROJECT}", time_series=series, retry=None)
+    monitoring.store.refuse_next(200, "Injected: " + "a long reason " * 20)
+    failures: list[tuple[Point, str]] = []
+    assert gcm_writer(monitoring).write(points(200), lambda *failure: failures.append(failure)) == 200
+    assert len(failures) == 200 and not monitoring.store.points(CUSTOM + "goodput_pct")
+
+
+def test_monitoring_an_answer_the_client_cannot_read_is_dead_lettered_not_raised(monitoring):
+    """An error whose details contradict its code makes the client raise ValueError, not an API
+    error: the writer dead-letters the request's points and goes on with the next request."""
+    monitoring.store.garble_next(1)
+    failures: list[tuple[Point, str]] = []
+    sent = points(250)  # two requests: the first garbled, the second written
+    assert gcm_writer(monitoring).write(sent, lambda *failure: failures.append(failure)) == 200
+    assert [p for p, _ in failures] == sent[:200]
+    assert "doesn't match status code" in failures[0][1]
+    assert len(monitoring.store.points(CUSTOM + "goodput_pct")) == 50
+
+
 def test_monitoring_a_point_the_client_cannot_encode_is_dead_lettered_alone(monitoring):
     """An int beyond int64 is not sent (the client would raise); the other points are written."""
     failures: list[tuple[Point, str]] = []

@@ -1,7 +1,7 @@
-"""The DirectRunner's Pub/Sub read, fitted for a local stream that runs for days.
+"""Beam's DirectRunner fitted for a local stream that runs for days.
 
-Beam's DirectRunner reads a subscription by pulling ten messages at a time and acknowledging
-them at once, before they are processed. Two things follow that a local stream must not suffer:
+It reads a subscription by pulling ten messages at a time and acknowledging them at once, before
+they are processed. Two things follow that a local stream must not suffer:
 
 * A failed pull (the emulator away for more than the client's 60 s of retries, a quota error the
   client does not retry) fails the bundle, and the DirectRunner never retries a bundle: the
@@ -13,8 +13,14 @@ them at once, before they are processed. Two things follow that a local stream m
 
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
-that method is ever gone, and the stream then runs as Beam made it. Dataflow reads Pub/Sub its
-own way, with acknowledgements after a checkpoint; none of this applies there.
+that method is ever gone, and the stream then runs as Beam made it.
+
+And when a bundle fails for good the runner tells only ``wait_until_finish``, which then waits for
+its worker threads and may never return: ``failure`` looks for the failure instead, so that the
+launcher stops and says so rather than serve a dead pipeline.
+
+Dataflow reads Pub/Sub its own way, with acknowledgements after a checkpoint, and reports failed
+jobs itself; none of this applies there.
 """
 
 from __future__ import annotations
@@ -95,3 +101,21 @@ def _forget_client(evaluator: Any) -> None:
 def stop_reading() -> None:
     """From now on every pull reads nothing: what was read is processed, nothing more comes."""
     _STOPPED.set()
+
+
+def failure(result: Any) -> BaseException | None:
+    """The exception that stopped the DirectRunner pipeline of ``result``, once one has (then
+    every later call returns it too); None while it runs. It reads the runner's queue of updates
+    for the user (private, as ``install`` uses), which ``wait_until_finish`` would wait on."""
+    found = getattr(result, "_failure", None)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    updates = getattr(getattr(getattr(result, "_executor", None), "_executor", None), "visible_updates", None)
+    update = updates.poll() if updates is not None else None
+    if update is not None and update.exception is not None:
+        exception = update.exception
+        if isinstance(exception, tuple):  # the runner's stall report: (exception, None, None)
+            exception = exception[0]
+        result._failure = exception
+        return exception  # type: ignore[no-any-return]
+    return None
