@@ -342,7 +342,9 @@ class Soak:
     def _pubsub_outage(self) -> str | None:
         if self.outage_until is not None:
             return None
-        seconds = self.rng.uniform(3, 12) if self.rng.random() < 0.9 or self.duration_s < 600 else 75.0
+        # In a long soak the first outage and every fifth outlasts the client's 60 s of retries.
+        long = self.duration_s >= 600 and self.faults["pubsub_outage"] % 5 == 0
+        seconds = 75.0 if long else self.rng.uniform(3, 12)
         self.pubsub.stop(grace_s=0.2)
         self.outage_until = time.monotonic() + seconds
         return f"Pub/Sub away for {seconds:.0f} s"
