@@ -2,7 +2,8 @@
 
 The pipeline dead-letters what breaks them (``pipeline.events``); the emitter refuses them at the
 call, before an event is queued, so a job learns of its mistake at once instead of in the
-``dead_letter`` table. Plain constants, no imports: a training image reads them with the emitter.
+``dead_letter`` table. Constants and the checks both share, with no imports: a training image
+reads them with the emitter.
 """
 
 #: Versions of the event contract this pipeline reads.
