@@ -51,6 +51,7 @@ from typing import Any
 
 import duckdb
 import grpc
+from google.pubsub_v1.types import pubsub as types
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("soak_job.py")
@@ -162,13 +163,12 @@ class Soak:
         self.live = directory / "live.duckdb"
         self.spool = directory / "spool"
         self.restarting: threading.Thread | None = None
+        self.restart_error: SoakError | None = None
         self.outage_until: float | None = None
 
     # -- running ----------------------------------------------------------------------------------
 
     def run(self) -> Report:
-        from google.pubsub_v1.types import pubsub as types
-
         from pipeline.demo import CopySaver
         from pipeline.emulators.monitoring import MonitoringEmulator
         from pipeline.emulators.pubsub import PubSubEmulator
@@ -229,6 +229,8 @@ class Soak:
         next_report = self.started + 30
         while True:
             now = time.monotonic()
+            if self.restart_error is not None:
+                raise self.restart_error
             if self.stream.popen.poll() is not None and self.restarting is None:
                 raise SoakError(f"the pipeline exited (code {self.stream.popen.returncode}); its log "
                                 f"ends:\n{self.stream.tail()}")
@@ -380,14 +382,8 @@ class Soak:
     def _publish(self, data: bytes) -> bool:
         if self.outage_until is not None:
             return False
-        self.pubsub.broker.publish(TOPIC, [self._message(data)])
+        self.pubsub.broker.publish(TOPIC, [types.PubsubMessage(data=data)])
         return True
-
-    @staticmethod
-    def _message(data: bytes) -> Any:
-        from google.pubsub_v1.types import pubsub as types
-
-        return types.PubsubMessage(data=data)
 
     def _bad_messages(self) -> str | None:
         chosen = self.rng.sample(BAD_MESSAGES, self.rng.randint(1, 3))
@@ -428,9 +424,11 @@ class Soak:
         return "the pipeline is stopped (SIGTERM) and started again"
 
     def _restart_pipeline(self) -> None:
-        old = self.stream
-        self._stop_pipeline(old)
-        self.stream = self._start_pipeline()
+        try:
+            self._stop_pipeline(self.stream)
+            self.stream = self._start_pipeline()
+        except SoakError as error:
+            self.restart_error = error
         self.restarting = None
 
     def _stop_pipeline(self, stream: Any) -> None:
