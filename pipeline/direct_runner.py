@@ -29,6 +29,10 @@ import logging
 import threading
 from typing import Any
 
+from apache_beam.io.gcp.pubsub import PubsubMessage
+from apache_beam.utils.timestamp import Timestamp
+from google.api_core.exceptions import GoogleAPIError
+
 _LOG = logging.getLogger(__name__)
 _STOPPED = threading.Event()
 _OUTAGE = threading.Event()  # the last pull failed
@@ -53,10 +57,6 @@ def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any
     """What the runner's read does (pull ten messages, acknowledge them, stamp each with its
     publish time), but a failed pull reads nothing and a failed acknowledgement keeps what was
     pulled: the messages may come again, and the pipeline drops repeated events."""
-    from apache_beam.io.gcp.pubsub import PubsubMessage
-    from apache_beam.utils.timestamp import Timestamp
-    from google.api_core.exceptions import GoogleAPIError
-
     if _STOPPED.is_set():
         return []
     if timestamp_attribute:
@@ -104,18 +104,15 @@ def stop_reading() -> None:
 
 
 def failure(result: Any) -> BaseException | None:
-    """The exception that stopped the DirectRunner pipeline of ``result``, once one has (then
-    every later call returns it too); None while it runs. It reads the runner's queue of updates
-    for the user (private, as ``install`` uses), which ``wait_until_finish`` would wait on."""
-    found = getattr(result, "_failure", None)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
+    """The exception that stopped the DirectRunner pipeline of ``result``, if the runner has
+    reported one since the last call; None otherwise. It takes the report from the runner's
+    queue of updates for the user (private, as ``install`` uses), which ``wait_until_finish``
+    would wait on: the caller keeps what it gets."""
     updates = getattr(getattr(getattr(result, "_executor", None), "_executor", None), "visible_updates", None)
     update = updates.poll() if updates is not None else None
-    if update is not None and update.exception is not None:
-        exception = update.exception
-        if isinstance(exception, tuple):  # the runner's stall report: (exception, None, None)
-            exception = exception[0]
-        result._failure = exception
-        return exception  # type: ignore[no-any-return]
-    return None
+    if update is None or update.exception is None:
+        return None
+    exception = update.exception
+    if isinstance(exception, tuple):  # the runner's stall report: (exception, None, None)
+        exception = exception[0]
+    return exception  # type: ignore[no-any-return]

@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -198,11 +198,21 @@ def run_streaming(options: GoodputOptions) -> int:
     if not direct:  # e.g. Dataflow, which runs the job on its own: submitted is done
         print(f"submitted the streaming job to {runner}", file=sys.stderr)
         return 0
+    errors: list[BaseException] = []
+
+    def failed() -> bool:
+        """Whether the pipeline has failed (its runner reports it once)."""
+        if not errors:
+            error = direct_runner.failure(result)
+            if error is not None:
+                errors.append(error)
+        return bool(errors)
+
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
-    while not stop.wait(1.0) and not direct_runner.failure(result):
+    while not stop.wait(1.0) and not failed():
         pass
-    if not direct_runner.failure(result):
+    if not failed():
         # The DirectRunner cannot drain (see pipeline.live): report each new message at once,
         # read on until the interval snapshots pending for the others are due, then read no
         # more, and cancel once what was read is written: every message read is in the tables.
@@ -212,12 +222,11 @@ def run_streaming(options: GoodputOptions) -> int:
             due_s += goodput.monitoring_min_interval_s
         print(f"stopping: final snapshots within {due_s + DRAIN_GRACE_S - time.time():.0f} s "
               "(signal again to stop at once)", file=sys.stderr, flush=True)
-        _wait_until(due_s, force, result)
+        _wait_until(due_s, force, failed)
         direct_runner.stop_reading()
-        _wait_until(time.time() + DRAIN_GRACE_S, force, result)
-    error = direct_runner.failure(result)
-    if error is not None:  # its threads are daemons, and may be stuck: they end with the process
-        print(f"python -m pipeline: the streaming pipeline failed: {error!r} (see the log above)",
+        _wait_until(time.time() + DRAIN_GRACE_S, force, failed)
+    if failed():  # its threads are daemons, and may be stuck: they end with the process
+        print(f"python -m pipeline: the streaming pipeline failed: {errors[0]!r} (see the log above)",
               file=sys.stderr)
         return 1
     result.cancel()
@@ -225,9 +234,9 @@ def run_streaming(options: GoodputOptions) -> int:
     return 0
 
 
-def _wait_until(time_s: float, force: threading.Event, result: Any) -> None:
+def _wait_until(time_s: float, force: threading.Event, failed: Callable[[], bool]) -> None:
     """Waits until ``time_s`` (the epoch), a second signal, or the pipeline's failure."""
-    while time.time() < time_s and not force.wait(0.1) and not direct_runner.failure(result):
+    while time.time() < time_s and not force.wait(0.1) and not failed():
         pass
 
 

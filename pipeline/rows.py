@@ -111,9 +111,9 @@ def engine_failure_row(run_id: str, error: Exception, batch: Batch | None = None
     """The dead letter of a message the engine failed on (with the message as its payload), or
     of a snapshot it failed to take (``batch`` None): a bug, kept for replay once it is fixed."""
     what = "this message" if batch is not None else "the run's snapshot"
-    return {"received_time": datetime.datetime.now(datetime.timezone.utc), "source": "engine",
-            "run_id": run_id, "reason": f"the engine failed on {what}: {type(error).__name__}: {error}",
-            "payload": "" if batch is None else encode_events(batch.events()).decode()}
+    letter = DeadLetter("" if batch is None else encode_events(batch.events()).decode(),
+                        f"the engine failed on {what}: {type(error).__name__}: {error}", "engine", run_id)
+    return dead_letter_row(letter, datetime.datetime.now(datetime.timezone.utc))
 
 
 def event_rows(batch: Batch, step_columns: bool = True) -> list[Row]:

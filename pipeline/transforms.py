@@ -75,7 +75,8 @@ class _SnapshotRun(beam.DoFn):
     def process(self, element: tuple[str, Iterable[Batch]], as_of_us: int | None
                 ) -> Iterator[tuple[str, Row]]:
         run_id, batches = element
-        state, added = engine.RunState(run_id), list[Batch]()
+        state = engine.RunState(run_id)
+        added: list[Batch] = []
         for batch in batches:
             try:
                 state.add_batch(batch)

@@ -3,6 +3,7 @@ streaming pipeline (DirectRunner) writes DuckDB, and its numbers equal the batch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import pytest
 from google.pubsub_v1.types import pubsub as types
 
 from conftest import at
-from emitter import GoodputRecorder
+from emitter import EmitterSettings, GoodputRecorder
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MonitoringEmulator
 from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
@@ -179,6 +180,21 @@ def test_an_outage_loses_nothing_and_a_stop_reports_everything(
     assert streamed[2:5] == replayed["run-outage"][2:5]  # disruptions, max productive step, ended
 
 
+@contextlib.contextmanager
+def streaming(host: str, database: Path, interval_s: float, run_id: str, settings: EmitterSettings,
+              *more: str) -> Iterator[tuple[subprocess.Popen[str], GoodputRecorder]]:
+    """The stream and a recorder of ``run_id`` publishing to it; afterwards the recorder is
+    closed and the stream, if it still runs, killed."""
+    stream = start_stream(host, database, interval_s, *more)
+    recorder = GoodputRecorder(run_id, logging_enabled=True, destination=TOPIC, settings=settings)
+    try:
+        yield stream, recorder
+    finally:
+        recorder.close(timeout=5)
+        if stream.poll() is None:
+            stream.kill()
+
+
 def wait_until_read(broker: PubSubBroker, timeout_s: float) -> None:
     """Returns once the stream has read every message of its subscription."""
     deadline = time.monotonic() + timeout_s
@@ -214,20 +230,14 @@ def test_pulls_refused_past_the_clients_retries_never_stop_the_stream(
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
     live = tmp_path / "live.duckdb"
     emulator.broker.fail_pulls_next(5, grpc.StatusCode.RESOURCE_EXHAUSTED)
-    stream = start_stream(emulator.host, live, interval_s=2)
-    recorder = GoodputRecorder("run-quota", logging_enabled=True, destination=TOPIC,
-                               settings=make_settings(max_batch_events=10))
-    try:
+    settings = make_settings(max_batch_events=10)
+    with streaming(emulator.host, live, 2, "run-quota", settings) as (stream, recorder):
         recorder.record_job_start_time(at(0))
         for step in range(60):
             recorder.record_step_start_time(step, at(10 + step))
         assert recorder.flush(timeout=20)
         wait_until_read(emulator.broker, 60)
         output = stop_stream(stream, signal.SIGTERM)
-    finally:
-        recorder.close(timeout=5)
-        if stream.poll() is None:
-            stream.kill()
     assert "pulling from Pub/Sub failed" in output and "pulling from Pub/Sub again" in output
     assert table_seqs(live) == list(range(61))
 
@@ -241,34 +251,27 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
     subscription for the next start; none is lost in between."""
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
     live = tmp_path / "live.duckdb"
-    stand_in = MonitoringEmulator().start()
-    if monitoring == "failing":
-        stand_in.store.fail_next(100_000, grpc.StatusCode.UNAVAILABLE)
-    stream = start_stream(emulator.host, live, 1, "--monitoring_project=goodput-local",
-                          f"--monitoring_endpoint={stand_in.host}", "--monitoring_min_interval_s=5",
-                          "--monitoring_latest_now")
-    recorder = GoodputRecorder("run-busy", logging_enabled=True, destination=TOPIC,
-                               settings=make_settings(max_batch_events=2, max_latency_s=0.01))
-    try:
-        recorder.record_job_start_time(at(0))
-        deadline = time.monotonic() + 60
-        while not table_seqs(live) and time.monotonic() < deadline:  # the stream reads
-            time.sleep(0.2)
-        step = 0
-        stream.send_signal(signal.SIGTERM)
-        stopping = time.monotonic()
-        while stream.poll() is None and time.monotonic() < stopping + 60:
-            recorder.record_step_start_time(step, at(10 + step))
-            step += 1
-            time.sleep(0.0005)
-        stopped_s = time.monotonic() - stopping
-        assert recorder.flush(timeout=20)
-        output = stream.communicate(timeout=30)[0]
-    finally:
-        recorder.close(timeout=5)
-        if stream.poll() is None:
-            stream.kill()
-        stand_in.stop()
+    with MonitoringEmulator() as stand_in:
+        if monitoring == "failing":
+            stand_in.store.fail_next(100_000, grpc.StatusCode.UNAVAILABLE)
+        settings = make_settings(max_batch_events=2, max_latency_s=0.01)
+        with streaming(emulator.host, live, 1, "run-busy", settings, "--monitoring_project=goodput-local",
+                       f"--monitoring_endpoint={stand_in.host}", "--monitoring_min_interval_s=5",
+                       "--monitoring_latest_now") as (stream, recorder):
+            recorder.record_job_start_time(at(0))
+            deadline = time.monotonic() + 60
+            while not table_seqs(live) and time.monotonic() < deadline:  # the stream reads
+                time.sleep(0.2)
+            step = 0
+            stream.send_signal(signal.SIGTERM)
+            stopping = time.monotonic()
+            while stream.poll() is None and time.monotonic() < stopping + 60:
+                recorder.record_step_start_time(step, at(10 + step))
+                step += 1
+                time.sleep(0.0005)
+            stopped_s = time.monotonic() - stopping
+            assert recorder.flush(timeout=20)
+            output = stream.communicate(timeout=30)[0]
     assert stream.returncode == 0, output
     assert stopped_s < 20  # an interval, the series' turn (5 s) and 2 s: not Monitoring's retries
     left = []
@@ -282,21 +285,15 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
 def test_a_failed_pipeline_exits_1_instead_of_serving_a_dead_stream(
         tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
     """A bundle that fails for good (a DuckDB file that cannot be written) stops the DirectRunner's
-    pipeline; the launcher sees it (the runner tells only wait_until_finish, which may never
-    return), says so and exits 1, instead of leaving a process that reads nothing."""
+    pipeline, whose state never says so: the launcher sees it in the runner's reports, says so
+    and exits 1, instead of leaving a process that reads nothing."""
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    stream = start_stream(emulator.host, blocker / "live.duckdb", interval_s=1)
-    recorder = GoodputRecorder("run-doomed", logging_enabled=True, destination=TOPIC,
-                               settings=make_settings())
-    try:
+    doomed = blocker / "live.duckdb"
+    with streaming(emulator.host, doomed, 1, "run-doomed", make_settings()) as (stream, recorder):
         recorder.record_job_start_time(at(0))
         assert recorder.flush(timeout=20)
         output = stream.communicate(timeout=90)[0]
-    finally:
-        recorder.close(timeout=5)
-        if stream.poll() is None:
-            stream.kill()
     assert stream.returncode == 1, output
     assert "the streaming pipeline failed" in output

@@ -53,6 +53,8 @@ import duckdb
 import grpc
 from google.pubsub_v1.types import pubsub as types
 
+from .support import query, table
+
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("soak_job.py")
 PROJECT = "goodput-soak"
@@ -489,13 +491,13 @@ class Soak:
             if batch is not None:
                 published.update((batch.run_id, batch.attempt_id, e.seq) for e in batch.events())
         accepted = {(str(r), str(a), int(s)) for r, a, s in
-                    _query(self.live, "SELECT DISTINCT run_id, attempt_id, seq FROM events")}
+                    query(self.live, "SELECT DISTINCT run_id, attempt_id, seq FROM events")}
         if accepted != published:
             problems.append(f"the events table differs from what was published: {len(published - accepted)} "
                             f"published events missing, {len(accepted - published)} never published")
 
         # Every bad message is a dead letter with its reason; the engine never failed.
-        letters = _query(self.live, "SELECT source, reason FROM dead_letter")
+        letters = query(self.live, "SELECT source, reason FROM dead_letter")
         for reason, count in Counter(reason for _, reason in self.bad_published).items():
             found = sum(reason in text for _, text in letters)
             if found < count:
@@ -507,7 +509,7 @@ class Soak:
         problems += _compare_final_snapshots(self.live, backfill)
         problems += _compare_windows(self.live)
         for name in ("goodput_snapshots", "badput_snapshots", "step_stats", "disruptions"):
-            if _table(backfill, name) != _table(replay, name):
+            if table(backfill, name) != table(replay, name):
                 problems.append(f"{name}: the backfill from the events table differs from a clean replay "
                                 "of everything published")
         counts, loss_problems = self._losses(accepted)
@@ -525,7 +527,7 @@ class Soak:
         by_attempt: dict[str, list[int]] = {}
         for _, attempt_id, seq in accepted:
             by_attempt.setdefault(attempt_id, []).append(seq)
-        missing = dict(_query(self.live, "SELECT run_id, missing_events FROM latest_goodput "
+        missing = dict(query(self.live, "SELECT run_id, missing_events FROM latest_goodput "
                                          "WHERE window_s = 0"))
         for run in self.runs:
             gaps = 0
@@ -568,31 +570,22 @@ def _run_of(line: bytes) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-def _query(database: Path, sql: str) -> list[tuple[Any, ...]]:
-    with duckdb.connect(str(database), read_only=True) as connection:
-        return connection.execute(sql).fetchall()
-
-
-def _table(database: Path, name: str) -> list[tuple[Any, ...]]:
-    return _query(database, f"SELECT * FROM {name} ORDER BY ALL")
-
-
 #: The columns of a snapshot's rows that are not its numbers: when it was taken.
 _TIME_COLUMNS = frozenset({"snapshot_time"})
 
 
-def _final_rows(database: Path, table: str, where: str = "TRUE") -> dict[str, list[tuple[Any, ...]]]:
-    """Each run's rows of ``table`` at its latest snapshot, without the snapshot time, sorted."""
+def _final_rows(database: Path, name: str, where: str = "TRUE") -> dict[str, list[tuple[Any, ...]]]:
+    """Each run's rows of table ``name`` at its latest snapshot, without the snapshot time, sorted."""
     with duckdb.connect(str(database), read_only=True) as connection:
         cursor = connection.execute(
-            f"SELECT * FROM {table} WHERE {where} QUALIFY snapshot_time = "
+            f"SELECT * FROM {name} WHERE {where} QUALIFY snapshot_time = "
             "max(snapshot_time) OVER (PARTITION BY run_id)")
-        names = [column[0] for column in cursor.description]
+        columns = [column[0] for column in cursor.description]
         rows: dict[str, list[tuple[Any, ...]]] = {}
         for row in cursor.fetchall():
-            record = dict(zip(names, row, strict=True))
+            record = dict(zip(columns, row, strict=True))
             rows.setdefault(record["run_id"], []).append(
-                tuple(value for name, value in record.items() if name not in _TIME_COLUMNS))
+                tuple(value for column, value in record.items() if column not in _TIME_COLUMNS))
     return {run_id: sorted(found, key=repr) for run_id, found in rows.items()}
 
 
@@ -600,12 +593,12 @@ def _compare_final_snapshots(live: Path, backfill: Path) -> list[str]:
     """Each run's final cumulative goodput row, badput rows, disruptions and step statistics in
     the live tables equal the backfill's, but for the time they were taken."""
     problems = []
-    for table, where in (("goodput_snapshots", "window_s = 0"), ("badput_snapshots", "window_s = 0"),
-                         ("disruptions", "TRUE"), ("step_stats", "TRUE")):
-        ours, theirs = _final_rows(live, table, where), _final_rows(backfill, table, where)
+    for name, where in (("goodput_snapshots", "window_s = 0"), ("badput_snapshots", "window_s = 0"),
+                        ("disruptions", "TRUE"), ("step_stats", "TRUE")):
+        ours, theirs = _final_rows(live, name, where), _final_rows(backfill, name, where)
         for run_id in sorted(set(ours) | set(theirs)):
             if ours.get(run_id) != theirs.get(run_id):
-                problems.append(f"{table}, {run_id}: live {ours.get(run_id)} != backfill "
+                problems.append(f"{name}, {run_id}: live {ours.get(run_id)} != backfill "
                                 f"{theirs.get(run_id)}")
     return problems
 
@@ -619,9 +612,9 @@ def _compare_windows(live: Path) -> list[str]:
     from pipeline.rows import BADPUT, GOODPUT, snapshot_rows
 
     problems = []
-    finals = _query(live, "SELECT run_id, epoch_us(max(snapshot_time)) FROM goodput_snapshots "
+    finals = query(live, "SELECT run_id, epoch_us(max(snapshot_time)) FROM goodput_snapshots "
                           "GROUP BY run_id")
-    sizes = {size for size, in _query(live, "SELECT DISTINCT window_s FROM goodput_snapshots")}
+    sizes = {size for size, in query(live, "SELECT DISTINCT window_s FROM goodput_snapshots")}
     windows = tuple(sorted(sizes - {0}))
     ours = {GOODPUT: _final_rows(live, "goodput_snapshots"), BADPUT: _final_rows(live, "badput_snapshots")}
     for run_id, as_of_us in finals:
@@ -633,13 +626,13 @@ def _compare_windows(live: Path) -> list[str]:
         snapshot = state.snapshot(int(as_of_us), windows)
         assert snapshot is not None
         expected: dict[str, list[tuple[Any, ...]]] = {GOODPUT: [], BADPUT: []}
-        for table, row in snapshot_rows(snapshot):
-            if table in expected:
-                expected[table].append(tuple(_stored(row.get(field["name"])) for field in table_schema(table)
+        for name, row in snapshot_rows(snapshot):
+            if name in expected:
+                expected[name].append(tuple(_stored(row.get(field["name"])) for field in table_schema(name)
                                              if field["name"] not in _TIME_COLUMNS))
-        for table, rows in expected.items():
-            if sorted(rows, key=repr) != ours[table].get(run_id, []):
-                problems.append(f"{table}, {run_id}: the live final snapshot differs from the engine's from "
+        for name, rows in expected.items():
+            if sorted(rows, key=repr) != ours[name].get(run_id, []):
+                problems.append(f"{name}, {run_id}: the live final snapshot differs from the engine's from "
                                 "scratch at the same time")
     return problems
 
