@@ -12,10 +12,11 @@ CHROMIUM := /usr/bin/chromium
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The three distributions of this repository (see the README), editable.
+$(STAMP): pyproject.toml emitter/pyproject.toml goodput_schemas/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[pipeline,test,demo]'
+	$(PY) -m pip install --quiet -e ./goodput_schemas -e ./emitter -e '.[test,demo]'
 	touch $(STAMP)
 
 demo: $(STAMP)

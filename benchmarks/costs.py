@@ -63,9 +63,9 @@ from typing import Any
 from benchmarks.common import InMemoryCloudLogging, summary
 from benchmarks.engine import _on_one_core
 from benchmarks.replay import _write_run
-from emitter.encoding import Record, encode_batch
 from emitter.settings import EmitterSettings
-from emitter.transports import Message, PubSubTransport
+from emitter.transports import PubSubTransport
+from goodput_schemas.wire import Message, Record, encode_batch
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 100_000

@@ -39,7 +39,7 @@ TARGET_STATE_BYTES = 16 * 1024
 
 
 def _step_messages(count: int = MESSAGES, first_seq: int = 0) -> list[bytes]:
-    from emitter.encoding import encode_batch
+    from goodput_schemas.wire import encode_batch
 
     messages = []
     for m in range(count):
@@ -51,7 +51,7 @@ def _step_messages(count: int = MESSAGES, first_seq: int = 0) -> list[bytes]:
 
 
 def _mixed_messages() -> list[bytes]:
-    from emitter.encoding import encode_batch
+    from goodput_schemas.wire import encode_batch
 
     records: list[tuple[int, int, str, dict[str, object]]] = []
     step, t = 0, T0_US

@@ -1,7 +1,7 @@
 """A fleet of 10,000 concurrent runs of 100 steps: batch replay and streaming on the DirectRunner.
 
 Each of 10,000 runs records a job start (its chip count), 100 step starts about 1.5 s apart and a
-job end: 1,020,000 events, encoded by the emitter's own encoder (``emitter.encoding``).
+job end: 1,020,000 events, encoded by the emitter's own encoder (``goodput_schemas.wire``).
 
 * Batch replay: one message per run, one JSON line each, as the emitter's file destination
   writes them, replayed by ``python -m pipeline --events=FILE --duckdb=OUT`` (raw events
@@ -88,7 +88,7 @@ def _records(index: int) -> list[Record]:
 
 def _messages(index: int, parts: int) -> list[Any]:
     """The run's events as ``parts`` emitter messages (``emitter.transports.Message``)."""
-    from emitter.encoding import encode_batch
+    from goodput_schemas.wire import encode_batch
 
     records = _records(index)
     bounds = [round(len(records) * part / parts) for part in range(parts + 1)]
@@ -210,7 +210,7 @@ def _stream() -> Streamed:
     from google.cloud import pubsub_v1
     from google.pubsub_v1.types import pubsub as types
 
-    from emitter.encoding import encode_batch
+    from goodput_schemas.wire import encode_batch
     from pipeline.emulators.pubsub import PubSubEmulator
 
     per_run = [_messages(index, MESSAGES_PER_RUN) for index in range(RUNS)]

@@ -96,7 +96,7 @@ def _threads(pid: int) -> dict[str, tuple[float, float]]:
 
 
 def _message(run_id: str, first_seq: int, steps: range, step_us: int, start: bool) -> bytes:
-    from emitter.encoding import encode_batch
+    from goodput_schemas.wire import encode_batch
 
     records = []
     seq = first_seq

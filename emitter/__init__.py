@@ -6,7 +6,7 @@ A drop-in for ``ml_goodput_measurement``'s recorders: change the import, keep th
 
 Each ``record_*`` call queues one event and returns in microseconds; a background thread sends
 batches to a file or a Pub/Sub topic. See ``GoodputRecorder`` for the arguments and
-``schemas/README.md`` for the events.
+``goodput_schemas/README.md`` for the events.
 """
 
 import logging

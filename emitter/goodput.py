@@ -141,7 +141,7 @@ class _DuckDBSource:
             import duckdb
         except ImportError as error:  # the emitter does not depend on it: only readers need it
             raise ImportError("GoodputCalculator(duckdb_path=...) needs duckdb: "
-                              "pip install 'fleet-goodput[read]'") from error
+                              "pip install 'fleet-goodput-emitter[read]'") from error
 
         values = {name: _naive_utc(value) for name, value in parameters.items()}
         sql = _PARAMETER.sub(r"$\1", sql)
@@ -190,7 +190,7 @@ class _BigQuerySource:
             from google.cloud import bigquery
         except ImportError as error:  # the emitter does not depend on it: only readers need it
             raise ImportError("GoodputCalculator(bigquery_dataset=...) needs google-cloud-bigquery: "
-                              "pip install 'fleet-goodput[read]'") from error
+                              "pip install 'fleet-goodput-emitter[read]'") from error
 
         if self._client is None:
             self._client = bigquery.Client(project=self.project)

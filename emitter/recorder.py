@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from emitter import testing
-from emitter.encoding import json_double
 from emitter.settings import EmitterSettings, destination_from_env
 from emitter.spool import Spool
 from emitter.transports import Transport, transport_for
@@ -44,6 +43,7 @@ from goodput_schemas.limits import (
     id_problem,
     text_problem,
 )
+from goodput_schemas.wire import json_double
 
 __version__ = "0.1.0"
 

@@ -23,7 +23,7 @@ import os
 import re
 from pathlib import Path
 
-from emitter.encoding import Record
+from goodput_schemas.wire import Record
 
 _LOG = logging.getLogger(__name__)
 _SUFFIX = ".seg"

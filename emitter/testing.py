@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from emitter.transports import Message
+from goodput_schemas.wire import Message
 
 if TYPE_CHECKING:
     from emitter.recorder import GoodputRecorder

@@ -8,7 +8,6 @@ own retry loop or buffering.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import threading
@@ -16,31 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-
-@dataclasses.dataclass(frozen=True)
-class Message:
-    """One encoded message: a batch of events of one attempt, ready to publish.
-
-    Attributes:
-        run_id: The run the events belong to (Pub/Sub attribute and ordering key).
-        attempt_id: The attempt that recorded them.
-        first_seq: Sequence number of the first event in the batch.
-        last_seq: Sequence number of the last event in the batch.
-        event_time_us: The latest event time in the batch (Pub/Sub event-time attribute).
-        data: The JSON encoding of the ``EventBatch``.
-    """
-
-    run_id: str
-    attempt_id: str
-    first_seq: int
-    last_seq: int
-    event_time_us: int
-    data: bytes
-
-    @property
-    def message_id(self) -> str:
-        """Identifies the batch; the same events re-sent in the same batch get the same id."""
-        return f"{self.attempt_id}:{self.first_seq}-{self.last_seq}"
+from goodput_schemas.wire import Message
 
 
 class Transport(Protocol):

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emitter.encoding import Record, encode_batches
 from emitter.settings import EmitterSettings
 from emitter.spool import Spool
-from emitter.transports import Message, Transport
+from emitter.transports import Transport
+from goodput_schemas.wire import Message, Record, encode_batches
 
 _LOG = logging.getLogger("emitter")
 

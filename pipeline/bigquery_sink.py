@@ -60,8 +60,8 @@ def parse_dataset(text: str) -> tuple[str, str]:
 
 def create_tables(client: Any, project: str, dataset: str) -> None:
     """Creates the dataset and every output table that does not exist yet, as Terraform does:
-    schemas from ``schemas/tables/``, day partitioning and clustering from ``table_options``; a
-    new ``accelerator_prices`` table is seeded from ``schemas/accelerator_prices.csv``."""
+    schemas from ``goodput_schemas/tables/``, day partitioning and clustering from ``table_options``; a
+    new ``accelerator_prices`` table is seeded from ``goodput_schemas/accelerator_prices.csv``."""
     from google.api_core.exceptions import NotFound
     from google.cloud import bigquery
 

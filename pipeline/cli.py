@@ -166,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
     importer.build_parser(imported)
     imported.set_defaults(handler=importer.run)
     query = commands.add_parser(
-        "query", help="run a saved fleet query (schemas/sql/) on a DuckDB file",
+        "query", help="run a saved fleet query (goodput_schemas/sql/) on a DuckDB file",
         description="Runs a saved fleet query, written in BigQuery's dialect, on the DuckDB file "
                     "the pipeline wrote (python -m pipeline --duckdb FILE).")
     query.add_argument("name", nargs="?", help="the query (see --list)")

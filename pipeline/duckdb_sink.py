@@ -1,8 +1,8 @@
-"""Writes output rows to a DuckDB file, in tables made from the JSON schemas in schemas/tables/.
+"""Writes output rows to a DuckDB file, in tables made from the JSON schemas in goodput_schemas/tables/.
 
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
 in BigQuery: a later snapshot is a new row, and "latest" is a view. ``accelerator_prices``, which
-the fleet SQL joins for costs, is seeded from ``schemas/accelerator_prices.csv`` while empty.
+the fleet SQL joins for costs, is seeded from ``goodput_schemas/accelerator_prices.csv`` while empty.
 Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQuery
 (``pipeline.sanitize``), so both hold the same values.
 """
@@ -92,7 +92,7 @@ class DuckDBSink:
             self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
 
     def _seed_prices(self) -> None:
-        """Fills an empty ``accelerator_prices`` table from the price list in ``schemas/``."""
+        """Fills an empty ``accelerator_prices`` table from the price list in ``goodput_schemas/``."""
         if self._connection.execute("SELECT count(*) FROM accelerator_prices").fetchone() == (0,):
             self._connection.execute("INSERT INTO accelerator_prices SELECT * FROM read_csv(?, header=true, "
                                      "columns={'accelerator_type': 'VARCHAR', 'usd_per_chip_hour': "

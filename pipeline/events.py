@@ -1,4 +1,4 @@
-"""Parsing and validation of event messages against the contract (schemas/goodput_event.proto).
+"""Parsing and validation of event messages against the contract (goodput_schemas/goodput_event.proto).
 
 A message is the JSON encoding of one ``EventBatch``. Parsing checks it exactly as a Pub/Sub topic
 with the schema would (the protobuf JSON parser, unknown fields rejected), then the rules the
@@ -25,7 +25,6 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 
-from emitter.encoding import encode_batch, json_double
 from goodput_schemas.goodput_event_pb2 import EventBatch
 from goodput_schemas.limits import (
     MAX_DURATION_S,
@@ -41,6 +40,7 @@ from goodput_schemas.limits import (
     shown,
     text_problem,
 )
+from goodput_schemas.wire import encode_batch, json_double
 
 #: The head of an oversized message kept as its dead letter's payload, in bytes.
 OVERSIZED_PAYLOAD_BYTES = 64 * 1024
@@ -498,7 +498,7 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
             json_format.ParseDict(header, EventBatch())
         except json_format.ParseError as error:
             return reject(f"message does not match the schema: {error}", run_id)
-    # The header's proto field names only (schemas/README.md); a null id is a missing one.
+    # The header's proto field names only (goodput_schemas/README.md); a null id is a missing one.
     batch_run_id, attempt_id = (value if type(value) is str else ""
                                 for value in (document.get("run_id"), document.get("attempt_id")))
     for name, value in (("run_id", batch_run_id), ("attempt_id", attempt_id)):

@@ -1,4 +1,4 @@
-"""Fleet SQL: the saved queries in ``schemas/sql/`` (BigQuery's dialect) run on a DuckDB file.
+"""Fleet SQL: the saved queries in ``goodput_schemas/sql/`` (BigQuery's dialect) run on a DuckDB file.
 
 The queries are written for BigQuery, where the tables live in production; locally and in tests
 they run on the DuckDB output of the pipeline after sqlglot transpiles them. One construct needs

@@ -44,9 +44,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from emitter.encoding import Record, encode_batch
-from emitter.transports import Message, PubSubTransport
+from emitter.transports import PubSubTransport
 from goodput_schemas.limits import MAX_INT64, MAX_TIME_US, MIN_TIME_US
+from goodput_schemas.wire import Message, Record, encode_batch
 
 #: Events per message; well under Pub/Sub's 10 MB message limit.
 EVENTS_PER_MESSAGE = 1000

@@ -3,7 +3,7 @@
 One file to open in a browser or attach to a post-mortem: the fleet at a glance, then goodput over
 time per run (cumulative and rolling windows), the badput breakdown per run and for the fleet,
 disruptions on a timeline, step-time deviation, the alerts the Terraform policies would have fired
-(``pipeline.alerts``), and the result of every saved fleet query (``schemas/sql/``). The plots are
+(``pipeline.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``). The plots are
 drawn with matplotlib and embedded as inline SVG; the file loads nothing from the network::
 
     from pipeline.report import write_report

@@ -1,7 +1,7 @@
 """Output rows: snapshots, step statistics, disruptions, raw events, run metadata and dead
 letters as rows of the output tables.
 
-The tables' schemas are the JSON files in ``schemas/tables/`` (BigQuery's format); every sink
+The tables' schemas are the JSON files in ``goodput_schemas/tables/`` (BigQuery's format); every sink
 writes these rows. Times are timezone-aware ``datetime`` values.
 
 An output element is ``(table, row)``, or ``(EVENTS, batch)`` for the raw events of one message:

@@ -1,5 +1,5 @@
-# Results out: one dataset; every table is the JSON schema in schemas/tables/ with the layout in
-# schemas/table_options.json; the views are schemas/views/*.sql.
+# Results out: one dataset; every table is the JSON schema in goodput_schemas/tables/ with the layout in
+# goodput_schemas/table_options.json; the views are goodput_schemas/views/*.sql.
 
 resource "google_bigquery_dataset" "goodput" {
   # checkov:skip=CKV_GCP_81: customer-managed encryption is optional (var.kms_key_name); Google-managed keys by default
@@ -57,7 +57,7 @@ resource "google_bigquery_table" "views" {
   depends_on = [google_bigquery_table.tables]
 }
 
-# The example accelerator prices of schemas/accelerator_prices.csv, loaded on every change of the
+# The example accelerator prices of goodput_schemas/accelerator_prices.csv, loaded on every change of the
 # file (replace them with your own: the lost-chip-hours query reads this table).
 resource "google_storage_bucket_object" "accelerator_prices" {
   bucket       = google_storage_bucket.dataflow.name

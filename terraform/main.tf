@@ -13,7 +13,7 @@ provider "google-beta" {
 
 locals {
   # The single source of truth for the event and table schemas, shared with the pipeline.
-  schemas       = "${path.module}/../schemas"
+  schemas       = "${path.module}/../goodput_schemas"
   table_options = jsondecode(file("${local.schemas}/table_options.json")).tables
   labels        = merge({ app = "fleet-goodput" }, var.labels)
   apis = toset([

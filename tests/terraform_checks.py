@@ -1,5 +1,5 @@
 """Cross-checks of a Terraform plan (``terraform show -json``) against the rest of the project:
-the tables and views are the ones in ``schemas/``, the topic schema is the event schema, every
+the tables and views are the ones in ``goodput_schemas/``, the topic schema is the event schema, every
 metric a dashboard or alert uses is one the pipeline writes (with labels it sets), the Dataflow
 job's parameters are pipeline options of its template, and IAM is least privilege.
 
@@ -60,8 +60,8 @@ def configured(plan: Plan) -> Iterator[dict[str, Any]]:
 # -- BigQuery and Pub/Sub schemas -----------------------------------------------------------------
 
 def check_tables(plan: Plan) -> list[str]:
-    """Every table of ``schemas/tables/`` with its JSON schema, partitioning and clustering; every
-    view of ``schemas/views/``; nothing else."""
+    """Every table of ``goodput_schemas/tables/`` with its JSON schema, partitioning and clustering; every
+    view of ``goodput_schemas/views/``; nothing else."""
     problems: list[str] = []
     project = plan["variables"]["project_id"]["value"]
     dataset = plan["variables"]["dataset_id"]["value"]
@@ -72,14 +72,14 @@ def check_tables(plan: Plan) -> list[str]:
         if values.get("view"):
             seen_views.add(name)
             if values["view"][0]["query"] != expected_views.get(name):
-                problems.append(f"view {name}: its query is not schemas/views/{name}.sql")
+                problems.append(f"view {name}: its query is not goodput_schemas/views/{name}.sql")
             continue
         tables.add(name)
         if name not in table_names():
-            problems.append(f"table {name} has no schema in schemas/tables/")
+            problems.append(f"table {name} has no schema in goodput_schemas/tables/")
             continue
         if json.loads(values["schema"]) != table_schema(name):
-            problems.append(f"table {name}: its schema is not schemas/tables/{name}.json")
+            problems.append(f"table {name}: its schema is not goodput_schemas/tables/{name}.json")
         options = table_options(name)
         if (values.get("clustering") or []) != options["cluster"]:
             problems.append(f"table {name}: clustered on {values.get('clustering')}, "
@@ -87,20 +87,22 @@ def check_tables(plan: Plan) -> list[str]:
         partitioned = [p.get("field") for p in values.get("time_partitioning") or []]
         if partitioned != ([options["partition_field"]] if options["partition_field"] else []):
             problems.append(f"table {name}: partitioned on {partitioned}, not {options['partition_field']}")
-    problems += [f"table {name} of schemas/tables/ is missing" for name in set(table_names()) - tables]
-    problems += [f"view {name} of schemas/views/ is missing" for name in set(expected_views) - seen_views]
+    problems += [f"table {name} of goodput_schemas/tables/ is missing"
+                 for name in set(table_names()) - tables]
+    problems += [f"view {name} of goodput_schemas/views/ is missing"
+                 for name in set(expected_views) - seen_views]
     return problems
 
 
 def check_topic_schema(plan: Plan) -> list[str]:
-    """The events topic enforces ``schemas/goodput_event.proto`` on JSON messages."""
+    """The events topic enforces ``goodput_schemas/goodput_event.proto`` on JSON messages."""
     schemas = list(resources(plan, "google_pubsub_schema"))
     if len(schemas) != 1:
         return [f"expected one Pub/Sub schema, found {len(schemas)}"]
     values = schemas[0]["values"]
     problems = []
     if (values["type"], values["definition"]) != ("PROTOCOL_BUFFER", EVENT_PROTO.read_text()):
-        problems.append("the Pub/Sub schema is not schemas/goodput_event.proto")
+        problems.append("the Pub/Sub schema is not goodput_schemas/goodput_event.proto")
     topics = [t["values"] for t in resources(plan, "google_pubsub_topic")
               if t["values"].get("schema_settings")]
     if [t["schema_settings"][0]["encoding"] for t in topics] != ["JSON"]:

@@ -29,8 +29,8 @@ from ml_goodput_measurement.src import goodput as reference_goodput
 from reference_harness import Call, TraceBuilder, record_ours, reference_log
 
 from emitter import goodput, monitoring
-from emitter.encoding import encode_batch
 from emitter.goodput import BadputType
+from goodput_schemas.wire import encode_batch
 from pipeline.duckdb_sink import DuckDBSink
 from pipeline.events import Event
 

@@ -61,11 +61,19 @@ def test_the_image_has_the_beam_and_python_the_project_pins():
     dockerfile = (TEMPLATE / "Dockerfile").read_text()
     python, beam_version = re.search(r"FROM apache/beam_python(3\.\d+)_sdk:(\S+)", dockerfile).groups()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    pin = next(d for d in project["optional-dependencies"]["pipeline"] if d.startswith("apache-beam"))
+    pin = next(d for d in project["dependencies"] if d.startswith("apache-beam"))
     low, high = re.search(r">=([\d.]+),<([\d.]+)", pin).groups()
     version = tuple(map(int, beam_version.split(".")))
     assert tuple(map(int, low.split("."))) <= version < tuple(map(int, high.split(".")))
     assert python == "3.11" and "python311-template-launcher-base" in dockerfile  # one Python
+
+
+def test_the_image_installs_the_three_distributions():
+    """The pipeline, the emitter and the contract are each copied into the image and installed."""
+    dockerfile = (TEMPLATE / "Dockerfile").read_text()
+    for folder in ("goodput_schemas", "emitter", "pipeline"):
+        assert f"COPY {folder}/ {folder}/" in dockerfile
+    assert "RUN pip install --no-cache-dir ./goodput_schemas ./emitter .\n" in dockerfile
 
 
 @pytest.mark.parametrize("parameter", json.loads((TEMPLATE / "metadata.json").read_text())["parameters"])

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import at, read_events
 from emitter import EmitterSettings, GoodputRecorder
-from emitter.transports import Message
+from goodput_schemas.wire import Message
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,8 +11,8 @@ from google.protobuf import json_format
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from emitter.encoding import encode_batch
 from goodput_schemas.goodput_event_pb2 import EventBatch
+from goodput_schemas.wire import encode_batch
 from pipeline import events as events_module
 from pipeline.events import (
     EVENT_KINDS,

@@ -28,7 +28,7 @@ WINDOWS = (300,)
 @functools.cache
 def run_batches(end: bool) -> tuple[Batch, ...]:
     """Messages of a run of 150 steps (one restart), with or without its end."""
-    from emitter.encoding import encode_batch
+    from goodput_schemas.wire import encode_batch
 
     run = TraceBuilder(seed=30)
     run.start_attempt()

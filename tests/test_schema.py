@@ -58,7 +58,7 @@ def test_generated_code_matches_the_proto(tmp_path: Path):
     )
     for name in ("goodput_event_pb2.py", "goodput_event_pb2.pyi"):
         assert (tmp_path / name).read_text() == (DIRECTORY / name).read_text(), (
-            f"schemas/{name} is stale: regenerate it (see schemas/__init__.py)")
+            f"goodput_schemas/{name} is stale: regenerate it (see goodput_schemas/__init__.py)")
 
 
 def test_every_event_kind_has_a_recorder_method_and_validates():

@@ -25,10 +25,10 @@ needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not
 
 
 def module_copy(root: Path, *mistakes: str) -> Path:
-    """The module in ``root/terraform`` beside the ``schemas/`` and ``dataflow/`` it reads, with
+    """The module in ``root/terraform`` beside the ``goodput_schemas/`` and ``dataflow/`` it reads, with
     the named mistake files added."""
     shutil.copytree(MODULE, root / "terraform", ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
-    for shared in ("schemas", "dataflow"):
+    for shared in ("goodput_schemas", "dataflow"):
         (root / shared).symlink_to(REPO / shared)
     for mistake in mistakes:
         shutil.copy(MISTAKES / mistake, root / "terraform" / mistake)
@@ -133,7 +133,7 @@ def test_an_unknown_argument_fails_validation(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("mistake", "problem"), [
-    ("schema_drift_override.tf", "its schema is not schemas/tables/"),
+    ("schema_drift_override.tf", "its schema is not goodput_schemas/tables/"),
     ("unknown_metric_override.tf", "no pipeline writes metric compute.googleapis.com/workload/step_time_v"),
     ("over_broad_role.tf", "over-broad role roles/editor"),
 ])

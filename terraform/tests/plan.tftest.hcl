@@ -23,8 +23,8 @@ run "without_an_image_everything_but_the_job_is_deployed" {
   }
 
   assert {
-    condition     = length(google_bigquery_table.tables) == length(fileset("${path.module}/../schemas/tables", "*.json"))
-    error_message = "Every table of schemas/tables/ is deployed."
+    condition     = length(google_bigquery_table.tables) == length(fileset("${path.module}/../goodput_schemas/tables", "*.json"))
+    error_message = "Every table of goodput_schemas/tables/ is deployed."
   }
 }
 

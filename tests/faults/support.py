@@ -12,7 +12,7 @@ import duckdb
 from hypothesis import strategies as st
 from reference_harness import T0, TraceBuilder, micros, record_ours
 
-from emitter.encoding import Record, encode_batch
+from goodput_schemas.wire import Record, encode_batch
 from pipeline import engine
 from pipeline.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
 

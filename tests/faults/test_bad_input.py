@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from reference_harness import T0, micros
 
-from emitter.encoding import encode_batch
 from goodput_schemas.limits import (
     MAX_EVENTS_PER_MESSAGE,
     MAX_ID_LENGTH,
@@ -23,6 +22,7 @@ from goodput_schemas.limits import (
     MAX_MESSAGE_BYTES,
     MAX_TEXT_LENGTH,
 )
+from goodput_schemas.wire import encode_batch
 from pipeline import engine
 from pipeline import events as events_module
 from pipeline.events import (

@@ -36,7 +36,7 @@ from test_emitter import GatedTransport
 import emitter.spool
 from conftest import at
 from emitter import EmitterStats, GoodputRecorder
-from emitter.transports import Message
+from goodput_schemas.wire import Message
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "projects/local/topics/goodput"

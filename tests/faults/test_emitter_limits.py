@@ -14,7 +14,6 @@ import pytest
 
 from conftest import at
 from emitter import EmitterSettings, GoodputRecorder
-from emitter.encoding import encode_batches
 from emitter.testing import capture_events
 from goodput_schemas.limits import (
     MAX_EVENTS_PER_MESSAGE,
@@ -24,6 +23,7 @@ from goodput_schemas.limits import (
     MAX_MESSAGE_BYTES,
     MAX_TEXT_LENGTH,
 )
+from goodput_schemas.wire import encode_batches
 from pipeline.events import parse_batch
 
 UTC = datetime.timezone.utc

@@ -1,18 +1,19 @@
-"""The JSON encoding of an ``EventBatch`` (schemas/goodput_event.proto, proto3 JSON mapping).
+"""The wire format: an ``EventBatch`` (``goodput_event.proto``) as the JSON of one message.
 
-The emitter keeps each recorded event as a small tuple, ``Record = (seq, time_us, kind, body)``,
-where ``kind`` is the name of the ``Event.kind`` oneof field and ``body`` its JSON object. This
-module turns records into the message payload without protobuf, so a training image needs no
-protobuf runtime for it; tests check every payload against the schema.
+The emitter writes it and the pipeline reads it (and writes it again, replaying its raw events
+table), so it lives with the contract. A recorded event is a small tuple, ``Record = (seq,
+time_us, kind, body)``, where ``kind`` is the name of the ``Event.kind`` oneof field and ``body``
+its JSON object. Records become the message payload without protobuf, so a training image needs
+no protobuf runtime for it; tests check every payload against the schema.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
 
-from emitter.transports import Message
 from goodput_schemas.limits import MAX_MESSAGE_BYTES
 
 #: Version of the event contract this emitter writes (``EventBatch.schema_version``).
@@ -20,6 +21,33 @@ SCHEMA_VERSION = 1
 
 #: A recorded event: (seq, time_us, kind, body).
 Record = tuple[int, int, str, dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One encoded message: a batch of events of one attempt, ready to publish.
+
+    Attributes:
+        run_id: The run the events belong to (Pub/Sub attribute and ordering key).
+        attempt_id: The attempt that recorded them.
+        first_seq: Sequence number of the first event in the batch.
+        last_seq: Sequence number of the last event in the batch.
+        event_time_us: The latest event time in the batch (Pub/Sub event-time attribute).
+        data: The JSON encoding of the ``EventBatch``.
+    """
+
+    run_id: str
+    attempt_id: str
+    first_seq: int
+    last_seq: int
+    event_time_us: int
+    data: bytes
+
+    @property
+    def message_id(self) -> str:
+        """Identifies the batch; the same events re-sent in the same batch get the same id."""
+        return f"{self.attempt_id}:{self.first_seq}-{self.last_seq}"
+
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 

@@ -1,8 +1,9 @@
-"""The event contract and table schemas, installed with the pipeline as ``goodput_schemas``.
+"""The event contract and table schemas (the distribution ``fleet-goodput-schemas``).
 
 ``goodput_event.proto`` is the source; ``goodput_event_pb2.py`` is generated from it with
-``python -m grpc_tools.protoc -I schemas --python_out=schemas --pyi_out=schemas
-schemas/goodput_event.proto`` (a test fails when it is out of date).
+``python -m grpc_tools.protoc -I goodput_schemas --python_out=goodput_schemas
+--pyi_out=goodput_schemas goodput_schemas/goodput_event.proto`` (a test fails when it is out of
+date). Its limits are in ``limits``, its wire format in ``wire``.
 """
 
 from pathlib import Path
