@@ -15,7 +15,7 @@ timings run in one thread pinned to one core.
   is the sum over its polls of the cost at the history each poll sees, read off a least-squares
   line through the timings (its fit is shown). The rolling-window worker is counted in reads,
   not in CPU.
-* Ours, as the streaming pipeline (``pipeline.live``) does it: every message is parsed and added
+* Ours, as the streaming pipeline (``pipeline.beam.live``) does it: every message is parsed and added
   to the run's state, which its worker keeps decoded (``parse_batch`` + ``RunState.add_batch``,
   measured over every message of the life, median of 3 passes), and the state is encoded back to
   Beam state; every snapshot interval the timer snapshots the kept state with the default rolling
@@ -92,8 +92,8 @@ FLEET_RUN_ID = "llm-pretrain-v5p-256-000001"
 
 def _records_of(path: Path) -> tuple[str, list[Record]]:
     """The attempt id and records of the one attempt in an emitter file."""
-    from pipeline.events import parse_batch
-    from pipeline.launcher import read_lines
+    from pipeline.beam.launcher import read_lines
+    from pipeline.core.events import parse_batch
 
     records: list[Record] = []
     attempt_id = ""
@@ -124,7 +124,7 @@ def _live_messages(run_id: str, attempt_id: str, records: list[Record]) -> list[
 
 def _fleet_records(steps: int) -> list[Record]:
     """A fleet run's events: a job start with metadata, then a step start and its model metrics
-    every step (the fields of examples/simulated_job.py)."""
+    every step (the fields of pipeline.demo.simulated_job)."""
     rng = random.Random(1)
     records: list[Record] = [(0, T0_US, "job_start", {"chip_count": 256, "accelerator_type": "v5p",
                                                       "run_group": "llm"})]
@@ -212,8 +212,8 @@ def _reference_seconds(entries: list[dict[str, Any]]) -> list[float]:
 
 def _engine_seconds(messages: list[Message]) -> list[float]:
     """Seconds to parse every message and add it to the run's state, per pass."""
-    from pipeline import engine
-    from pipeline.events import parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
 
     passes = []
     for _ in range(ENGINE_PASSES):
@@ -230,8 +230,8 @@ def _engine_seconds(messages: list[Message]) -> list[float]:
 def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
     """The encoded state when the run first reaches each size of STATE_SIZES, and the index of
     the next message."""
-    from pipeline import engine
-    from pipeline.events import parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
 
     state = engine.RunState(messages[0].run_id)
     found: list[tuple[bytes, int]] = []
@@ -250,8 +250,8 @@ def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
 def _state_seconds(checkpoints: list[tuple[bytes, int]], messages: list[Message],
                    windows_s: tuple[int, ...]) -> list[float]:
     """Per size and repeat: [encode, decode + snapshot, snapshot of the kept state]."""
-    from pipeline import engine
-    from pipeline.events import parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
 
     timings = []
     for data, next_index in checkpoints:
@@ -324,10 +324,10 @@ def _row(label: str, values: list[str]) -> str:
 def run() -> str:
     from ml_goodput_measurement.src import monitoring
 
-    from pipeline import engine
-    from pipeline.monitoring_sink import MAX_SERIES_PER_REQUEST, snapshot_points
-    from pipeline.options import GoodputOptions
-    from pipeline.rows import snapshot_rows
+    from pipeline.beam.options import GoodputOptions
+    from pipeline.core import engine
+    from pipeline.core.rows import snapshot_rows
+    from pipeline.sinks.monitoring import MAX_SERIES_PER_REQUEST, snapshot_points
 
     options = GoodputOptions([])
     interval_s, windows_s = float(options.snapshot_interval_s), tuple(options.windows)

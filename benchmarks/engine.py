@@ -1,7 +1,7 @@
 """The engine on one core: events per second as messages arrive, and the state a run keeps.
 
 Messages are what the emitter sends: 1,000 events of one attempt each, encoded by the emitter's
-own encoder. Each is parsed and validated (``pipeline.events.parse_batch``) and added to the run's
+own encoder. Each is parsed and validated (``pipeline.core.events.parse_batch``) and added to the run's
 state (``engine.RunState.add_batch``), in one thread pinned to one core; the time is the median of
 seven passes over 200 messages.
 
@@ -75,8 +75,8 @@ def _mixed_messages() -> list[bytes]:
 
 
 def _events_per_second(messages: list[bytes]) -> list[float]:
-    from pipeline import engine
-    from pipeline.events import parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
 
     rates = []
     for _ in range(REPEATS):
@@ -93,8 +93,8 @@ def _events_per_second(messages: list[bytes]) -> list[float]:
 
 
 def _state_bytes() -> tuple[int, float]:
-    from pipeline import engine
-    from pipeline.events import Event, parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import Event, parse_batch
 
     state = engine.RunState("run")
     state.add(Event("run", "attempt-1", 0, T0_US, "job_start",

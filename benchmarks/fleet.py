@@ -137,8 +137,8 @@ def _replay(events: Path, database: Path, log: Path) -> tuple[float, int]:
 
 
 def _state_bytes() -> int:
-    from pipeline import engine
-    from pipeline.events import parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
 
     state = engine.RunState(_run_id(0))
     for message in _messages(0, 1):

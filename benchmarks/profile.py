@@ -25,13 +25,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 # (row, function, the file it is in): the replay's phases.
 PHASES = [
-    ("imports (Beam, the pipeline)", "<module>", "pipeline/launcher.py"),
-    ("building the graph", "build_pipeline", "pipeline/launcher.py"),
-    ("parsing messages", "parse_batch", "pipeline/events.py"),
-    ("adding events to run state", "add_batch", "pipeline/engine.py"),
-    ("computing snapshots", "snapshot", "pipeline/engine.py"),
-    ("writing DuckDB (open, insert, close)", "append", "pipeline/duckdb_sink.py"),
-    ("printing the summary", "print_summary", "pipeline/launcher.py"),
+    ("imports (Beam, the pipeline)", "<module>", "pipeline/beam/launcher.py"),
+    ("building the graph", "build_pipeline", "pipeline/beam/launcher.py"),
+    ("parsing messages", "parse_batch", "pipeline/core/events.py"),
+    ("adding events to run state", "add_batch", "pipeline/core/engine.py"),
+    ("computing snapshots", "snapshot", "pipeline/core/engine.py"),
+    ("writing DuckDB (open, insert, close)", "append", "pipeline/sinks/duckdb.py"),
+    ("printing the summary", "print_summary", "pipeline/app/summary.py"),
 ]
 RUNNER = ("run", "apache_beam/pipeline.py")  # Pipeline.run: the whole graph, executed
 
@@ -80,8 +80,8 @@ def _replay_rows(root: dict[str, Any]) -> list[str]:
 def _engine_rows(messages: list[bytes], top: int = 8) -> list[str]:
     from pyinstrument import Profiler
 
-    from pipeline import engine
-    from pipeline.events import parse_batch
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
 
     profiler = Profiler(interval=0.0005)
     with profiler:

@@ -11,7 +11,7 @@ in-memory stand-in for Cloud Logging, and through this project's emitter into a 
   fixed start-up (Python, Beam import, pipeline construction) is the same command on a one-step
   run, timed right after it; processing is the median of the 15 differences (a pair's two runs
   are seconds apart, so a slow spell of the machine hits both). Start-up is split by timing
-  ``python -c pass`` and ``python -c "import pipeline.launcher"``; the rest of it is building and
+  ``python -c pass`` and ``python -c "import pipeline.beam.launcher"``; the rest of it is building and
   running the graph and creating, writing and closing the DuckDB file.
 * One new step of the still-running job: the reference reads the one new entry and recomputes
   goodput, badput and step deviation from its whole cache; ours adds the event to the run's
@@ -98,9 +98,9 @@ def _whole_process(events: Path, out: Path) -> float:
 def run() -> str:
     from ml_goodput_measurement.src import goodput
 
-    from pipeline import engine
-    from pipeline.events import Event, parse_batch
-    from pipeline.launcher import read_lines
+    from pipeline.beam.launcher import read_lines
+    from pipeline.core import engine
+    from pipeline.core.events import Event, parse_batch
 
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
@@ -122,7 +122,7 @@ def run() -> str:
             whole.append(_whole_process(big, directory / "big.duckdb"))
             startup.append(_whole_process(small, directory / "small.duckdb"))
             interpreter.append(_process("-c", "pass"))
-            imports.append(_process("-c", "import pipeline.launcher"))
+            imports.append(_process("-c", "import pipeline.beam.launcher"))
         differences = [w - s for w, s in zip(whole, startup, strict=True)]
         processing = statistics.median(differences)
 

@@ -326,9 +326,9 @@ def _burst(publisher: Any, broker: Any, database: Path) -> float | None:
 def _write_s(database: Path, per_message: int) -> float:
     """Median seconds of one DuckDB write of a read bundle as the pipeline makes it: open the
     file, append PULL_SIZE messages of ``per_message`` step events, close it."""
-    from pipeline.duckdb_sink import append
-    from pipeline.events import parse_batch
-    from pipeline.rows import Element, batch_rows
+    from pipeline.core.events import parse_batch
+    from pipeline.core.rows import Element, batch_rows
+    from pipeline.sinks.duckdb import append
 
     times = []
     for repeat in range(WRITE_REPEATS):

@@ -22,7 +22,7 @@ def template_args(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.launcher import run
+    from pipeline.beam.launcher import run
 
     return run(template_args(sys.argv[1:] if argv is None else argv))
 

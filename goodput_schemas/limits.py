@@ -1,6 +1,6 @@
 """The limits of the event contract: what one message and one event may hold.
 
-The pipeline dead-letters what breaks them (``pipeline.events``); the emitter refuses them at the
+The pipeline dead-letters what breaks them (``pipeline.core.events``); the emitter refuses them at the
 call, before an event is queued, so a job learns of its mistake at once instead of in the
 ``dead_letter`` table. Constants and the checks both share, with no imports: a training image
 reads them with the emitter.

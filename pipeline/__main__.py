@@ -1,7 +1,7 @@
-"""Entry point: ``python -m pipeline --events=FILE --duckdb=OUT.duckdb`` (see pipeline.launcher)."""
+"""Entry point: ``python -m pipeline --events=FILE --duckdb=OUT.duckdb`` (see pipeline.beam.launcher)."""
 
 import sys
 
-from pipeline.launcher import run
+from pipeline.beam.launcher import run
 
 sys.exit(run())

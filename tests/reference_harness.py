@@ -20,8 +20,8 @@ from ml_goodput_measurement.src.goodput_utils import BadputType
 from benchmarks.common import InMemoryCloudLogging
 from emitter import ElasticGoodputRecorder, EmitterSettings
 from emitter.testing import capture_events
-from pipeline import engine
-from pipeline.events import Event
+from pipeline.core import engine
+from pipeline.core.events import Event
 
 T0 = datetime.datetime(2026, 11, 1, 8, 0, tzinfo=datetime.timezone.utc)
 Call = tuple[str, tuple[Any, ...]]
@@ -98,7 +98,7 @@ def _orbax_entry(method: str, step: int, start: datetime.datetime, seconds: floa
 
 
 def record_ours(attempts: Sequence[Sequence[Call]]) -> list[Event]:
-    from pipeline.events import parse_message
+    from pipeline.core.events import parse_message
 
     events: list[Event] = []
     settings = EmitterSettings(heartbeat_interval_s=None)

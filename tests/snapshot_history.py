@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.duckdb_sink import DuckDBSink
+from pipeline.sinks.duckdb import DuckDBSink
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = datetime.datetime(2026, 11, 1, 8, 0)  # UTC, as DuckDB returns it
@@ -55,7 +55,7 @@ def simulate(directory: Path, runs: Sequence[tuple[str, int, int]]) -> list[Path
     files = []
     for run_id, steps, seed in runs:
         events = directory / f"{run_id}.jsonl"
-        subprocess.run([sys.executable, "examples/simulated_job.py", "--output", str(events),
+        subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--output", str(events),
                         "--run-id", run_id, "--steps", str(steps), "--seed", str(seed)],
                        cwd=REPO, env=_env(), check=True, capture_output=True, timeout=120)
         files.append(events)

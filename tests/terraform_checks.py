@@ -18,8 +18,8 @@ from google.cloud import monitoring_dashboard_v1
 from google.protobuf import json_format
 
 from goodput_schemas import EVENT_PROTO, table_names, table_options, table_schema, views
-from pipeline.monitoring_sink import METRICS, OPTIONAL_LABEL, resource_of
-from pipeline.options import GoodputOptions
+from pipeline.beam.options import GoodputOptions
+from pipeline.sinks.monitoring import METRICS, OPTIONAL_LABEL, resource_of
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE_METADATA = REPO / "dataflow" / "metadata.json"

@@ -1,4 +1,4 @@
-"""The alert policies of terraform/monitoring.tf replayed on snapshot histories (pipeline.alerts)."""
+"""The alert policies of terraform/monitoring.tf replayed on snapshot histories (pipeline.app.alerts)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import duckdb
 import pytest
 from snapshot_history import REPO, at, goodput_row, replay, simulate, write_rows
 
-from pipeline import alerts
-from pipeline.alerts import Alert, AlertThresholds, evaluate, evaluate_file
+from pipeline.app import alerts
+from pipeline.app.alerts import Alert, AlertThresholds, evaluate, evaluate_file
 
 TERRAFORM = REPO / "terraform"
 

@@ -18,8 +18,8 @@ import pytest
 from google.api_core import exceptions
 
 from goodput_schemas import table_names, table_options
-from pipeline.bigquery_sink import BigQueryWriter, create_tables, make_client, parse_dataset
 from pipeline.emulators.bigquery import BigQueryEmulator
+from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client, parse_dataset
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT, DATASET = "goodput-local", "goodput"
@@ -141,7 +141,8 @@ def test_dataset_option_is_checked():
 def test_batch_replay_writes_the_same_rows_to_bigquery_and_duckdb(tmp_path: Path, emulator):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     events = tmp_path / "events.jsonl"
-    subprocess.run([sys.executable, "examples/simulated_job.py", "--output", str(events), "--steps", "300"],
+    subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--output", str(events),
+                    "--steps", "300"],
                    cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
     with events.open("a") as out:
         out.write("not json\n")

@@ -31,8 +31,8 @@ from reference_harness import Call, TraceBuilder, record_ours, reference_log
 from emitter import goodput, monitoring
 from emitter.goodput import BadputType
 from goodput_schemas.wire import encode_batch
-from pipeline.duckdb_sink import DuckDBSink
-from pipeline.events import Event
+from pipeline.core.events import Event
+from pipeline.sinks.duckdb import DuckDBSink
 
 REPO = Path(__file__).resolve().parent.parent
 TOLERANCE_PP = 0.01
@@ -85,7 +85,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The DuckDB file of a simulated job (a crash, a restart, evals, saves), replayed by the pipeline."""
     folder = tmp_path_factory.mktemp("simulated")
     events = folder / "events.jsonl"
-    done = subprocess.run([sys.executable, "examples/simulated_job.py", "--output", str(events),
+    done = subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--output", str(events),
                            "--run-id", "sim", "--steps", "600", "--seed", "5"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -12,8 +12,8 @@ import apache_beam as beam
 import pytest
 import tomllib
 
-from pipeline.launcher import build_streaming_pipeline
-from pipeline.options import GoodputOptions
+from pipeline.beam.launcher import build_streaming_pipeline
+from pipeline.beam.options import GoodputOptions
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "dataflow"

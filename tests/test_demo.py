@@ -14,7 +14,8 @@ import duckdb
 import pytest
 
 from conftest import read_events
-from pipeline import demo
+from pipeline.demo import demo, simulated_job
+from pipeline.demo.fleet import FLEET
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_JAX = importlib.util.find_spec("jax") is not None
@@ -58,7 +59,7 @@ def test_short_demo_runs_end_to_end_and_leaves_nothing_running(tmp_path: Path, c
     assert (demo.JAX_RUN in runs) == HAS_JAX
     for name in ("events.jsonl", "batch.duckdb", "stream.log", "batch.log"):
         assert (output / name).stat().st_size > 0, name
-    if importlib.util.find_spec("pipeline.report") is not None:
+    if importlib.util.find_spec("pipeline.app.report") is not None:
         assert "<html" in (output / "report.html").read_text()[:2000].lower()
     assert children() - before == set()
     assert not [t.name for t in threading.enumerate() if t.name.startswith("demo-")]
@@ -69,9 +70,8 @@ def test_the_hung_run_stalls_and_the_others_end(tmp_path: Path):
     """In the demo's fleet, only the hung run is left without an end, and its rolling goodput is 0."""
     pytest.importorskip("duckdb")
     database = tmp_path / "goodput.duckdb"
-    simulated_job = demo.load_example("simulated_job")
     events = tmp_path / "fleet.jsonl"
-    for run in demo.FLEET:
+    for run in FLEET:
         profile = {**run.profile, "hang_for_s": 3600.0} if run.hangs else run.profile
         simulated_job.simulate(f"file:{events}", run_id=run.run_id, steps=max(50, run.steps // 10), seed=1,
                                spool_dir=tmp_path / "spool", profile=simulated_job.JobProfile(**profile))
@@ -83,7 +83,7 @@ def test_the_hung_run_stalls_and_the_others_end(tmp_path: Path):
     assert query(database, "SELECT productive_time_s FROM latest_goodput "
                            "WHERE run_id = 'moe-h100' AND window_s = 900") == [(0.0,)]
     accelerators = {row[0] for row in query(database, "SELECT DISTINCT accelerator_type FROM run_metadata")}
-    assert len(accelerators) == len(demo.FLEET)
+    assert len(accelerators) == len(FLEET)
 
 
 def test_compare_names_each_difference():
@@ -112,7 +112,7 @@ def test_jax_training_events_replay_to_sensible_goodput(tmp_path: Path):
     every step productive and the startup phases as badput."""
     events = tmp_path / "jax.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "GOODPUT_SPOOL_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "examples/jax_train.py", "--destination", f"file:{events}",
+    subprocess.run([sys.executable, "-m", "pipeline.demo.jax_train", "--destination", f"file:{events}",
                     "--steps", "200", "--run-id", "jax-test", "--checkpoint-every", "50"],
                    cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
     kinds = [next(k for k in event if k not in ("run_id", "attempt_id", "seq", "time_us"))

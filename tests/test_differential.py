@@ -15,7 +15,7 @@ from ml_goodput_measurement.src import goodput
 from reference_harness import T0, Result, TraceBuilder, compare, micros, record_ours
 
 from benchmarks.common import InMemoryCloudLogging
-from pipeline import engine
+from pipeline.core import engine
 
 TOLERANCE_PP = 0.01
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference_harness import TraceBuilder, record_ours
 
-from pipeline import engine
-from pipeline.events import Event
+from pipeline.core import engine
+from pipeline.core.events import Event
 
 S = 1_000_000
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from goodput_schemas.goodput_event_pb2 import EventBatch
 from goodput_schemas.wire import encode_batch
-from pipeline import events as events_module
-from pipeline.events import (
+from pipeline.core import events as events_module
+from pipeline.core.events import (
     EVENT_KINDS,
     MAX_TIME_US,
     MIN_TIME_US,

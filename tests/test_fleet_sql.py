@@ -14,9 +14,9 @@ import duckdb
 import pytest
 
 from goodput_schemas import saved_queries
-from pipeline.cli import main
-from pipeline.duckdb_sink import DuckDBSink
-from pipeline.fleet_sql import run_saved, to_duckdb
+from pipeline.app.cli import main
+from pipeline.app.fleet_sql import run_saved, to_duckdb
+from pipeline.sinks.duckdb import DuckDBSink
 
 REPO = Path(__file__).resolve().parent.parent
 UTC = datetime.timezone.utc

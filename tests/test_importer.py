@@ -1,4 +1,4 @@
-"""Importing the reference's Cloud Logging history (``pipeline.importer``).
+"""Importing the reference's Cloud Logging history (``pipeline.app.importer``).
 
 The reference recorder (ml-goodput-measurement 0.2.3), driven through its ``cloud_logger`` test
 hook, writes the payloads; they are wrapped as ``gcloud logging read --format=json`` would
@@ -26,9 +26,9 @@ from test_reference_replay import FIELD, TIME_KEY, CapturingCloudLogger, referen
 
 from benchmarks.common import InMemoryCloudLogging
 from emitter import goodput
-from pipeline import importer
-from pipeline.events import Event, parse_message
-from pipeline.launcher import read_lines
+from pipeline.app import importer
+from pipeline.beam.launcher import read_lines
+from pipeline.core.events import Event, parse_message
 
 REPO = Path(__file__).resolve().parent.parent
 LOG_NAME = "projects/my-project/logs/goodput_run"
@@ -217,7 +217,7 @@ def test_command_writes_events_and_rejections(tmp_path: Path):
     payloads = reference_payloads(clean_run().attempts)
     export = tmp_path / "history.json"
     export.write_text(json.dumps([*log_entries(payloads), {"jsonPayload": {"job_name": "run"}}]))
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "import", str(export), "--output",
+    done = subprocess.run([sys.executable, "-m", "pipeline.app.cli", "import", str(export), "--output",
                            str(tmp_path / "events.jsonl"), "--job-name", "run", "--rejected",
                            str(tmp_path / "rejected.jsonl")], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
@@ -232,7 +232,7 @@ def test_command_writes_events_and_rejections(tmp_path: Path):
 
 def test_help_names_the_inputs_and_outputs(capsys: pytest.CaptureFixture[str]):
     """--help explains the export, the input formats and both outputs."""
-    from pipeline.cli import main
+    from pipeline.app.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["import", "--help"])

@@ -17,10 +17,10 @@ from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
 from conftest import streaming_options
-from pipeline import engine
-from pipeline.events import Batch, Event, parse_batch
-from pipeline.live import DRAINING, DecodedStates, TrackRunsLive
-from pipeline.transforms import WriteToDuckDB
+from pipeline.beam.live import DRAINING, DecodedStates, TrackRunsLive
+from pipeline.beam.transforms import WriteToDuckDB
+from pipeline.core import engine
+from pipeline.core.events import Batch, Event, parse_batch
 
 WINDOWS = (300,)
 

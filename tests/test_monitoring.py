@@ -23,9 +23,11 @@ from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
 from conftest import streaming_options
-from pipeline import engine
+from pipeline.beam.transforms import _GateSeries
+from pipeline.core import engine
+from pipeline.core.rows import snapshot_rows
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
-from pipeline.monitoring_sink import (
+from pipeline.sinks.monitoring import (
     CUSTOM,
     MAX_SERIES_PER_REQUEST,
     METRICS,
@@ -39,8 +41,6 @@ from pipeline.monitoring_sink import (
     requests,
     snapshot_points,
 )
-from pipeline.rows import snapshot_rows
-from pipeline.transforms import _GateSeries
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = "goodput-local"
@@ -249,7 +249,8 @@ def test_a_replay_writes_monitoring_only_when_asked(tmp_path: Path):
     stamped now (the service takes nothing older than 25 h)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     events = tmp_path / "events.jsonl"
-    subprocess.run([sys.executable, "examples/simulated_job.py", "--output", str(events), "--steps", "300"],
+    subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--output", str(events),
+                    "--steps", "300"],
                    cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
     with MonitoringEmulator() as monitoring:
         for latest_now in (False, True):

@@ -17,7 +17,7 @@ from google.cloud import monitoring_v3
 from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
 
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
-from pipeline.monitoring_sink import _refused_indexes
+from pipeline.sinks.monitoring import _refused_indexes
 
 PROJECT = "projects/local"
 CUSTOM = "custom.googleapis.com/test/value"

@@ -10,8 +10,8 @@ import pytest
 from conftest import at
 from emitter import GoodputRecorder
 from emitter.transports import PubSubTransport, transport_for
+from pipeline.core.events import parse_message
 from pipeline.emulators.pubsub import PubSubEmulator
-from pipeline.events import parse_message
 
 TOPIC = "projects/local/topics/goodput"
 SUBSCRIPTION = "projects/local/subscriptions/pipeline"

@@ -20,8 +20,8 @@ from ml_goodput_measurement.src import goodput_elastic
 
 from conftest import at
 from emitter import ElasticGoodputRecorder
-from pipeline.events import parse_message
-from pipeline.launcher import read_lines
+from pipeline.beam.launcher import read_lines
+from pipeline.core.events import parse_message
 
 # The reference's payload time key for each of our kinds.
 TIME_KEY = {

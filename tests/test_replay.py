@@ -11,10 +11,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline import engine
-from pipeline.events import parse_message
-from pipeline.launcher import read_lines
-from pipeline.options import parse_as_of
+from pipeline.beam.launcher import read_lines
+from pipeline.beam.options import parse_as_of
+from pipeline.core import engine
+from pipeline.core.events import parse_message
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,7 +31,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subp
     directory = tmp_path_factory.mktemp("replay")
     events = directory / "events.jsonl"
     for run_id, seed in (("run-a", 1), ("run-b", 2)):
-        job = run("examples/simulated_job.py", "--output", str(directory / f"{run_id}.jsonl"),
+        job = run("-m", "pipeline.demo.simulated_job", "--output", str(directory / f"{run_id}.jsonl"),
                   "--steps", "400", "--run-id", run_id, "--seed", str(seed))
         assert job.returncode == 0, job.stderr
     with events.open("w") as out:
@@ -186,7 +186,7 @@ def test_the_summary_of_a_large_fleet_lists_its_lowest_goodput_runs(replayed):
     """Past max_runs, the summary lists the runs with the lowest goodput and counts them all."""
     from io import StringIO
 
-    from pipeline.launcher import print_summary
+    from pipeline.app.summary import print_summary
 
     _, database, _ = replayed
     (lowest,), = query(database, "SELECT run_id FROM latest_goodput WHERE window_s = 0 "
@@ -202,8 +202,8 @@ def test_a_replay_on_the_direct_runner_goes_straight_to_the_fn_api_runner():
     """The default runner skips the DirectRunner's attempt at Prism (a download at run time)."""
     from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 
-    from pipeline.launcher import _batch_runner
-    from pipeline.options import GoodputOptions
+    from pipeline.beam.launcher import _batch_runner
+    from pipeline.beam.options import GoodputOptions
 
     assert isinstance(_batch_runner(GoodputOptions([])), FnApiRunner)
     assert isinstance(_batch_runner(GoodputOptions(["--runner=DirectRunner"])), FnApiRunner)
@@ -212,7 +212,7 @@ def test_a_replay_on_the_direct_runner_goes_straight_to_the_fn_api_runner():
 
 def test_a_duckdb_file_replaced_under_the_same_name_gets_its_tables_again(tmp_path: Path):
     """The tables are made once per file, and again for a new file at the same path."""
-    from pipeline.duckdb_sink import DuckDBSink
+    from pipeline.sinks.duckdb import DuckDBSink
 
     path = tmp_path / "out.duckdb"
     for _ in range(2):

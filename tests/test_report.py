@@ -1,4 +1,4 @@
-"""The HTML report (pipeline.report) of DuckDB files from the batch pipeline and of hand-made ones,
+"""The HTML report (pipeline.app.report) of DuckDB files from the batch pipeline and of hand-made ones,
 checked as text and in a real headless browser."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from snapshot_history import at, goodput_row, replay, simulate, write_rows
 
 from goodput_schemas import saved_queries
-from pipeline.alerts import evaluate_file
-from pipeline.fleet_sql import run_saved
-from pipeline.report import SECTIONS, write_report
+from pipeline.app.alerts import evaluate_file
+from pipeline.app.fleet_sql import run_saved
+from pipeline.app.report import SECTIONS, write_report
 
 RUNS = [("run-a", 300, 1), ("run-b", 200, 2), ("run-c<&>", 500, 3)]
 SECTION_IDS = ["summary", *(key for key, _ in SECTIONS)]
@@ -98,7 +98,7 @@ def test_disruptions_are_listed_once_each(report: str, fleet_database: Path):
 
 
 def test_alerts_are_those_the_policies_would_have_fired(report: str, fleet_database: Path):
-    """The alerts table lists what pipeline.alerts finds in the file (here, disruptions that a later
+    """The alerts table lists what pipeline.app.alerts finds in the file (here, disruptions that a later
     snapshot within 10 minutes showed)."""
     alerts = evaluate_file(fleet_database)
     assert alerts and {alert.policy for alert in alerts} == {"disruption"}
@@ -257,7 +257,7 @@ def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: P
 
 def test_goodput_report_and_replay_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """``goodput replay`` is the batch pipeline and ``goodput report`` writes the report of its file."""
-    from pipeline.cli import main
+    from pipeline.app.cli import main
 
     (events,) = simulate(tmp_path, [("run-cli", 60, 3)])
     database, page = tmp_path / "cli.duckdb", tmp_path / "cli.html"

@@ -14,7 +14,7 @@ from emitter import GoodputRecorder
 from emitter.testing import capture_events
 from goodput_schemas import DIRECTORY, EVENT_PROTO
 from goodput_schemas.goodput_event_pb2 import DESCRIPTOR, EventBatch
-from pipeline.events import EVENT_KINDS, parse_message
+from pipeline.core.events import EVENT_KINDS, parse_message
 
 
 def record_every_kind(recorder: GoodputRecorder) -> None:

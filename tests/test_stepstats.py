@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_goodput_measurement.src import goodput_utils
 
-from pipeline.stepstats import StepStatistics, kth_distances
+from pipeline.core.stepstats import StepStatistics, kth_distances
 
 durations = st.floats(0.01, 100, allow_nan=False)
 

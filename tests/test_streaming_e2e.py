@@ -23,7 +23,7 @@ from emitter import EmitterSettings, GoodputRecorder
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MonitoringEmulator
 from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
-from pipeline.monitoring_sink import CUSTOM
+from pipeline.sinks.monitoring import CUSTOM
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = "projects/goodput-local"
@@ -102,7 +102,7 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
                           "--monitoring_min_interval_s=5", "--monitoring_latest_now")
     try:
         for run_id, (steps, seed) in RUNS.items():
-            subprocess.run([sys.executable, "examples/simulated_job.py", "--destination", TOPIC,
+            subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--destination", TOPIC,
                             "--run-id", run_id, "--steps", steps, "--seed", seed,
                             "--output", str(tmp_path / "spool-home" / "x")],
                            cwd=REPO, env=environment(emulator.host), check=True, capture_output=True,

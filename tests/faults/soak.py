@@ -473,7 +473,7 @@ class Soak:
     # -- verifying --------------------------------------------------------------------------------
 
     def verify(self) -> Report:
-        from pipeline.events import parse_batch
+        from pipeline.core.events import parse_batch
 
         problems: list[str] = []
         backfill, replay = self.directory / "backfill.duckdb", self.directory / "replay.duckdb"
@@ -607,9 +607,10 @@ def _compare_windows(live: Path) -> list[str]:
     """Each run's final snapshot in the live tables, rolling windows included, equals the
     engine's from scratch on the events table at the same time."""
     from goodput_schemas import table_schema
-    from pipeline import engine, raw_events
-    from pipeline.events import parse_batch
-    from pipeline.rows import BADPUT, GOODPUT, snapshot_rows
+    from pipeline.core import engine
+    from pipeline.core.events import parse_batch
+    from pipeline.core.rows import BADPUT, GOODPUT, snapshot_rows
+    from pipeline.sinks import raw_events
 
     problems = []
     finals = query(live, "SELECT run_id, epoch_us(max(snapshot_time)) FROM goodput_snapshots "

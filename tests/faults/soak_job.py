@@ -1,7 +1,7 @@
 """One attempt of a soak run, as its own process, so that the soak can kill it with SIGKILL.
 
 The attempt records through the real emitter to the Pub/Sub emulator (``PUBSUB_EMULATOR_HOST``)
-what ``examples/simulated_job.py`` records, on a clock paced to the wall clock: simulated time is
+what ``pipeline.demo.simulated_job`` records, on a clock paced to the wall clock: simulated time is
 ``anchor + (time.time() - anchor_wall) * speed``, shared by the run's attempts, plus this host's
 skew. While it runs it keeps ``PROGRESS`` up to date (a fixed-width line: events recorded so far,
 the last checkpointed step), so that the soak knows what a killed attempt had recorded and where
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from emitter import EmitterSettings, GoodputRecorder  # noqa: E402 -- after the path is set
-from pipeline.demo import load_example  # noqa: E402
+from pipeline.demo import simulated_job  # noqa: E402
 
 _UTC = datetime.timezone.utc
 _PROGRESS_WIDTH = 80
@@ -71,7 +71,6 @@ class Progress:
 
 def main(spec_path: str) -> int:
     spec: dict[str, Any] = json.loads(Path(spec_path).read_text())
-    simulated_job = load_example("simulated_job")
     profile = simulated_job.JobProfile(**{k: tuple(v) if isinstance(v, list) else v
                                           for k, v in spec["profile"].items()})
     settings = EmitterSettings(**{**spec["settings"], "spool_dir": Path(spec["settings"]["spool_dir"])})

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from reference_harness import T0, TraceBuilder, micros, record_ours
 
 from goodput_schemas.wire import Record, encode_batch
-from pipeline import engine
-from pipeline.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
+from pipeline.core import engine
+from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
 
 S = 1_000_000
 #: Shapes of run (see ``trace``): each exercises different parts of the engine.
@@ -141,8 +141,8 @@ def run_batch(*arguments: str) -> None:
     """The batch pipeline (Beam's DirectRunner) with these options, in this process."""
     import apache_beam as beam
 
-    from pipeline.launcher import _batch_runner, build_pipeline
-    from pipeline.options import GoodputOptions
+    from pipeline.beam.launcher import _batch_runner, build_pipeline
+    from pipeline.beam.options import GoodputOptions
 
     options = GoodputOptions(list(arguments))
     with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:

@@ -23,9 +23,9 @@ from goodput_schemas.limits import (
     MAX_TEXT_LENGTH,
 )
 from goodput_schemas.wire import encode_batch
-from pipeline import engine
-from pipeline import events as events_module
-from pipeline.events import (
+from pipeline.core import engine
+from pipeline.core import events as events_module
+from pipeline.core.events import (
     EVENT_KINDS,
     OVERSIZED_PAYLOAD_BYTES,
     Batch,

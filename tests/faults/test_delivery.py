@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import engine
-from pipeline.events import Event
+from pipeline.core import engine
+from pipeline.core.events import Event
 
 from .support import (
     FLEET,

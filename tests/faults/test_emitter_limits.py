@@ -24,7 +24,7 @@ from goodput_schemas.limits import (
     MAX_TEXT_LENGTH,
 )
 from goodput_schemas.wire import encode_batches
-from pipeline.events import parse_batch
+from pipeline.core.events import parse_batch
 
 UTC = datetime.timezone.utc
 LONG = "x" * (MAX_TEXT_LENGTH + 1)

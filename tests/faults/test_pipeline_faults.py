@@ -19,10 +19,10 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
 
 from conftest import streaming_options
-from pipeline import engine
-from pipeline.events import Batch, parse_batch
-from pipeline.live import TrackRunsLive
-from pipeline.transforms import WriteToDuckDB
+from pipeline.beam.live import TrackRunsLive
+from pipeline.beam.transforms import WriteToDuckDB
+from pipeline.core import engine
+from pipeline.core.events import Batch, parse_batch
 
 from .support import FLEET, SNAPSHOT_TABLES, batch_of, query, replay, run_batch, table
 
@@ -207,7 +207,7 @@ def test_a_backfill_reproduces_every_table(clean_lines, clean_replay, tmp_path):
 
 def test_a_backfill_refuses_to_write_into_the_file_it_reads(clean_replay, capsys):
     """--from_duckdb and --duckdb naming one file is refused with a clear error, exit code 2."""
-    from pipeline.launcher import run
+    from pipeline.beam.launcher import run
 
     assert run([f"--from_duckdb={clean_replay}", f"--duckdb={clean_replay}"]) == 2
     assert "write the backfill to another --duckdb file" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 credential is committed.
 
 Label and value limits are tested through the real client libraries against the local
-stand-ins, which refuse what the services refuse (``pipeline.sanitize`` cites each limit)."""
+stand-ins, which refuse what the services refuse (``pipeline.core.sanitize`` cites each limit)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,16 @@ from typing import Any
 import pytest
 from google.api_core import exceptions
 
-from pipeline import engine
-from pipeline.bigquery_sink import BigQueryWriter, create_tables
-from pipeline.bigquery_sink import make_client as bigquery_client
-from pipeline.duckdb_sink import DuckDBSink
+from pipeline.core import engine
+from pipeline.core.events import parse_batch
+from pipeline.core.rows import snapshot_rows
+from pipeline.core.sanitize import GCM_MAX_LABEL_VALUE_BYTES, MAX_ID_BYTES, MAX_TEXT_BYTES, truncate_utf8
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
-from pipeline.events import parse_batch
-from pipeline.monitoring_sink import (
+from pipeline.sinks.bigquery import BigQueryWriter, create_tables
+from pipeline.sinks.bigquery import make_client as bigquery_client
+from pipeline.sinks.duckdb import DuckDBSink
+from pipeline.sinks.monitoring import (
     CUSTOM,
     MAX_CUSTOM_BADPUT_SERIES,
     METRICS,
@@ -38,9 +40,7 @@ from pipeline.monitoring_sink import (
     Point,
     snapshot_points,
 )
-from pipeline.monitoring_sink import make_client as monitoring_client
-from pipeline.rows import snapshot_rows
-from pipeline.sanitize import GCM_MAX_LABEL_VALUE_BYTES, MAX_ID_BYTES, MAX_TEXT_BYTES, truncate_utf8
+from pipeline.sinks.monitoring import make_client as monitoring_client
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT, DATASET = "goodput-local", "goodput"
@@ -274,10 +274,10 @@ SQL_CALLS = frozenset({"execute", "executemany", "query", "query_and_wait", "sql
 #: Everything that may be put into SQL text, by file: the exact source of each expression, and why
 #: it is not user data. Values always go through query parameters.
 ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
-    "pipeline/alerts.py": {"', '.join(_COLUMNS)": "a tuple constant of column names"},
-    "pipeline/report.py": {"', '.join(_GOODPUT_COLUMNS)": "a tuple constant of column names",
+    "pipeline/app/alerts.py": {"', '.join(_COLUMNS)": "a tuple constant of column names"},
+    "pipeline/app/report.py": {"', '.join(_GOODPUT_COLUMNS)": "a tuple constant of column names",
                            "', '.join(_DISRUPTION_COLUMNS)": "a tuple constant of column names"},
-    "pipeline/duckdb_sink.py": {
+    "pipeline/sinks/duckdb.py": {
         "name": "a table or view name from goodput_schemas/",
         "', '.join(columns)": "column definitions from goodput_schemas/",
         "query": "a view's SQL from goodput_schemas/views/",
@@ -285,8 +285,8 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "names": "column names of the table's schema",
         "column": "a column name of a table's schema",
         "kind": "a DuckDB type, mapped from a schema's type"},
-    "pipeline/raw_events.py": {"COLUMNS": "a constant list of the events table's columns"},
-    "pipeline/fleet_sql.py": {"later": "a part of a saved query of goodput_schemas/sql/, re-rendered",
+    "pipeline/sinks/raw_events.py": {"COLUMNS": "a constant list of the events table's columns"},
+    "pipeline/app/fleet_sql.py": {"later": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "earlier": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "_UNIT_US[unit]": "an integer constant"},
     "emitter/goodput.py": {"sql.format(**self._tables)":

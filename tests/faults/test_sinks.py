@@ -21,11 +21,12 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
 from goodput_schemas import table_schema
-from pipeline.bigquery_sink import BigQueryWriter, create_tables
-from pipeline.bigquery_sink import make_client as bigquery_client
+from pipeline.beam.transforms import WriteToBigQuery, WriteToMonitoring
 from pipeline.emulators.bigquery import BigQueryEmulator, check_row
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
-from pipeline.monitoring_sink import (
+from pipeline.sinks.bigquery import BigQueryWriter, create_tables
+from pipeline.sinks.bigquery import make_client as bigquery_client
+from pipeline.sinks.monitoring import (
     CUSTOM,
     REFERENCE,
     MetricWriter,
@@ -33,8 +34,7 @@ from pipeline.monitoring_sink import (
     Point,
     dead_letter_row,
 )
-from pipeline.monitoring_sink import make_client as monitoring_client
-from pipeline.transforms import WriteToBigQuery, WriteToMonitoring
+from pipeline.sinks.monitoring import make_client as monitoring_client
 
 PROJECT, DATASET = "goodput-local", "goodput"
 UTC = datetime.timezone.utc
@@ -239,7 +239,7 @@ def test_bigquery_failures_never_stop_a_beam_pipeline(bigquery):
 
 def test_bigquery_inserts_a_large_bundle_in_parts(bigquery, monkeypatch):
     """A bundle is inserted every FLUSH_ROWS rows, not held whole: bounded memory on a batch runner."""
-    from pipeline.transforms import _InsertPerBundle
+    from pipeline.beam.transforms import _InsertPerBundle
 
     monkeypatch.setattr(_InsertPerBundle, "FLUSH_ROWS", 2)
     before = bigquery.store.insert_requests
@@ -361,7 +361,7 @@ def test_a_replay_keeps_the_points_monitoring_refused_as_dead_letters(monitoring
     rows of the dead_letter table beside the snapshots."""
     import duckdb
 
-    from pipeline.launcher import run
+    from pipeline.beam.launcher import run
 
     start_us = round(NOW.timestamp() * 1e6) - 600_000_000
     events = [{"seq": 0, "time_us": start_us, "job_start": {"accelerator_type": "v5p", "chip_count": 8}}]

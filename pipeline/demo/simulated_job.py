@@ -6,7 +6,7 @@ noisy step times and a slow first (compile) step, an eval every few hundred step
 badput event), checkpoint saves, a crash that loses the steps since the last checkpoint, a
 restart (a new recorder: a new attempt) that restores the checkpoint, and the job end.
 
-    python examples/simulated_job.py --output demo-output/events.jsonl
+    python -m pipeline.demo.simulated_job --output demo-output/events.jsonl
 
 A ``JobProfile`` shapes other runs: the accelerator and chip count, the step time, how often it
 checkpoints and evaluates, where it crashes and whether a restart restores a checkpoint or
@@ -220,8 +220,9 @@ def simulate(
     rng = random.Random(seed)
     clock = clock or SimulatedClock(START)
     if settings is None:
-        settings = EmitterSettings(heartbeat_interval_s=None,
-                                   **({"spool_dir": spool_dir} if spool_dir else {}))
+        settings = EmitterSettings(heartbeat_interval_s=None)
+        if spool_dir:
+            settings = dataclasses.replace(settings, spool_dir=spool_dir)
     crashes = sorted(_at(steps, fraction) for fraction in profile.crashes_at)
     resume, attempt = 0, 0
     while True:

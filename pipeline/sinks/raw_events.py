@@ -1,7 +1,7 @@
 """The raw ``events`` table read back as messages: what a backfill replays and what a restarted
 stream restores its runs from.
 
-Every event the pipeline accepted is a row of ``events`` (``pipeline.rows.event_rows``), kept
+Every event the pipeline accepted is a row of ``events`` (``pipeline.core.rows.event_rows``), kept
 whole: ids within the table's limits, the body as JSON. Read back, one attempt's rows in
 sequence order become messages again in the emitter's encoding, which the parser reads as it read
 the originals, so a replay of the table gives every number the stream gave. A redelivered message
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.events import Event, encode_events
+from pipeline.core.events import Event, encode_events
 
 #: Events per message read back: the emitter's default batch.
 EVENTS_PER_MESSAGE = 1000
@@ -62,8 +62,8 @@ def backfill_messages(path: str) -> Iterator[tuple[str, bytes]]:
 def run_history(path: str, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
     """One run's messages in the ``events`` table of a DuckDB file that this process may be
     writing too, and the time of its latest snapshot there (microseconds), if it has one: read
-    whole, under the lock its writers take (``pipeline.duckdb_sink``)."""
-    from pipeline.duckdb_sink import opened
+    whole, under the lock its writers take (``pipeline.sinks.duckdb``)."""
+    from pipeline.sinks.duckdb import opened
 
     with opened(path) as sink:
         rows = sink.query(f"SELECT {COLUMNS} FROM events WHERE run_id = ? ORDER BY attempt_id, seq",
@@ -75,7 +75,7 @@ def run_history(path: str, run_id: str) -> tuple[list[tuple[str, bytes]], int | 
 
 def run_ids(path: str) -> frozenset[str]:
     """Every run with a row in the ``events`` table of a DuckDB file (none without a file)."""
-    from pipeline.duckdb_sink import opened
+    from pipeline.sinks.duckdb import opened
 
     if not Path(path).is_file():
         return frozenset()

@@ -4,7 +4,7 @@
 keys events by run and computes each run's snapshot with the engine; ``WriteToDuckDB`` appends
 every output row to a DuckDB file. ``WriteToBigQuery`` and ``WriteToMonitoring`` never stop the
 pipeline for a service's error: each returns, as its output, ("dead_letter", row) for what it
-could not write (see ``pipeline.bigquery_sink`` and ``pipeline.monitoring_sink``).
+could not write (see ``pipeline.sinks.bigquery`` and ``pipeline.sinks.monitoring``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,20 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline import engine
-from pipeline.events import Batch, parse_batch
-from pipeline.live import DRAINING, engine_failure
-from pipeline.monitoring_sink import MonitoringSettings, Point, snapshot_points
-from pipeline.rows import BADPUT, DEAD_LETTER, GOODPUT, Element, Row, by_table, dead_letter_row, snapshot_rows
+from pipeline.beam.live import DRAINING, engine_failure
+from pipeline.core import engine
+from pipeline.core.events import Batch, parse_batch
+from pipeline.core.rows import (
+    BADPUT,
+    DEAD_LETTER,
+    GOODPUT,
+    Element,
+    Row,
+    by_table,
+    dead_letter_row,
+    snapshot_rows,
+)
+from pipeline.sinks.monitoring import MonitoringSettings, Point, snapshot_points
 
 DEAD_LETTER_TAG = "dead_letter"
 
@@ -156,7 +165,7 @@ class _AppendPerBundle(beam.DoFn):
         self._flush()
 
     def _flush(self) -> None:
-        from pipeline.duckdb_sink import append
+        from pipeline.sinks.duckdb import append
 
         if self._elements:
             append(self.path, self._elements)
@@ -165,7 +174,7 @@ class _AppendPerBundle(beam.DoFn):
 
 def _retry_deadline_s(configured_s: float) -> float:
     """How long a sink retries a write: as configured, but not at all while a DirectRunner job is
-    stopping (``pipeline.live.DRAINING``), where a bundle waiting out a service's outage would
+    stopping (``pipeline.beam.live.DRAINING``), where a bundle waiting out a service's outage would
     hold up the messages read before the stop until the job is cancelled and they are lost; what
     fails then is dead-lettered like any write that gave up."""
     return 0.0 if DRAINING.is_set() else configured_s
@@ -187,7 +196,7 @@ class _InsertPerBundle(beam.DoFn):
         self._rows = 0
 
     def setup(self) -> None:
-        from pipeline.bigquery_sink import BigQueryWriter, make_client
+        from pipeline.sinks.bigquery import BigQueryWriter, make_client
 
         deadline_s, initial_s, maximum_s = self.retry
         self._writer = BigQueryWriter(make_client(self.project, self.endpoint), self.project, self.dataset,
@@ -223,7 +232,7 @@ class _InsertPerBundle(beam.DoFn):
 class WriteToBigQuery(beam.PTransform):
     """Appends (table, row) pairs to the output tables of a BigQuery dataset, each bundle's rows
     in a few streaming inserts; rows BigQuery rejects land in its ``dead_letter`` table (see
-    ``pipeline.bigquery_sink``). The output is ("dead_letter", row) for each row that could not
+    ``pipeline.sinks.bigquery``). The output is ("dead_letter", row) for each row that could not
     be written even there. The retries are ``BigQueryWriter``'s, with its defaults unless given."""
 
     def __init__(self, project: str, dataset: str, endpoint: str | None = None, *,
@@ -339,7 +348,7 @@ class _WritePoints(beam.DoFn):
         self._points: list[Point] = []
 
     def setup(self) -> None:
-        from pipeline.monitoring_sink import MetricWriter, make_client
+        from pipeline.sinks.monitoring import MetricWriter, make_client
 
         settings = self.settings
         self._writer = MetricWriter(make_client(self.endpoint), self.project, settings.retry_deadline_s,
@@ -354,7 +363,7 @@ class _WritePoints(beam.DoFn):
     def finish_bundle(self) -> Iterator[Any]:
         if not self._points:
             return
-        from pipeline.monitoring_sink import dead_letter_row
+        from pipeline.sinks.monitoring import dead_letter_row
 
         received = datetime.datetime.now(datetime.timezone.utc)
         letters: list[Row] = []
@@ -368,7 +377,7 @@ class _WritePoints(beam.DoFn):
 
 class WriteToMonitoring(beam.PTransform):
     """Writes the reference's Cloud Monitoring metrics of every run from the snapshot rows (see
-    ``pipeline.monitoring_sink``), each run's series gated by ``_GateSeries``. The output is
+    ``pipeline.sinks.monitoring``), each run's series gated by ``_GateSeries``. The output is
     ("dead_letter", row) for each point that was not written."""
 
     def __init__(self, project: str, settings: MonitoringSettings, streaming: bool,

@@ -83,7 +83,7 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
         return 2
     import duckdb
 
-    from pipeline.fleet_sql import run_saved
+    from pipeline.app.fleet_sql import run_saved
 
     with duckdb.connect(args.duckdb, read_only=True) as connection:
         try:
@@ -105,7 +105,7 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _report(args: argparse.Namespace, out: TextIO) -> int:
-    from pipeline.report import write_report
+    from pipeline.app.report import write_report
 
     if not Path(args.duckdb).is_file():
         print(f"goodput report: no such file: {args.duckdb}", file=sys.stderr)
@@ -121,7 +121,7 @@ def _replay(argv: Sequence[str]) -> int:
         print("goodput replay: a replay is a batch run; for the stream, run python -m pipeline --streaming",
               file=sys.stderr)
         return 2
-    from pipeline.launcher import run
+    from pipeline.beam.launcher import run
 
     return run(list(argv))
 
@@ -159,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--output", metavar="FILE", default="report.html",
                         help="where to write the report (default: %(default)s)")
     report.set_defaults(handler=_report)
-    from pipeline import importer
+    from pipeline.app import importer
 
     imported = commands.add_parser(
         "import", help="import ml-goodput-measurement history from a Cloud Logging export")
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if argv[:1] == ["replay"]:  # the pipeline's own options, parsed by the pipeline
         return _replay(argv[1:])
     if argv[:1] == ["demo"]:
-        from pipeline.demo import main as demo
+        from pipeline.demo.demo import main as demo
 
         return demo(argv[1:])
     args = parser().parse_args(argv)

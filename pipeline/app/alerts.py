@@ -4,7 +4,7 @@ Cloud Monitoring evaluates the policies on the points the pipeline writes; this 
 the same conditions on the snapshots in a DuckDB file (``goodput_snapshots``), so a replay, a demo
 or a post-mortem can tell which alerts would have fired, for which run, and when::
 
-    from pipeline.alerts import AlertThresholds, evaluate_file
+    from pipeline.app.alerts import AlertThresholds, evaluate_file
     for alert in evaluate_file("goodput.duckdb", AlertThresholds()):
         print(alert.policy, alert.run_id, alert.fired_at)
 
@@ -39,7 +39,7 @@ evaluation (every 60 s for the PromQL conditions):
   does in Cloud Monitoring: the alignment period for the threshold conditions, the 5-minute
   lookback of PromQL for the others. The policy needs points all the time a run is stalled,
   which is why the streaming pipeline keeps snapshotting a silent run every snapshot interval
-  (``pipeline.live``).
+  (``pipeline.beam.live``).
 * Points are taken at snapshot times; the pipeline stamps them when it writes them (at most every
   ``monitoring_min_interval_s``), which is the snapshot time for a live run.
 """

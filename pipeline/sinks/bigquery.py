@@ -10,7 +10,7 @@ requests stay under the API's size limits; and the endpoint can be a local stand
 (``pipeline.emulators.bigquery``). The volume is small: snapshots, not events, except the raw
 events table, which ``--no_raw_events`` leaves out.
 
-What a job sends is made storable before it is sent (``pipeline.sanitize``): valid UTF-8, ids
+What a job sends is made storable before it is sent (``pipeline.core.sanitize``): valid UTF-8, ids
 printable and at most 2048 bytes, JSON and raw payloads at most 512 KiB, so that no row can make
 a request BigQuery refuses as a whole.
 """
@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_options, table_schema
-from pipeline.rows import DEAD_LETTER, Row
-from pipeline.sanitize import clean_row, free_text
+from pipeline.core.rows import DEAD_LETTER, Row
+from pipeline.core.sanitize import clean_row, free_text
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS_PER_REQUEST = 500  # BigQuery's recommendation for insertAll
@@ -90,7 +90,7 @@ def create_tables(client: Any, project: str, dataset: str) -> None:
 
 def to_json(row: Row) -> dict[str, Any]:
     """A row as insertAll's JSON: timestamps as RFC 3339 strings, non-finite floats as strings,
-    text made storable (``pipeline.sanitize.clean_row``)."""
+    text made storable (``pipeline.core.sanitize.clean_row``)."""
     out: dict[str, Any] = {}
     for name, value in clean_row(row).items():
         if isinstance(value, datetime.datetime):

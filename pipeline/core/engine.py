@@ -2,7 +2,7 @@
 
 Pure Python, no Beam: the Beam transforms, the batch replay and the tests share it.
 
-``RunState`` takes validated events (``pipeline.events.Event``) one at a time, in any order and
+``RunState`` takes validated events (``pipeline.core.events.Event``) one at a time, in any order and
 with duplicates; ``RunState.snapshot(as_of_us)`` computes the run's figures as of a time. The
 result depends only on the set of distinct events, never on their arrival order, on how they were
 batched into messages, or on the snapshots taken before (``tests/faults/test_delivery.py``).
@@ -63,8 +63,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.events import Batch, Event
-from pipeline.stepstats import StepStatistics
+from pipeline.core.events import Batch, Event
+from pipeline.core.stepstats import StepStatistics
 
 # Bucket names, as the reference labels them in Cloud Monitoring.
 PRODUCTIVE = "PRODUCTIVE"

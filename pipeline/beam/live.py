@@ -54,9 +54,10 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline import engine, raw_events
-from pipeline.events import Batch, parse_batch
-from pipeline.rows import DEAD_LETTER, Row, engine_failure_row, snapshot_rows
+from pipeline.core import engine
+from pipeline.core.events import Batch, parse_batch
+from pipeline.core.rows import DEAD_LETTER, Row, engine_failure_row, snapshot_rows
+from pipeline.sinks import raw_events
 
 _US = 1_000_000
 _LOG = logging.getLogger(__name__)

@@ -31,27 +31,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner
 
-from pipeline import direct_runner
-from pipeline.bigquery_sink import create_tables, make_client, parse_dataset
-from pipeline.live import DRAINING, TrackRunsLive, next_snapshot_due
-from pipeline.monitoring_sink import MonitoringSettings
-from pipeline.options import GoodputOptions
-from pipeline.raw_events import backfill_messages
-from pipeline.rows import batch_rows
-from pipeline.transforms import (
+from pipeline.beam import direct_runner
+from pipeline.beam.live import DRAINING, TrackRunsLive, next_snapshot_due
+from pipeline.beam.options import GoodputOptions
+from pipeline.beam.transforms import (
     ParseEvents,
     TrackRuns,
     WriteToBigQuery,
     WriteToDuckDB,
     WriteToMonitoring,
 )
+from pipeline.core.rows import batch_rows
+from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
+from pipeline.sinks.monitoring import MonitoringSettings
+from pipeline.sinks.raw_events import backfill_messages
 
 
 def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
@@ -129,46 +129,6 @@ def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool
     return rows
 
 
-SUMMARY_RUNS = 50  # runs listed by the summary; a larger fleet lists its lowest goodput first
-
-
-def print_summary(duckdb_path: str, out: TextIO, max_runs: int = SUMMARY_RUNS) -> None:
-    """The latest cumulative figures of the runs in the DuckDB file: all of them, in run order,
-    or the ``max_runs`` with the lowest goodput."""
-    from pipeline.duckdb_sink import DuckDBSink
-
-    sink = DuckDBSink(duckdb_path)
-    try:
-        runs = sink.query(
-            "SELECT run_id, goodput_pct, total_time_s, disruptions, max_productive_step, ended "
-            "FROM latest_goodput WHERE window_s = 0 ORDER BY run_id")
-        dead = sink.query("SELECT count(*) FROM dead_letter")[0][0]
-        top = sink.query(
-            "SELECT run_id, badput_source, pct FROM latest_badput WHERE window_s = 0 "
-            "AND badput_source <> 'DATA_LOADING_ASYNC' AND pct > 0 "
-            "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY pct DESC) <= 3 "
-            "ORDER BY run_id, pct DESC")
-    finally:
-        sink.close()
-    shown = runs
-    if len(runs) > max_runs:
-        shown = sorted(runs, key=lambda run: (run[1] is not None, run[1] or 0.0, run[0]))[:max_runs]
-        out.write(f"the {max_runs} of {len(runs)} runs with the lowest goodput (the view latest_goodput "
-                  "has them all)\n")
-    top_by_run: dict[object, list[str]] = {}
-    for run_id, source, pct in top:
-        top_by_run.setdefault(run_id, []).append(f"{source} {pct:.2f}%")
-    out.write(f"{'run':30} {'goodput':>8} {'elapsed':>10} {'disruptions':>11} {'max step':>9}  ended\n")
-    for run_id, goodput, total, disruptions, max_step, ended in shown:
-        figure = "-" if goodput is None else f"{goodput:.2f}%"
-        out.write(f"{run_id:30} {figure:>8} {total:>9.0f}s {disruptions:>11} {max_step:>9}  "
-                  f"{'yes' if ended else 'no'}\n")
-        badput = ", ".join(top_by_run.get(run_id, ()))
-        if badput:
-            out.write(f"{'':30} top badput: {badput}\n")
-    out.write(f"{len(runs)} runs; {dead} rejected inputs in table dead_letter; tables in {duckdb_path}\n")
-
-
 DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
 
 
@@ -213,7 +173,7 @@ def run_streaming(options: GoodputOptions) -> int:
     while not stop.wait(1.0) and not failed():
         pass
     if not failed():
-        # The DirectRunner cannot drain (see pipeline.live): report each new message at once,
+        # The DirectRunner cannot drain (see pipeline.beam.live): report each new message at once,
         # read on until the interval snapshots pending for the others are due, then read no
         # more, and cancel once what was read is written: every message read is in the tables.
         DRAINING.set()
@@ -271,5 +231,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:
         build_pipeline(pipeline, goodput)
     if goodput.duckdb:
+        from pipeline.app.summary import print_summary
+
         print_summary(goodput.duckdb, sys.stdout)
     return 0

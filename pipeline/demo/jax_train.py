@@ -8,7 +8,7 @@ and a checkpoint save every ``--checkpoint-every`` steps (the parameters written
 a temporary directory), then the job end::
 
     pip install 'jax[cpu]'
-    python examples/jax_train.py --destination file:demo-output/jax_train.jsonl --steps 300
+    python -m pipeline.demo.jax_train --destination file:demo-output/jax_train.jsonl --steps 300
     python -m pipeline --events=demo-output/jax_train.jsonl --duckdb=demo-output/jax.duckdb
 
 Only JAX process 0 records (``emitter.jax.is_process_zero``). ``--destination`` also takes a
@@ -85,7 +85,10 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
         features = 32
         key = jax.random.PRNGKey(args.seed)
         k1, k2, k3 = jax.random.split(key, 3)
-        scale = lambda fan_in: (2.0 / fan_in) ** 0.5  # noqa: E731
+
+        def scale(fan_in: int) -> float:
+            return float((2.0 / fan_in) ** 0.5)
+
         params = {
             "w1": jax.random.normal(k1, (features, args.hidden)) * scale(features),
             "b1": jnp.zeros(args.hidden),
@@ -146,7 +149,7 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
                 _LOG.info("step %d: loss %.4f, eval loss %.4f", step, loss, eval_loss)
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
                 save_start = now()
-                host = {name: np.asarray(value) for name, value in params.items()}
+                host: dict[str, Any] = {name: np.asarray(value) for name, value in params.items()}
                 np.savez(checkpoints / f"step_{step:08d}.npz", **host)
                 recorder.record_checkpoint_save(step, save_start, now())
         recorder.record_job_end_time(now())

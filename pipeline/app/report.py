@@ -3,10 +3,10 @@
 One file to open in a browser or attach to a post-mortem: the fleet at a glance, then goodput over
 time per run (cumulative and rolling windows), the badput breakdown per run and for the fleet,
 disruptions on a timeline, step-time deviation, the alerts the Terraform policies would have fired
-(``pipeline.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``). The plots are
+(``pipeline.app.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``). The plots are
 drawn with matplotlib and embedded as inline SVG; the file loads nothing from the network::
 
-    from pipeline.report import write_report
+    from pipeline.app.report import write_report
     write_report(Path("goodput.duckdb"), Path("report.html"))
 
 Every section is an element with a stable id (``summary``, ``goodput``, ``badput``,
@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.alerts import POLICIES, Alert, AlertThresholds, evaluate_connection
+from pipeline.app.alerts import POLICIES, Alert, AlertThresholds, evaluate_connection
 
 #: The sections of the report: (element id, heading).
 SECTIONS = (("goodput", "Goodput over time"), ("badput", "Badput breakdown"), ("disruptions", "Disruptions"),
@@ -111,7 +111,7 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
     import duckdb
 
     from goodput_schemas import saved_queries
-    from pipeline.fleet_sql import run_saved
+    from pipeline.app.fleet_sql import run_saved
 
     tables = {row[0] for row in
               connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}

@@ -4,7 +4,7 @@ Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever a
 in BigQuery: a later snapshot is a new row, and "latest" is a view. ``accelerator_prices``, which
 the fleet SQL joins for costs, is seeded from ``goodput_schemas/accelerator_prices.csv`` while empty.
 Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQuery
-(``pipeline.sanitize``), so both hold the same values.
+(``pipeline.core.sanitize``), so both hold the same values.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema, views
-from pipeline.events import Batch
-from pipeline.rows import EVENTS, Element, Row, by_table, event_rows
-from pipeline.sanitize import clean_row, identifier
+from pipeline.core.events import Batch
+from pipeline.core.rows import EVENTS, Element, Row, by_table, event_rows
+from pipeline.core.sanitize import clean_row, identifier
 
 _DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
                  "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP"}

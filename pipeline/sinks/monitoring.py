@@ -12,7 +12,7 @@ on a few resource types, and the Workload is not one of them.
 
 The write rules are Cloud Monitoring's: at most 200 series per request, one point per series per
 request, points of a series in order and no more often than every ``min_interval_s`` (the
-pipeline gates each run's series; see ``pipeline.transforms.WriteToMonitoring``), transient
+pipeline gates each run's series; see ``pipeline.beam.transforms.WriteToMonitoring``), transient
 errors retried with backoff. Points are stamped when written, as the reference stamps them;
 points older than 25 h are refused by the service, so a replay of old events writes only when
 asked to, and then the latest values, stamped now.
@@ -20,7 +20,7 @@ asked to, and then the latest values, stamped now.
 What a job sends reaches Cloud Monitoring only as label values, never as label keys: each metric
 has the fixed labels of ``METRICS`` (and ``cluster_name``), and a point with any other key is not
 sent. Values (the run id, the location, the accelerator type, custom badput names) are made
-printable and cut to the service's 1024 bytes (``pipeline.sanitize``), and a run's custom badput
+printable and cut to the service's 1024 bytes (``pipeline.core.sanitize``), and a run's custom badput
 types beyond ``MAX_CUSTOM_BADPUT_SERIES`` are summed into one series, so that a job cannot make
 an unbounded number of series.
 """
@@ -36,9 +36,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pipeline.engine import CUSTOM_PREFIX, DATA_LOADING_ASYNC
-from pipeline.rows import BADPUT, GOODPUT, Row
-from pipeline.sanitize import free_text, label_value
+from pipeline.core.engine import CUSTOM_PREFIX, DATA_LOADING_ASYNC
+from pipeline.core.rows import BADPUT, GOODPUT, Row
+from pipeline.core.sanitize import free_text, label_value
 
 _LOG = logging.getLogger(__name__)
 WORKLOAD = "compute.googleapis.com/Workload"
@@ -81,7 +81,7 @@ OTHER_CUSTOM_BADPUT = CUSTOM_PREFIX + "OTHER"
 
 @dataclasses.dataclass(frozen=True)
 class MonitoringSettings:
-    """How points are made and paced (see ``pipeline.options`` for each)."""
+    """How points are made and paced (see ``pipeline.beam.options`` for each)."""
 
     min_interval_s: float = 10.0
     max_lag_s: float = 600.0
