@@ -230,7 +230,7 @@ def _engine_seconds(messages: list[Message]) -> list[float]:
 def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
     """The encoded state when the run first reaches each size of STATE_SIZES, and the index of
     the next message."""
-    from pipeline.core import engine
+    from pipeline.core import engine, state_coder
     from pipeline.core.events import parse_batch
 
     state = engine.RunState(messages[0].run_id)
@@ -242,7 +242,7 @@ def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
         state.add_batch(batch)
         steps += len(batch.steps)
         if len(found) < len(STATE_SIZES) and steps >= STATE_SIZES[len(found)]:
-            found.append((engine.encode_state(state), index + 1))
+            found.append((state_coder.encode_state(state), index + 1))
     assert len(found) == len(STATE_SIZES)
     return found
 
@@ -250,18 +250,18 @@ def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
 def _state_seconds(checkpoints: list[tuple[bytes, int]], messages: list[Message],
                    windows_s: tuple[int, ...]) -> list[float]:
     """Per size and repeat: [encode, decode + snapshot, snapshot of the kept state]."""
-    from pipeline.core import engine
+    from pipeline.core import state_coder
     from pipeline.core.events import parse_batch
 
     timings = []
     for data, next_index in checkpoints:
         for _ in range(STATE_REPEATS):
-            state = engine.decode_state(data)
+            state = state_coder.decode_state(data)
             started = time.perf_counter()
-            engine.encode_state(state)
+            state_coder.encode_state(state)
             encode = time.perf_counter() - started
             started = time.perf_counter()
-            state = engine.decode_state(data)
+            state = state_coder.decode_state(data)
             as_of = max(a.last_event_us for a in state.attempts.values())
             state.snapshot(as_of, windows_s)
             cold = time.perf_counter() - started
@@ -325,7 +325,7 @@ def run() -> str:
     from ml_goodput_measurement.src import monitoring
 
     from pipeline.beam.options import GoodputOptions
-    from pipeline.core import engine
+    from pipeline.core import state_coder
     from pipeline.core.rows import snapshot_rows
     from pipeline.sinks.monitoring import MAX_SERIES_PER_REQUEST, snapshot_points
 
@@ -413,7 +413,7 @@ def run() -> str:
     encode_mean = encode(mean_steps)
     snapshot_mean = warm(mean_steps)
     state_mean_bytes = state_bytes[0] + per_step_bytes * (mean_steps - STATE_SIZES[0])
-    full = engine.decode_state(checkpoints[-1][0])
+    full = state_coder.decode_state(checkpoints[-1][0])
     snapshot = full.snapshot(max(a.last_event_us for a in full.attempts.values()), windows_s)
     assert snapshot is not None
     rows = list(snapshot_rows(snapshot))

@@ -93,21 +93,21 @@ def _events_per_second(messages: list[bytes]) -> list[float]:
 
 
 def _state_bytes() -> tuple[int, float]:
-    from pipeline.core import engine
+    from pipeline.core import engine, state_coder
     from pipeline.core.events import Event, parse_batch
 
     state = engine.RunState("run")
     state.add(Event("run", "attempt-1", 0, T0_US, "job_start",
                     {"chip_count": 256, "accelerator_type": "v5p", "run_group": "llm",
                      "labels": {"team": "pretraining", "cluster": "us-east5"}}))
-    empty = len(engine.encode_state(state))
+    empty = len(state_coder.encode_state(state))
     for data in _step_messages(count=100, first_seq=1):
         batch, _ = parse_batch(data)
         assert batch is not None
         state.add_batch(batch)
     steps = sum(len(a.steps) for a in state.attempts.values())
     assert steps == 100 * PER_MESSAGE
-    return empty, (len(engine.encode_state(state)) - empty) / steps
+    return empty, (len(state_coder.encode_state(state)) - empty) / steps
 
 
 def _reference_entries_per_second(steps: int) -> float:

@@ -22,7 +22,7 @@ job end: 1,020,000 events, encoded by the emitter's own encoder (``goodput_schem
   pipeline's peak resident memory (``VmHWM`` before it is stopped), the CPU it and the
   benchmark's process used (in cores: 1.00 is one core busy), and the messages it had not yet
   pulled when the measurement ended.
-* State per run: the bytes of one run's state as Beam stores it (``engine.encode_state``, in a
+* State per run: the bytes of one run's state as Beam stores it (``state_coder.encode_state``, in a
   ``BytesCoder``) after all its events.
 
 The targets apply to the batch replay: 10,000 runs × 100 steps in under 60 s and under 2 GB
@@ -137,7 +137,7 @@ def _replay(events: Path, database: Path, log: Path) -> tuple[float, int]:
 
 
 def _state_bytes() -> int:
-    from pipeline.core import engine
+    from pipeline.core import engine, state_coder
     from pipeline.core.events import parse_batch
 
     state = engine.RunState(_run_id(0))
@@ -146,7 +146,7 @@ def _state_bytes() -> int:
         assert batch is not None and not dead
         state.add_batch(batch)
     assert state.events == STEPS + 2
-    return len(engine.encode_state(state))
+    return len(state_coder.encode_state(state))
 
 
 def _peak_bytes(pid: int) -> int:

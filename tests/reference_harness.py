@@ -22,6 +22,7 @@ from emitter import ElasticGoodputRecorder, EmitterSettings
 from emitter.testing import capture_events
 from pipeline.core import engine
 from pipeline.core.events import Event
+from pipeline.core.snapshot import CUSTOM_PREFIX, Snapshot
 
 T0 = datetime.datetime(2026, 11, 1, 8, 0, tzinfo=datetime.timezone.utc)
 Call = tuple[str, tuple[Any, ...]]
@@ -66,7 +67,7 @@ def run_reference(attempts: Sequence[Sequence[Call]], cache_dir: Path, elastic: 
     for bucket, value in details["badput_time"].items():
         if isinstance(value, dict):
             for sub, seconds in value.items():
-                badput[f"{engine.CUSTOM_PREFIX}{sub}"] = seconds
+                badput[f"{CUSTOM_PREFIX}{sub}"] = seconds
         else:
             badput[BadputType(bucket).name if not isinstance(bucket, BadputType) else bucket.name] = value
     total = details["total_elapsed_time"]
@@ -125,7 +126,7 @@ def record_ours(attempts: Sequence[Sequence[Call]]) -> list[Event]:
     return events
 
 
-def run_ours(events: Sequence[Event], as_of_us: int) -> tuple[Result, engine.Snapshot]:
+def run_ours(events: Sequence[Event], as_of_us: int) -> tuple[Result, Snapshot]:
     state = engine.RunState("run")
     state.add_all(events)
     snapshot = state.snapshot(as_of_us)
@@ -137,7 +138,7 @@ def run_ours(events: Sequence[Event], as_of_us: int) -> tuple[Result, engine.Sna
 
 
 def compare(builder: TraceBuilder, cache_dir: Path, elastic: bool = False
-            ) -> tuple[Result, Result, engine.Snapshot]:
+            ) -> tuple[Result, Result, Snapshot]:
     """(reference, ours, our snapshot) for the builder's calls, as of the reference's query.
 
     A run without an end is evaluated by the reference at the wall clock; ours is evaluated at

@@ -16,6 +16,18 @@ from reference_harness import T0, Result, TraceBuilder, compare, micros, record_
 
 from benchmarks.common import InMemoryCloudLogging
 from pipeline.core import engine
+from pipeline.core.snapshot import (
+    CHECKPOINT_RESTORE,
+    CHECKPOINT_SAVE,
+    CUSTOM_PREFIX,
+    DATA_LOADING_ASYNC,
+    DATA_LOADING_SYNC,
+    ELASTIC_SLICE_DOWN,
+    INFRASTRUCTURE_RECOVERY,
+    OTHER,
+    TRAINING_PREP,
+    WASTED_PROGRESS,
+)
 
 TOLERANCE_PP = 0.01
 
@@ -33,7 +45,7 @@ def assert_matches(reference: Result, ours: Result, except_buckets: tuple[str, .
 def assert_complete(ours: Result) -> None:
     """Goodput plus every bucket but the informational async loading is 100 % of elapsed time."""
     accounted = ours.goodput_pct + sum(
-        ours.pct(b) for b in ours.badput_s if b != engine.DATA_LOADING_ASYNC)
+        ours.pct(b) for b in ours.badput_s if b != DATA_LOADING_ASYNC)
     assert accounted == pytest.approx(100.0, abs=1e-6)
 
 
@@ -62,10 +74,10 @@ def test_restart_that_reruns_steps_matches(tmp_path: Path):
     run.end()
     reference, ours, snapshot = compare(run, tmp_path)
     assert_matches(reference, ours)
-    assert ours.badput_s[engine.WASTED_PROGRESS] > 0
+    assert ours.badput_s[WASTED_PROGRESS] > 0
     (disruption,) = snapshot.disruptions
     assert (disruption.last_step_before, disruption.resume_step) == (249, 200)
-    assert disruption.wasted_progress_s == pytest.approx(ours.badput_s[engine.WASTED_PROGRESS])
+    assert disruption.wasted_progress_s == pytest.approx(ours.badput_s[WASTED_PROGRESS])
     assert_complete(ours)
 
 
@@ -99,7 +111,7 @@ def test_orbax_checkpoint_saves_inside_steps_match(tmp_path: Path):
     run.end()
     reference, ours, _ = compare(run, tmp_path)
     assert_matches(reference, ours)
-    assert ours.badput_s[engine.CHECKPOINT_SAVE] == pytest.approx(6 * 4.0, abs=1e-3)
+    assert ours.badput_s[CHECKPOINT_SAVE] == pytest.approx(6 * 4.0, abs=1e-3)
 
 
 # -- where we differ on purpose (docs/differences.md) ------------------------------------------
@@ -118,7 +130,7 @@ def test_resume_at_a_never_recorded_step_is_a_disruption(tmp_path: Path):
     reference, ours, snapshot = compare(run, tmp_path)
     assert reference.disruptions == 0
     assert ours.disruptions == 1 and snapshot.disruptions[0].resume_step == 200
-    recovery = ours.badput_s[engine.INFRASTRUCTURE_RECOVERY]
+    recovery = ours.badput_s[INFRASTRUCTURE_RECOVERY]
     assert recovery == pytest.approx(300 + 2.0, abs=1e-3)  # the outage and the dying step
     assert ours.goodput_pct < reference.goodput_pct - 100 * 250 / ours.total_s
     assert_complete(ours)
@@ -135,9 +147,9 @@ def test_restart_from_step_zero_wastes_the_lost_progress(tmp_path: Path):
     run.steps(0, 150, compile_s=10)
     run.end()
     reference, ours, _ = compare(run, tmp_path)
-    assert reference.badput_s.get(engine.WASTED_PROGRESS, 0.0) == 0.0
-    assert ours.badput_s[engine.WASTED_PROGRESS] == pytest.approx(99 * 2.0 + 10, abs=1e-3)
-    assert ours.badput_s[engine.OTHER] < reference.badput_s[engine.OTHER] - 150
+    assert reference.badput_s.get(WASTED_PROGRESS, 0.0) == 0.0
+    assert ours.badput_s[WASTED_PROGRESS] == pytest.approx(99 * 2.0 + 10, abs=1e-3)
+    assert ours.badput_s[OTHER] < reference.badput_s[OTHER] - 150
     assert_complete(ours)
 
 
@@ -198,10 +210,10 @@ def test_restore_inside_training_prep_is_not_double_counted(tmp_path: Path):
     run.steps(0, 100)
     run.end()
     reference, ours, _ = compare(run, tmp_path)
-    assert reference.badput_s[engine.TRAINING_PREP] == pytest.approx(17.0, abs=1e-3)
-    assert reference.badput_s[engine.CHECKPOINT_RESTORE] == pytest.approx(12.0, abs=1e-3)
-    assert ours.badput_s[engine.TRAINING_PREP] == pytest.approx(5.0, abs=1e-3)
-    assert ours.badput_s[engine.CHECKPOINT_RESTORE] == pytest.approx(12.0, abs=1e-3)
+    assert reference.badput_s[TRAINING_PREP] == pytest.approx(17.0, abs=1e-3)
+    assert reference.badput_s[CHECKPOINT_RESTORE] == pytest.approx(12.0, abs=1e-3)
+    assert ours.badput_s[TRAINING_PREP] == pytest.approx(5.0, abs=1e-3)
+    assert ours.badput_s[CHECKPOINT_RESTORE] == pytest.approx(12.0, abs=1e-3)
     assert ours.goodput_pct == pytest.approx(reference.goodput_pct, abs=TOLERANCE_PP)
     assert_complete(ours)
 
@@ -221,9 +233,9 @@ def test_only_loading_before_the_first_step_is_sync_after_a_restart(tmp_path: Pa
     run.end()
     reference, ours, _ = compare(run, tmp_path)
     # The reference: both startup loads, plus the first in-training load after the restart.
-    assert reference.badput_s[engine.DATA_LOADING_SYNC] == pytest.approx(5 + 5 + 1.5, abs=1e-3)
-    assert ours.badput_s[engine.DATA_LOADING_SYNC] == pytest.approx(10.0, abs=1e-3)
-    assert ours.badput_s[engine.DATA_LOADING_ASYNC] == pytest.approx(3.0, abs=1e-3)
+    assert reference.badput_s[DATA_LOADING_SYNC] == pytest.approx(5 + 5 + 1.5, abs=1e-3)
+    assert ours.badput_s[DATA_LOADING_SYNC] == pytest.approx(10.0, abs=1e-3)
+    assert ours.badput_s[DATA_LOADING_ASYNC] == pytest.approx(3.0, abs=1e-3)
 
 
 def test_elastic_wait_is_taken_from_productive_time(tmp_path: Path):
@@ -239,10 +251,10 @@ def test_elastic_wait_is_taken_from_productive_time(tmp_path: Path):
     run.steps(110, 200)
     run.end()
     reference, ours, snapshot = compare(run, tmp_path, elastic=True)
-    assert ours.badput_s[engine.ELASTIC_SLICE_DOWN] == pytest.approx(
-        reference.badput_s[engine.ELASTIC_SLICE_DOWN], abs=1e-3)
+    assert ours.badput_s[ELASTIC_SLICE_DOWN] == pytest.approx(
+        reference.badput_s[ELASTIC_SLICE_DOWN], abs=1e-3)
     assert ours.goodput_pct == pytest.approx(
-        reference.goodput_pct - 100 * ours.badput_s[engine.ELASTIC_SLICE_DOWN] / ours.total_s, abs=1e-6)
+        reference.goodput_pct - 100 * ours.badput_s[ELASTIC_SLICE_DOWN] / ours.total_s, abs=1e-6)
     assert snapshot.stepping_slice_efficiency is not None and snapshot.stepping_slice_efficiency < 1.0
     assert_complete(ours)
 
@@ -286,7 +298,7 @@ def test_save_during_lost_progress_is_not_taken_from_productive_time(tmp_path: P
     run.steps(50, 200)
     run.end()
     reference, ours, _ = compare(run, tmp_path)
-    assert ours.badput_s[engine.CHECKPOINT_SAVE] == 0.0
+    assert ours.badput_s[CHECKPOINT_SAVE] == 0.0
     assert ours.goodput_pct == pytest.approx(reference.goodput_pct + 100 * 4.0 / ours.total_s, abs=1e-6)
     assert_complete(ours)
 
@@ -321,7 +333,7 @@ def test_exclusion_intervals_match(tmp_path: Path):
     for bucket, pct in breakdown.items():
         if isinstance(pct, dict):
             for sub, value in pct.items():
-                ours = figures.badput_pct(engine.CUSTOM_PREFIX + sub)
+                ours = figures.badput_pct(CUSTOM_PREFIX + sub)
                 assert ours == pytest.approx(value, abs=TOLERANCE_PP)
         elif bucket.name not in ("OTHER", "DATA_LOADING_ASYNC"):
             assert figures.badput_pct(bucket.name) == pytest.approx(pct, abs=TOLERANCE_PP), bucket

@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference_harness import TraceBuilder, record_ours
 
-from pipeline.core import engine
+from pipeline.core import engine, state_coder
 from pipeline.core.events import Event
+from pipeline.core.snapshot import INFRASTRUCTURE_RECOVERY, OTHER, WASTED_PROGRESS, Snapshot
+from pipeline.core.timeline import IntervalSums
 
 S = 1_000_000
 
@@ -39,7 +41,7 @@ def scenario_events(kind: int) -> tuple[tuple[Event, ...], int]:
     return tuple(record_ours(run.attempts)), run.as_of_us() + 30 * S
 
 
-def snapshot_of(events, as_of_us: int, **kwargs) -> engine.Snapshot:
+def snapshot_of(events, as_of_us: int, **kwargs) -> Snapshot:
     state = engine.RunState("run")
     state.add_all(events)
     result = state.snapshot(as_of_us, **kwargs)
@@ -63,7 +65,7 @@ def test_state_survives_its_coder():
     events, as_of = scenario_events(1)
     state = engine.RunState("run")
     state.add_all(events)
-    decoded = engine.decode_state(engine.encode_state(state))
+    decoded = state_coder.decode_state(state_coder.encode_state(state))
     assert decoded.snapshot(as_of) == state.snapshot(as_of)
     decoded.add_all(events)  # the dedup memory survives too
     assert decoded.events == state.events
@@ -77,7 +79,7 @@ def test_state_size_is_constant_plus_16_bytes_per_step():
         for step in range(steps):
             state.add(Event("run", "a", step + 1, 1_800_000_000 * S + step * S, "step_start",
                             {"step": step}))
-        return len(engine.encode_state(state))
+        return len(state_coder.encode_state(state))
 
     base, large = size(0), size(10_000)
     assert base < 1024
@@ -142,7 +144,7 @@ def test_a_hang_shows_as_lost_time_in_rolling_windows():
     window = snapshot.windows[0]
     assert window is not None
     assert window.goodput_pct == 0.0
-    assert window.badput_s[engine.OTHER] == pytest.approx(300)
+    assert window.badput_s[OTHER] == pytest.approx(300)
 
 
 def test_exclusions_leave_time_out_of_elapsed_and_every_bucket():
@@ -153,8 +155,8 @@ def test_exclusions_leave_time_out_of_elapsed_and_every_bucket():
     excluded = (outage.restart_us - 40 * S, outage.restart_us)
     with_exclusion = snapshot_of(events, as_of, exclusions=[excluded])
     assert with_exclusion.cumulative.total_s == pytest.approx(plain.cumulative.total_s - 40)
-    assert with_exclusion.cumulative.badput_s[engine.INFRASTRUCTURE_RECOVERY] == pytest.approx(
-        plain.cumulative.badput_s[engine.INFRASTRUCTURE_RECOVERY] - 40)
+    assert with_exclusion.cumulative.badput_s[INFRASTRUCTURE_RECOVERY] == pytest.approx(
+        plain.cumulative.badput_s[INFRASTRUCTURE_RECOVERY] - 40)
     assert with_exclusion.cumulative.productive_s == pytest.approx(plain.cumulative.productive_s)
 
 
@@ -166,8 +168,8 @@ def test_in_process_rollback_is_a_disruption_without_recovery_time():
     assert rollback.in_process and rollback.recovery_s == 0.0
     assert (rollback.last_step_before, rollback.resume_step) == (119, 110)
     assert rollback.wasted_progress_s == pytest.approx(
-        snapshot.cumulative.badput_s[engine.WASTED_PROGRESS])
-    assert snapshot.cumulative.badput_s[engine.WASTED_PROGRESS] > 0
+        snapshot.cumulative.badput_s[WASTED_PROGRESS])
+    assert snapshot.cumulative.badput_s[WASTED_PROGRESS] > 0
 
 
 def test_restore_step_marks_lost_progress_before_the_first_step():
@@ -177,7 +179,7 @@ def test_restore_step_marks_lost_progress_before_the_first_step():
     restore = next(e for e in events if e.kind == "checkpoint_restore")
     before_steps = [e for e in events if not (e.kind == "step_start" and e.time_us > restore.time_us)]
     snapshot = snapshot_of(before_steps, restore.time_us + 60 * S)
-    assert snapshot.cumulative.badput_s[engine.WASTED_PROGRESS] > 0
+    assert snapshot.cumulative.badput_s[WASTED_PROGRESS] > 0
     assert snapshot.disruptions[-1].resume_step is None
 
 
@@ -227,7 +229,7 @@ def test_interval_sums_equal_direct_overlap(lengths, start, width):
         intervals.append((t + gap, t + gap + length))
         t += gap + length
     expected = sum(max(0, min(e, start + width) - max(s, start)) for s, e in intervals)
-    assert engine._IntervalSums(intervals).overlap(start, start + width) == expected
+    assert IntervalSums(intervals).overlap(start, start + width) == expected
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

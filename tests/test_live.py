@@ -19,8 +19,9 @@ from reference_harness import TraceBuilder, record_ours
 from conftest import streaming_options
 from pipeline.beam.live import DRAINING, DecodedStates, TrackRunsLive
 from pipeline.beam.transforms import WriteToDuckDB
-from pipeline.core import engine
+from pipeline.core import engine, state_coder
 from pipeline.core.events import Batch, Event, parse_batch
+from pipeline.core.snapshot import Snapshot
 
 WINDOWS = (300,)
 
@@ -62,7 +63,7 @@ def track(stream: Stream, check: Any, **timers: float) -> None:
         assert_that(rows, check)
 
 
-def engine_snapshot(batches: tuple[Batch, ...], as_of_us: int) -> engine.Snapshot:
+def engine_snapshot(batches: tuple[Batch, ...], as_of_us: int) -> Snapshot:
     state = engine.RunState("run")
     for batch in batches:
         state.add_batch(batch)
@@ -218,7 +219,7 @@ def _state_with_steps(run_id: str, steps: int) -> tuple[bytes, engine.RunState]:
     for step in range(steps):
         state.add(Event(run_id, "a", step, 1_800_000_000_000_000 + step * 1_000_000, "step_start",
                                {"step": step}))
-    return engine.encode_state(state), state
+    return state_coder.encode_state(state), state
 
 
 def test_decoded_states_are_kept_while_their_bytes_are_what_beam_stores():

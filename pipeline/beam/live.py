@@ -54,7 +54,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline.core import engine
+from pipeline.core import engine, state_coder
 from pipeline.core.events import Batch, parse_batch
 from pipeline.core.rows import DEAD_LETTER, Row, engine_failure_row, snapshot_rows
 from pipeline.sinks import raw_events
@@ -114,7 +114,7 @@ class DecodedStates:
         if entry is not None and entry[0] == encoded:
             self._entries.move_to_end(run_id)
             return entry[1]
-        state = engine.decode_state(encoded)
+        state = state_coder.decode_state(encoded)
         self.put(run_id, encoded, state)
         return state
 
@@ -193,7 +193,7 @@ class TrackRunDoFn(beam.DoFn):
             return
         if not (added or restored):
             return  # a redelivered message: nothing new
-        encoded = engine.encode_state(state)
+        encoded = state_coder.encode_state(state)
         run_state.write(encoded)
         self.decoded.put(run_id, encoded, state)
         now_us = round(self.clock() * _US)

@@ -7,7 +7,7 @@ import datetime
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.core.engine import DEFAULT_WINDOWS_S
+from pipeline.core.snapshot import DEFAULT_WINDOWS_S
 
 
 def parse_as_of(text: str) -> int:

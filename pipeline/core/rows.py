@@ -16,8 +16,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pipeline.core.engine import Snapshot, WindowFigures
 from pipeline.core.events import Batch, DeadLetter, encode_events
+from pipeline.core.snapshot import Snapshot, WindowFigures
 
 Row = dict[str, Any]
 #: An output element: (table, row), or (EVENTS, batch) for the raw events of one message.

@@ -36,9 +36,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pipeline.core.engine import CUSTOM_PREFIX, DATA_LOADING_ASYNC
 from pipeline.core.rows import BADPUT, GOODPUT, Row
 from pipeline.core.sanitize import free_text, label_value
+from pipeline.core.snapshot import CUSTOM_PREFIX, DATA_LOADING_ASYNC
 
 _LOG = logging.getLogger(__name__)
 WORKLOAD = "compute.googleapis.com/Workload"

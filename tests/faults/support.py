@@ -15,6 +15,7 @@ from reference_harness import T0, TraceBuilder, micros, record_ours
 from goodput_schemas.wire import Record, encode_batch
 from pipeline.core import engine
 from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
+from pipeline.core.snapshot import Snapshot
 
 S = 1_000_000
 #: Shapes of run (see ``trace``): each exercises different parts of the engine.
@@ -117,7 +118,7 @@ def state_of(batches: Iterable[Batch]) -> engine.RunState:
     return state
 
 
-def final(delivered: Iterable[bytes], as_of_us: int, along_the_way: bool = False) -> engine.Snapshot:
+def final(delivered: Iterable[bytes], as_of_us: int, along_the_way: bool = False) -> Snapshot:
     """The snapshot after the delivered messages, as of ``as_of_us``; with ``along_the_way``, a
     snapshot was taken after every message too, as of the latest time seen (as a live pipeline's)."""
     state, latest = engine.RunState("run"), 0

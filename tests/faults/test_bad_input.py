@@ -32,6 +32,7 @@ from pipeline.core.events import (
     DeadLetter,
     parse_batch,
 )
+from pipeline.core.snapshot import DATA_LOADING_ASYNC, WASTED_PROGRESS
 
 from .support import (
     FLEET,
@@ -263,7 +264,7 @@ def test_steps_going_backwards_without_a_restart_are_a_rollback_not_a_dead_lette
     assert snapshot is not None
     (rollback,) = snapshot.disruptions
     assert rollback.in_process and (rollback.last_step_before, rollback.resume_step) == (20, 10)
-    assert snapshot.cumulative.badput_s[engine.WASTED_PROGRESS] > 0
+    assert snapshot.cumulative.badput_s[WASTED_PROGRESS] > 0
 
 
 def _without_job_start(shape: int) -> tuple[list[bytes], list[bytes], int]:
@@ -315,7 +316,7 @@ def test_odd_runs_never_raise_and_keep_the_accounting_whole(run, as_of_s):
         return
     for figures in (snapshot.cumulative, *(w for w in snapshot.windows if w is not None)):
         accounted = figures.productive_s + sum(seconds for bucket, seconds in figures.badput_s.items()
-                                               if bucket != engine.DATA_LOADING_ASYNC)
+                                               if bucket != DATA_LOADING_ASYNC)
         assert accounted == pytest.approx(figures.total_s, abs=1e-6)
         assert figures.productive_s >= 0 and min(figures.badput_s.values()) >= 0
     assert all(d.recovery_s >= 0 and d.wasted_progress_s >= 0 for d in snapshot.disruptions)

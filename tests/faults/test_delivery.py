@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pipeline.core import engine
 from pipeline.core.events import Event
+from pipeline.core.snapshot import DATA_LOADING_ASYNC, Snapshot
 
 from .support import (
     FLEET,
@@ -40,7 +41,7 @@ FAST = settings(max_examples=20, deadline=None,
 
 
 @functools.cache
-def clean(shape: int) -> engine.Snapshot:
+def clean(shape: int) -> Snapshot:
     """The snapshot of a clean delivery: the emitter's messages, in order, each once."""
     events, as_of = recorded(shape)
     return final(messages(events, 1000), as_of)
@@ -171,7 +172,7 @@ def test_a_skewed_host_clock_keeps_the_accounting_whole(shape, offset_s):
     snapshot = final(messages(events, 1000), max(as_of, max(e.time_us for e in events)))
     for figures in (snapshot.cumulative, *(w for w in snapshot.windows if w is not None)):
         accounted = figures.productive_s + sum(seconds for bucket, seconds in figures.badput_s.items()
-                                               if bucket != engine.DATA_LOADING_ASYNC)
+                                               if bucket != DATA_LOADING_ASYNC)
         assert accounted == pytest.approx(figures.total_s, abs=1e-6)
         assert figures.productive_s >= 0 and min(figures.badput_s.values()) >= 0
     assert all(d.recovery_s >= 0 and d.wasted_progress_s >= 0 for d in snapshot.disruptions)
