@@ -92,7 +92,7 @@ FLEET_RUN_ID = "llm-pretrain-v5p-256-000001"
 
 def _records_of(path: Path) -> tuple[str, list[Record]]:
     """The attempt id and records of the one attempt in an emitter file."""
-    from pipeline.beam.launcher import read_lines
+    from pipeline.beam.graph import read_lines
     from pipeline.core.events import parse_batch
 
     records: list[Record] = []
@@ -417,7 +417,7 @@ def run() -> str:
     snapshot = full.snapshot(max(a.last_event_us for a in full.attempts.values()), windows_s)
     assert snapshot is not None
     rows = list(snapshot_rows(snapshot))
-    series = len(snapshot_points(rows))
+    series = len(snapshot_points(snapshot))
     events_per_run_s = EVENTS_PER_STEP / STEP_S
     entries_per_s = running_entries / life_s
     rolling_reads = 1 + sum(math.ceil(w * entries_per_s / LIST_PAGE_MAX) for w in windows_s[1:])

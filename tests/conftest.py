@@ -74,6 +74,14 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def keyed_stream() -> Any:
+    """A TestStream of (run id, message) pairs, with a deterministic key coder for keyed state."""
+    from apache_beam import coders
+    from apache_beam.testing.test_stream import TestStream
+
+    return TestStream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.FastPrimitivesCoder()]))
+
+
 def streaming_options() -> Any:
     """Pipeline options for a streaming Beam test on the DirectRunner (with TestStream)."""
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions

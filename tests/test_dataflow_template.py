@@ -12,7 +12,7 @@ import apache_beam as beam
 import pytest
 import tomllib
 
-from pipeline.beam.launcher import build_streaming_pipeline
+from pipeline.beam.graph import build_pipeline
 from pipeline.beam.options import GoodputOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,10 +22,11 @@ TEMPLATE = REPO / "dataflow"
 # WriteToMonitoring/Gate) makes an in-place update lose its state: keep them, or give the update a
 # transform name mapping (README "Deploy", runbook).
 STEP_NAMES = [
-    "ReadPubSub", "WithSource", "ParseEvents", "ParseEvents/Validate", "Keyed", "TrackRuns",
-    "TrackRuns/TrackRun", "InputRows", "AllRows", "WriteToBigQuery", "WriteToBigQuery/InsertPerBundle",
-    "WriteToMonitoring", "WriteToMonitoring/Snapshots", "WriteToMonitoring/ByRun",
-    "WriteToMonitoring/Gate", "WriteToMonitoring/Write", "MonitoringDeadLettersToBigQuery",
+    "ReadPubSub", "WithSource", "ParseEvents", "ParseEvents/Validate", "TrackRuns", "TrackRuns/TrackRun",
+    "SnapshotRows", "SnapshotRows/Rows", "InputRows", "DeadLetters", "DeadLetterRows", "DeadLetterRows/Rows",
+    "AllRows", "WriteToBigQuery", "WriteToBigQuery/InsertPerBundle", "WriteToMonitoring",
+    "WriteToMonitoring/ByRun", "WriteToMonitoring/Gate", "WriteToMonitoring/Write",
+    "MonitoringDeadLetterRows", "MonitoringDeadLetterRows/Rows", "MonitoringDeadLettersToBigQuery",
     "MonitoringDeadLettersToBigQuery/InsertPerBundle",
 ]
 
@@ -51,7 +52,7 @@ def test_the_step_names_of_the_streaming_job_stay_the_same():
                               "--bigquery_dataset=goodput-test:fleet_goodput",
                               "--monitoring_project=goodput-test"])
     pipeline = beam.Pipeline(options=options)
-    build_streaming_pipeline(pipeline, options)
+    build_pipeline(pipeline, options)
     names = [part.full_label for top in pipeline.transforms_stack[0].parts
              for part in [top, *(top.parts if top.full_label != "ReadPubSub" else [])]]
     assert names == STEP_NAMES

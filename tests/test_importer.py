@@ -27,7 +27,7 @@ from test_reference_replay import FIELD, TIME_KEY, CapturingCloudLogger, referen
 from benchmarks.common import InMemoryCloudLogging
 from emitter import goodput
 from pipeline.app import importer
-from pipeline.beam.launcher import read_lines
+from pipeline.beam.graph import read_lines
 from pipeline.core.events import Event, parse_message
 
 REPO = Path(__file__).resolve().parent.parent

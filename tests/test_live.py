@@ -16,9 +16,9 @@ from apache_beam.testing.test_stream import TestStream as Stream
 from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
-from conftest import streaming_options
-from pipeline.beam.live import DRAINING, DecodedStates, TrackRunsLive
-from pipeline.beam.transforms import WriteToDuckDB
+from conftest import keyed_stream, streaming_options
+from pipeline.beam.live import DecodedStates, TrackRunsLive
+from pipeline.beam.transforms import SnapshotRows, WriteToDuckDB
 from pipeline.core import engine, state_coder
 from pipeline.core.events import Batch, Event, parse_batch
 from pipeline.core.snapshot import Snapshot
@@ -51,13 +51,12 @@ def run_batches(end: bool) -> tuple[Batch, ...]:
     return tuple(batches)
 
 
-def track(stream: Stream, check: Any, **timers: float) -> None:
+def track(stream: Stream, check: Any, stopping: Any = lambda: False, **timers: float) -> None:
     settings = {"snapshot_interval_s": 30.0, "silence_s": 300.0, "gc_after_s": 600.0, **timers}
     with BeamTestPipeline(options=streaming_options()) as pipeline:
-        rows = (pipeline
-                | stream
-                | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
-                | TrackRunsLive(WINDOWS, clock=lambda: 0.0, **settings)
+        tracked = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0, stopping=stopping, **settings)
+        rows = (tracked.snapshots
+                | SnapshotRows()
                 | beam.Filter(lambda row: row[0] == "goodput_snapshots")
                 | beam.Map(lambda row: row[1]))
         assert_that(rows, check)
@@ -81,7 +80,7 @@ def test_interval_snapshot_and_then_silence():
     five minutes are lost, with every number the engine's for the same events and time."""
     batches = run_batches(end=False)
     latest = latest_time(batches)
-    stream = (Stream()
+    stream = (keyed_stream()
               .add_elements([("run", b) for b in batches])
               .advance_processing_time(31)    # SNAPSHOT_TIMER fires at 30 s
               .advance_processing_time(280)   # SILENCE_TIMER fires at 300 s
@@ -106,7 +105,7 @@ def test_a_silent_run_is_reported_every_interval_until_gc_after_s():
     comes, up to 600 s of silence (gc_after_s); each loses the time since the last event."""
     batches = run_batches(end=False)
     latest = latest_time(batches)
-    stream = (Stream()
+    stream = (keyed_stream()
               .add_elements([("run", b) for b in batches])
               .advance_processing_time(31)   # SNAPSHOT_TIMER at 30 s
               .advance_processing_time(900)  # SILENCE_TIMER at 300 s, 330 s, ..., 600 s
@@ -130,7 +129,7 @@ def test_duplicates_and_reordering_do_not_change_the_final_numbers():
     known, and the interval snapshot that follows equals the engine's on the distinct events."""
     batches = run_batches(end=True)
     shuffled = list(reversed(batches)) + list(batches[:3])
-    stream = (Stream()
+    stream = (keyed_stream()
               .add_elements([("run", b) for b in shuffled])
               .advance_processing_time(31)  # SNAPSHOT_TIMER fires at 30 s
               .advance_watermark_to_infinity())
@@ -150,7 +149,7 @@ def test_duplicates_and_reordering_do_not_change_the_final_numbers():
 def test_state_is_cleared_after_the_run_ends():
     """After gc_after_s the ended run's state is gone: the same messages arriving again are news."""
     batches = run_batches(end=True)
-    stream = (Stream()
+    stream = (keyed_stream()
               .add_elements([("run", b) for b in batches])
               .advance_processing_time(10)
               .add_elements([("run", batches[-1])])   # a redelivery: the run has ended already
@@ -174,17 +173,14 @@ def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
     Its rows carry the end of the window as their timestamp, which ``assert_that`` (a GroupByKey)
     drops as late, so they are read back from the streaming DuckDB writer, as in production."""
     pending, ended = run_batches(end=False), run_batches(end=True)
-    stream = (Stream()
+    stream = (keyed_stream()
               .add_elements([("pending", b) for b in pending] + [("ended", b) for b in ended])
               .advance_processing_time(10)
               .advance_watermark_to_infinity())
     database = tmp_path / "live.duckdb"
     with BeamTestPipeline(options=streaming_options()) as pipeline:
-        (pipeline
-         | stream
-         | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
-         | TrackRunsLive(WINDOWS, 10_000.0, 10_000.0, 600.0, clock=lambda: 0.0)
-         | WriteToDuckDB(str(database)))
+        tracked = pipeline | stream | TrackRunsLive(WINDOWS, 10_000.0, 10_000.0, 600.0, clock=lambda: 0.0)
+        tracked.snapshots | SnapshotRows() | WriteToDuckDB(str(database))
     with duckdb.connect(str(database), read_only=True) as connection:
         rows = connection.execute("SELECT run_id, goodput_pct, max_productive_step, ended "
                                   "FROM goodput_snapshots WHERE window_s = 0 ORDER BY run_id").fetchall()
@@ -194,11 +190,11 @@ def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
     assert abs(rows[1][1] - expected.cumulative.goodput_pct) < 1e-9
 
 
-def test_while_draining_every_message_is_reported_at_once():
-    """With DRAINING set (the launcher stopping a DirectRunner job) there is one snapshot per new
-    message, none for a redelivery, and no interval timer is waited for."""
+def test_while_stopping_every_message_is_reported_at_once():
+    """While the job is stopping (the launcher stopping a DirectRunner job) there is one snapshot
+    per new message, none for a redelivery, and no interval timer is waited for."""
     batches = run_batches(end=False)
-    stream = (Stream()
+    stream = (keyed_stream()
               .add_elements([("run", b) for b in batches[:3]])
               .add_elements([("run", batches[0])])  # a redelivery
               .advance_processing_time(1))
@@ -207,11 +203,7 @@ def test_while_draining_every_message_is_reported_at_once():
     def check(rows: list[dict[str, Any]]) -> None:
         assert sorted(r["last_step"] for r in rows if r["window_s"] == 0) == expected
 
-    DRAINING.set()
-    try:
-        track(stream, check, snapshot_interval_s=10_000.0)
-    finally:
-        DRAINING.clear()
+    track(stream, check, stopping=lambda: True, snapshot_interval_s=10_000.0)
 
 
 def _state_with_steps(run_id: str, steps: int) -> tuple[bytes, engine.RunState]:

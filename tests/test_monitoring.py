@@ -1,4 +1,4 @@
-"""The Cloud Monitoring sink: the reference's metrics made from the rows, the per-run gate that
+"""The Cloud Monitoring sink: the reference's metrics made from a snapshot, the per-run gate that
 paces each series, and writes through the real client to the local MetricService stand-in."""
 
 from __future__ import annotations
@@ -12,20 +12,19 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import apache_beam as beam
 import grpc
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
-from apache_beam.testing.test_stream import TestStream as Stream
 from apache_beam.testing.util import assert_that
 from reference_harness import TraceBuilder, record_ours
 
-from conftest import streaming_options
+from conftest import keyed_stream, streaming_options
 from pipeline.beam.transforms import _GateSeries
 from pipeline.core import engine
 from pipeline.core.rows import snapshot_rows
+from pipeline.core.snapshot import Snapshot
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.sinks.monitoring import (
     CUSTOM,
@@ -46,9 +45,9 @@ REPO = Path(__file__).resolve().parent.parent
 PROJECT = "goodput-local"
 
 
-def run_rows(run_id: str = "run-1", after_s: float = 0.0, accelerator: str | None = "v5p",
-             windows: tuple[int, ...] = (300, 3600)) -> list[tuple[str, Any]]:
-    """The rows of a snapshot of a run with a restart, ``after_s`` after its last event."""
+def run_snapshot(run_id: str = "run-1", after_s: float = 0.0, accelerator: str | None = "v5p",
+                 windows: tuple[int, ...] = (300, 3600)) -> Snapshot:
+    """A snapshot of a run with a restart, ``after_s`` after its last event."""
     run = TraceBuilder(seed=4)
     run.start_attempt()
     run.steps(0, 100, compile_s=10)
@@ -61,11 +60,8 @@ def run_rows(run_id: str = "run-1", after_s: float = 0.0, accelerator: str | Non
     latest = max(a.last_event_us for a in state.attempts.values())
     snapshot = state.snapshot(latest + round(after_s * 1e6), windows)
     assert snapshot is not None
-    rows = list(snapshot_rows(snapshot))
-    for table, row in rows:
-        if table == "goodput_snapshots":
-            row.update(accelerator_type=accelerator, location="us-central2-b")
-    return rows
+    return dataclasses.replace(snapshot, metadata={**snapshot.metadata, "accelerator_type": accelerator,
+                                                   "location": "us-central2-b"})
 
 
 def by_metric(points: list[Point]) -> dict[str, list[Point]]:
@@ -76,11 +72,12 @@ def by_metric(points: list[Point]) -> dict[str, list[Point]]:
 
 
 def test_points_are_the_references_metrics_with_its_labels():
-    rows = run_rows()
+    snapshot = run_snapshot()
+    rows = list(snapshot_rows(snapshot))
     cumulative = next(r for t, r in rows if t == "goodput_snapshots" and r["window_s"] == 0)
     badput = {r["badput_source"]: r["seconds"] for t, r in rows
               if t == "badput_snapshots" and r["window_s"] == 0}
-    grouped = by_metric(snapshot_points(rows))
+    grouped = by_metric(snapshot_points(snapshot))
     assert set(grouped) == {"goodput_time", "badput_time", "disruptions", "max_productive_steps",
                             "step_time_deviation", "total_elapsed_time", "performance",
                             "interval_goodput", "interval_badput", CUSTOM + "goodput_pct"}
@@ -112,10 +109,9 @@ def test_points_are_the_references_metrics_with_its_labels():
 
 
 def test_unknown_accelerator_default_location_and_cluster_name():
-    rows = run_rows(accelerator=None)
-    for _, row in rows:
-        row.pop("location", None)
-    points = snapshot_points(rows, default_location="europe-west4", cluster_name="pool-a")
+    snapshot = run_snapshot(accelerator=None)
+    snapshot = dataclasses.replace(snapshot, metadata={**snapshot.metadata, "location": None})
+    points = snapshot_points(snapshot, default_location="europe-west4", cluster_name="pool-a")
     assert {p.location for p in points} == {"europe-west4"}
     for point in points:
         labels = dict(point.labels)
@@ -128,11 +124,9 @@ def test_unknown_accelerator_default_location_and_cluster_name():
 @pytest.mark.parametrize("cluster_name", [None, "pool-a"])
 def test_metrics_declares_every_metric_written_with_its_labels(cluster_name):
     """METRICS (what dashboards and alerts may use) is exactly what the points carry."""
-    rows = run_rows()
-    for table, row in rows:
-        if table == "goodput_snapshots" and row["window_s"] == 0:
-            row.update(stepping_slice_efficiency=99.0, available_slice_efficiency=98.0)
-    points = snapshot_points(rows, cluster_name=cluster_name)
+    snapshot = dataclasses.replace(run_snapshot(), stepping_slice_efficiency=99.0,
+                                   available_slice_efficiency=98.0)
+    points = snapshot_points(snapshot, cluster_name=cluster_name)
     assert {p.metric for p in points} == set(METRICS)
     for point in points:
         declared = METRICS[point.metric]
@@ -151,34 +145,36 @@ def test_requests_hold_at_most_200_series_each_once_in_time_order():
 
 
 def test_gate_releases_each_run_at_most_every_interval_with_its_latest_values():
-    """Three snapshots of a run within 12 s and one of another run: the first release waits for
-    the rest of the snapshot (1 s), the next comes no sooner than 10 s later, with the latest
-    values; each release carries every series of the run once."""
-    first, second, third = run_rows(), run_rows(after_s=5), run_rows(after_s=9)
-    other = run_rows("run-2")
-    stream = (Stream()
-              .add_elements([(r["run_id"], (t, r)) for t, r in first + other])
-              .advance_processing_time(2)  # released at 1 s
-              .add_elements([(r["run_id"], (t, r)) for t, r in second])
+    """Four snapshots of a run within 12 s and one of another run: each first snapshot at once;
+    the next no sooner than 10 s after, with the latest values (the one before it, held back, is
+    replaced); each release carries every series of the run once."""
+    first, second, third, fourth = (run_snapshot(after_s=s) for s in (0, 5, 9, 12))
+    other = run_snapshot("run-2")
+    stream = (keyed_stream()
+              .add_elements([(s.run_id, s) for s in (first, other)])  # released at 0 s
               .advance_processing_time(2)
-              .add_elements([(r["run_id"], (t, r)) for t, r in third])
-              .advance_processing_time(20))  # one more release, at 11 s: the third snapshot
-
-    def elapsed(rows: list[tuple[str, Any]]) -> float:
-        return next(r["total_time_s"] for t, r in rows if t == "goodput_snapshots" and r["window_s"] == 0)
+              .add_elements([("run-1", second)])  # held back until 10 s
+              .advance_processing_time(2)
+              .add_elements([("run-1", third)])  # replaces it: released at 10 s
+              .advance_processing_time(10)
+              .add_elements([("run-1", fourth)])  # at 14 s: held back until 20 s
+              .advance_processing_time(20))
 
     def check(points: list[Point]) -> None:
         released = sorted((p.run_id, p.end_us, p.value) for p in points
                           if p.metric == REFERENCE + "total_elapsed_time")
-        assert released == [("run-1", 1_000_000, elapsed(first)), ("run-1", 11_000_000, elapsed(third)),
-                            ("run-2", 1_000_000, elapsed(other))]
-        series = [p.series for p in points if p.end_us == 11_000_000]
+        assert released == [("run-1", 0, first.cumulative.total_s),
+                            ("run-1", 10_000_000, third.cumulative.total_s),
+                            ("run-1", 20_000_000, fourth.cumulative.total_s),
+                            ("run-2", 0, other.cumulative.total_s)]
+        series = [p.series for p in points if p.end_us == 10_000_000]
         assert len(series) == len(set(series)) == len(snapshot_points(third))
 
+    # The clock says 0 throughout; processing time moves the timers: a release held back is
+    # stamped when its run's interval allows.
     with BeamTestPipeline(options=streaming_options()) as pipeline:
         points = (pipeline
                   | stream
-                  | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
                   | beam.ParDo(_GateSeries(MonitoringSettings(), streaming=True, clock=lambda: 0.0)))
         assert_that(points, check)
 
@@ -197,7 +193,7 @@ def stamped(points: list[Point], at_s: float = NOW_S) -> list[Point]:
 
 
 def test_writer_writes_every_series_through_the_real_client(monitoring):
-    points = stamped(snapshot_points(run_rows()))
+    points = stamped(snapshot_points(run_snapshot()))
     writer = MetricWriter(make_client(monitoring.host), PROJECT)
     assert writer.write(points) == 0
     written = monitoring.store.points(REFERENCE + "goodput_time")
@@ -214,7 +210,7 @@ def test_writer_writes_every_series_through_the_real_client(monitoring):
 
 
 def test_writer_splits_requests_and_retries_transient_errors(monitoring):
-    points = stamped([p for i in range(3) for p in snapshot_points(run_rows(f"run-{i}", windows=()))]
+    points = stamped([p for i in range(3) for p in snapshot_points(run_snapshot(f"run-{i}", windows=()))]
                      + [Point(CUSTOM + "goodput_pct", (("accelerator_type", f"a{i}"),), "run-x", "global",
                               1.0) for i in range(400)])
     monitoring.store.fail_next(1, grpc.StatusCode.UNAVAILABLE)
@@ -225,8 +221,8 @@ def test_writer_splits_requests_and_retries_transient_errors(monitoring):
 
 
 def test_writer_logs_each_refused_series_and_keeps_the_rest(monitoring, caplog):
-    fresh = stamped(snapshot_points(run_rows("fresh", windows=())))
-    old = stamped(snapshot_points(run_rows("old", windows=())), NOW_S - 26 * 3600)
+    fresh = stamped(snapshot_points(run_snapshot("fresh", windows=())))
+    old = stamped(snapshot_points(run_snapshot("old", windows=())), NOW_S - 26 * 3600)
     writer = MetricWriter(make_client(monitoring.host), PROJECT)
     assert writer.write(fresh + old) == len(old)
     assert {r[1]["workload_id"] for r in monitoring.store.points(REFERENCE + "goodput_time")} == {"fresh"}

@@ -20,7 +20,7 @@ from ml_goodput_measurement.src import goodput_elastic
 
 from conftest import at
 from emitter import ElasticGoodputRecorder
-from pipeline.beam.launcher import read_lines
+from pipeline.beam.graph import read_lines
 from pipeline.core.events import parse_message
 
 # The reference's payload time key for each of our kinds.

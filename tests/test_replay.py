@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline.beam.launcher import read_lines
+from pipeline.beam.graph import read_lines
 from pipeline.beam.options import parse_as_of
 from pipeline.core import engine
 from pipeline.core.events import parse_message

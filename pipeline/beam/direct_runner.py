@@ -8,8 +8,10 @@ they are processed. Two things follow that a local stream must not suffer:
   pipeline is dead. Here a failed pull reads nothing, is logged once per outage, and the next
   pull, on a new connection, reads on; a failed acknowledgement keeps what was pulled.
 * Cancelling the pipeline loses the messages pulled (so acknowledged) but not yet processed. To
-  stop cleanly the launcher calls ``stop_reading()`` a while before it cancels: later pulls read
-  nothing, and what was read is processed meanwhile.
+  stop cleanly the launcher first calls ``start_stopping()``: from then on ``stopping()`` is true,
+  and the steps it was given to (the run tracker, the cloud sinks) report each message at once
+  and retry nothing; then ``stop_reading()`` a while before it cancels: later pulls read nothing,
+  and what was read is processed meanwhile.
 
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
@@ -34,7 +36,8 @@ from apache_beam.utils.timestamp import Timestamp
 from google.api_core.exceptions import GoogleAPIError
 
 _LOG = logging.getLogger(__name__)
-_STOPPED = threading.Event()
+_STOPPING = threading.Event()  # the job is stopping: report each message at once
+_STOPPED = threading.Event()  # the job reads no more
 _OUTAGE = threading.Event()  # the last pull failed
 #: Pause after a failed pull before the runner pulls again.
 RETRY_PAUSE_S = 1.0
@@ -96,6 +99,17 @@ def _forget_client(evaluator: Any) -> None:
             client.client.close()
         except Exception as error:  # noqa: BLE001 -- a broken channel may fail to close; it is dropped
             _LOG.debug("closing the Pub/Sub client failed: %s", error)
+
+
+def start_stopping() -> None:
+    """From now on ``stopping()`` is true in this process."""
+    _STOPPING.set()
+
+
+def stopping() -> bool:
+    """Whether this process's local stream is stopping (given to the steps that care: it is
+    pickled by reference, and so read in the process that runs them)."""
+    return _STOPPING.is_set()
 
 
 def stop_reading() -> None:

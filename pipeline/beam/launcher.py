@@ -1,4 +1,5 @@
-"""Builds and runs the pipeline: the batch replay of emitter files, or the live stream.
+"""Runs the pipeline (its graph is ``pipeline.beam.graph``): the batch replay of emitter files,
+or the live stream.
 
 Batch replay (Beam's DirectRunner)::
 
@@ -29,9 +30,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
@@ -39,95 +39,10 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner
 
 from pipeline.beam import direct_runner
-from pipeline.beam.live import DRAINING, TrackRunsLive, next_snapshot_due
+from pipeline.beam.graph import build_pipeline
+from pipeline.beam.live import next_snapshot_due
 from pipeline.beam.options import GoodputOptions
-from pipeline.beam.transforms import (
-    ParseEvents,
-    TrackRuns,
-    WriteToBigQuery,
-    WriteToDuckDB,
-    WriteToMonitoring,
-)
-from pipeline.core.rows import batch_rows
-from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
-from pipeline.sinks.monitoring import MonitoringSettings
-from pipeline.sinks.raw_events import backfill_messages
-
-
-def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
-    """("file:line", line) for every non-empty line of an emitter file."""
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip(b"\r\n")
-            if line.strip():
-                yield f"{path}:{number}", line
-
-
-def build_streaming_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
-    """The streaming graph on ``pipeline``; returns what ``_write`` returns."""
-    parsed = (pipeline
-              | "ReadPubSub" >> beam.io.ReadFromPubSub(subscription=options.subscription,
-                                                       with_attributes=True)
-              | "WithSource" >> beam.Map(
-                  lambda m: (m.attributes.get("message_id") or m.message_id or "", m.data))
-              | "ParseEvents" >> ParseEvents())
-    snapshots = (parsed.events
-                 | "Keyed" >> beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
-                 | "TrackRuns" >> TrackRunsLive(
-                     options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
-                     restore_from=None if options.no_raw_events else options.duckdb))
-    return _write(parsed, snapshots, options, streaming=True)
-
-
-def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions) -> Any:
-    """The batch graph on ``pipeline``; returns what ``_write`` returns."""
-    inputs = []
-    if options.events:
-        inputs.append(pipeline
-                      | "Files" >> beam.Create(list(options.events))
-                      | "ReadLines" >> beam.FlatMap(read_lines))
-    if options.from_duckdb:
-        inputs.append(pipeline
-                      | "EventsTables" >> beam.Create(list(options.from_duckdb))
-                      | "ReadEventsTable" >> beam.FlatMap(backfill_messages))
-    messages = inputs[0] if len(inputs) == 1 else tuple(inputs) | "AllInputs" >> beam.Flatten()
-    parsed = messages | "ParseEvents" >> ParseEvents()
-    snapshots = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
-                                                         tuple(options.exclude or ()))
-    return _write(parsed, snapshots, options, streaming=False)
-
-
-def _write(parsed: Any, snapshots: Any, options: GoodputOptions, streaming: bool) -> Any:
-    """Every output row (snapshots, raw events and run metadata, dead letters) to the sinks;
-    returns the PCollection of them all that the cloud sinks take (None if there are none)."""
-    raw_events = not options.no_raw_events
-    inputs = parsed.events | "InputRows" >> beam.FlatMap(lambda kv: batch_rows(kv[1], raw_events))
-    sources = {"Snapshots": snapshots, "Inputs": inputs, "DeadLetters": parsed.dead_letter}
-    if options.duckdb:  # each source apart: a batch runner holds a Flatten's input whole
-        for name, source in sources.items():
-            source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb)
-    if not (options.bigquery_dataset or options.monitoring_project):
-        return None
-    rows = tuple(sources.values()) | "AllRows" >> beam.Flatten()
-    if options.bigquery_dataset:
-        project, dataset = parse_dataset(options.bigquery_dataset)
-        if options.bigquery_create_tables:
-            create_tables(make_client(project, options.bigquery_endpoint), project, dataset)
-        rows | "WriteToBigQuery" >> WriteToBigQuery(project, dataset, options.bigquery_endpoint)
-    if options.monitoring_project:
-        settings = MonitoringSettings(
-            options.monitoring_min_interval_s, options.monitoring_max_lag_s,
-            options.monitoring_latest_now, options.monitoring_location, options.monitoring_cluster_name)
-        refused = rows | "WriteToMonitoring" >> WriteToMonitoring(options.monitoring_project, settings,
-                                                                  streaming, options.monitoring_endpoint)
-        # Points Cloud Monitoring did not take are kept as dead letters in the same tables.
-        if options.duckdb:
-            refused | "MonitoringDeadLettersToDuckDB" >> WriteToDuckDB(options.duckdb)
-        if options.bigquery_dataset:
-            refused | "MonitoringDeadLettersToBigQuery" >> WriteToBigQuery(project, dataset,
-                                                                           options.bigquery_endpoint)
-    return rows
-
+from pipeline.beam.transforms import never
 
 DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
 
@@ -153,7 +68,7 @@ def run_streaming(options: GoodputOptions) -> int:
     if direct:
         direct_runner.install()
     pipeline = beam.Pipeline(options=options)
-    build_streaming_pipeline(pipeline, goodput)
+    build_pipeline(pipeline, goodput, stopping=direct_runner.stopping if direct else never)
     result = pipeline.run()
     if not direct:  # e.g. Dataflow, which runs the job on its own: submitted is done
         print(f"submitted the streaming job to {runner}", file=sys.stderr)
@@ -176,7 +91,7 @@ def run_streaming(options: GoodputOptions) -> int:
         # The DirectRunner cannot drain (see pipeline.beam.live): report each new message at once,
         # read on until the interval snapshots pending for the others are due, then read no
         # more, and cancel once what was read is written: every message read is in the tables.
-        DRAINING.set()
+        direct_runner.start_stopping()
         due_s = next_snapshot_due(round(time.time() * 1e6), goodput.snapshot_interval_s) / 1e6
         if goodput.monitoring_project:  # the last snapshots' points wait for their series' turn
             due_s += goodput.monitoring_min_interval_s

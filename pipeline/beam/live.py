@@ -12,23 +12,21 @@ by run id, so the pipeline scales out across workers. Snapshots are emitted
 * when the input ends (FINAL_TIMER, on event time at the end of the window: a drained Dataflow
   job, the end of a test stream), for every run with events no snapshot has reported yet;
 
-and the state is cleared ``gc_after_s`` after the run ends (GC_TIMER). The other timers run on
-processing time, so events with old event times (a backfill or a replay through the stream) are
-counted, never wiped by a timer that fires at once.
+and the state of a run that has ended is cleared ``gc_after_s`` after its last message
+(GC_TIMER). The other timers run on processing time, so events with old event times (a backfill
+or a replay through the stream) are counted, never wiped by a timer that fires at once.
 
 The DirectRunner cannot drain: its Pub/Sub read holds the watermark at the wall clock. There the
-launcher sets ``DRAINING`` instead, after which every message is reported as it arrives, and
-stops the pipeline once the pending interval snapshots are due (``next_snapshot_due``).
+launcher makes ``stopping`` true instead, after which every message is reported as it arrives,
+and stops the pipeline once the pending interval snapshots are due (``next_snapshot_due``).
 
-A run that is not in Beam state but whose events are in the raw events table (``restore_from``,
-the pipeline's DuckDB file) is restored from that table before its message is added: after the
-pipeline was stopped and started again, and after its state was cleared when it ended and a late
-or resumed attempt speaks again. So a restarted stream catches up to the numbers of one that never
-stopped. (On Dataflow, state survives an update; a restore from BigQuery is not built.)
+A run's first message may come with the run's history (``pipeline.beam.restore.Restored``): the
+run was in the raw events table before this pipeline held it. Its state is then the history and
+the message, and its snapshot times go on from the last one in the table.
 
 An exception in the engine (a bug) stays with the run and the message it failed on: the message
-goes to the ``dead_letter`` table whole, with the error, and the run goes on without it; a snapshot
-that fails is a dead letter too. The pipeline never stops for one run.
+goes to the ``dead_letter`` output whole, with the error, and the run goes on without it; a
+snapshot that fails is a dead letter too. The pipeline never stops for one run.
 
 A snapshot is taken as of the run's own clock: its latest event time plus the processing time
 since that event arrived. For a live job that is now; for a replay it is the replayed time.
@@ -41,8 +39,6 @@ a snapshot extends the run's last one instead of rebuilding it.
 from __future__ import annotations
 
 import collections
-import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,42 +50,15 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
+from pipeline.beam.restore import Restored
+from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure, never
 from pipeline.core import engine, state_coder
-from pipeline.core.events import Batch, parse_batch
-from pipeline.core.rows import DEAD_LETTER, Row, engine_failure_row, snapshot_rows
-from pipeline.sinks import raw_events
+from pipeline.core.events import Batch
 
 _US = 1_000_000
-_LOG = logging.getLogger(__name__)
-
-DRAINING = threading.Event()  # set in this process: report each message at once
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
 # times that, its step statistics included).
 DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
-
-
-_ENGINE_FAILURES = Metrics.counter("goodput", "engine_failures")
-_WRITTEN_RUNS: dict[str, set[str]] = {}
-_WRITTEN_RUNS_LOCK = threading.Lock()
-
-
-def written_runs(path: str) -> set[str]:
-    """The runs whose events are in the raw events table of the DuckDB file ``path``: those an
-    earlier pipeline wrote (read once per process: the DirectRunner sets a DoFn up for every
-    bundle), and those this one forgot (GC_TIMER) but may hear of again (added as it forgets)."""
-    with _WRITTEN_RUNS_LOCK:
-        if path not in _WRITTEN_RUNS:
-            _WRITTEN_RUNS[path] = set(raw_events.run_ids(path))
-        return _WRITTEN_RUNS[path]
-
-
-def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> tuple[str, Row]:
-    """The dead letter of what the engine failed on (a message, or a snapshot when ``batch`` is
-    None), logged with its traceback and counted; called from an ``except`` block."""
-    _ENGINE_FAILURES.inc()
-    _LOG.exception("the engine failed on %s of run %r: see the dead_letter table",
-                   "a message" if batch is not None else "a snapshot", run_id)
-    return DEAD_LETTER, engine_failure_row(run_id, error, batch)
 
 
 def next_snapshot_due(now_us: int, interval_s: float) -> int:
@@ -132,7 +101,7 @@ class DecodedStates:
 
 
 class TrackRunDoFn(beam.DoFn):
-    """Keeps one run's state and emits its snapshot rows on the timers described above."""
+    """Keeps one run's state and emits its snapshots on the timers described above."""
 
     RUN_STATE = ReadModifyWriteStateSpec("run_state", BytesCoder())
     ARRIVED = ReadModifyWriteStateSpec("arrived_us", VarIntCoder())  # processing time, last event
@@ -146,24 +115,22 @@ class TrackRunDoFn(beam.DoFn):
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float, silence_s: float,
                  gc_after_s: float, clock: Callable[[], float] = time.time,
-                 restore_from: str | None = None) -> None:
+                 stopping: Stopping = never) -> None:
         self.windows_s = windows_s
         self.snapshot_interval_s = snapshot_interval_s
         self.silence_s = silence_s
         self.gc_after_s = gc_after_s
         self.clock = clock
-        self.restore_from = restore_from
+        self.stopping = stopping
         self.snapshots = Metrics.counter("goodput", "snapshots")
         self.stalled = Metrics.counter("goodput", "stalled_runs")
-        self.restored = Metrics.counter("goodput", "restored_runs")
 
     def setup(self) -> None:
         self.decoded = DecodedStates(DECODED_STATES_MAX_BYTES)
-        self.written = written_runs(self.restore_from) if self.restore_from else set()
 
     def process(
         self,
-        element: tuple[str, Batch],
+        element: tuple[str, Batch | Restored],
         window: Any = beam.DoFn.WindowParam,
         run_state: Any = beam.DoFn.StateParam(RUN_STATE),
         arrived: Any = beam.DoFn.StateParam(ARRIVED),
@@ -174,15 +141,19 @@ class TrackRunDoFn(beam.DoFn):
         silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
         gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
         final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER),
-    ) -> Iterator[tuple[str, Row]]:
-        run_id, batch = element
+    ) -> Iterator[Any]:
+        run_id, message = element
+        restore = message if isinstance(message, Restored) else None
+        batch = message.batch if isinstance(message, Restored) else message
         encoded = run_state.read()
-        restored = encoded is None and run_id in self.written
+        restored = encoded is None and restore is not None
         try:
             if encoded is None:
-                state = self._restore(run_id, reported) if restored else engine.RunState(run_id)
+                state = engine.RunState(run_id)
                 final_timer.set(window.max_timestamp())
-            else:
+                for earlier in restore.history if restore is not None else ():
+                    state.add_batch(earlier)
+            else:  # a history sent again for a run held here is already in its state
                 state = self.decoded.get(run_id, encoded)
             was_ended = _ended(state)
             added = state.add_batch(batch)
@@ -191,20 +162,21 @@ class TrackRunDoFn(beam.DoFn):
             self.decoded.drop(run_id)  # possibly half changed: decode it again next time
             yield engine_failure(run_id, error, batch)
             return
-        if not (added or restored):
-            return  # a redelivered message: nothing new
+        now_us = round(self.clock() * _US)
+        if _ended(state):  # forgotten gc_after_s after its last message, redelivered ones too
+            gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
+        if not (added or restored):  # a redelivered message: nothing new
+            return
+        if restore is not None and restore.reported_us is not None and restored:
+            reported.write(restore.reported_us)
         encoded = state_coder.encode_state(state)
         run_state.write(encoded)
         self.decoded.put(run_id, encoded, state)
-        now_us = round(self.clock() * _US)
         arrived.write(now_us)
         silence_at = now_us + round(self.silence_s * _US)
         silence_timer.set(Timestamp(micros=silence_at))
         silence_due.write(silence_at)
-        ends_now = _ended(state) and not was_ended
-        if ends_now or (restored and _ended(state)):
-            gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
-        if ends_now or DRAINING.is_set():
+        if (_ended(state) and not was_ended) or self.stopping():
             snapshot_due.clear()
             yield from self._snapshot(state, reported, now_us, now_us)
             return
@@ -221,7 +193,7 @@ class TrackRunDoFn(beam.DoFn):
                     run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     arrived: Any = beam.DoFn.StateParam(ARRIVED),
                     snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-                    reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[tuple[str, Row]]:
+                    reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[Any]:
         yield from self._report_pending(run_id, run_state, arrived, snapshot_due, reported)
 
     @on_timer(FINAL_TIMER)
@@ -229,7 +201,7 @@ class TrackRunDoFn(beam.DoFn):
                  run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                  arrived: Any = beam.DoFn.StateParam(ARRIVED),
                  snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-                 reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[tuple[str, Row]]:
+                 reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[Any]:
         yield from self._report_pending(run_id, run_state, arrived, snapshot_due, reported,
                                         round(self.clock() * _US))
 
@@ -239,7 +211,7 @@ class TrackRunDoFn(beam.DoFn):
                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
                    silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
                    reported: Any = beam.DoFn.StateParam(REPORTED),
-                   silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[tuple[str, Row]]:
+                   silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[Any]:
         encoded, arrived_us, due = run_state.read(), arrived.read(), silence_due.read()
         silence_due.clear()
         if due is None and arrived_us is not None:  # set by a job without SILENCE_DUE, then updated
@@ -267,29 +239,9 @@ class TrackRunDoFn(beam.DoFn):
             for state in (run_state, arrived, snapshot_due, silence_due, reported):
                 state.clear()
             self.decoded.drop(run_id)
-            if self.restore_from:
-                self.written.add(run_id)
-
-    def _restore(self, run_id: str, reported: Any) -> engine.RunState:
-        """The state of a run that this worker does not hold but whose events are in the raw
-        events table (a restarted pipeline's run, or one forgotten after it ended), and the time
-        of its latest snapshot."""
-        state = engine.RunState(run_id)
-        assert self.restore_from is not None
-        history, reported_us = raw_events.run_history(self.restore_from, run_id)
-        for source, data in history:
-            batch, _ = parse_batch(data, source)  # rows of accepted events: no dead letter
-            if batch is not None:
-                state.add_batch(batch)
-        if reported_us is not None:
-            reported.write(reported_us)
-        self.restored.inc()
-        _LOG.info("restored run %r from the events table of %s: %d events", run_id, self.restore_from,
-                  state.events)
-        return state
 
     def _report_pending(self, run_id: str, run_state: Any, arrived: Any, snapshot_due: Any,
-                        reported: Any, at_us: int | None = None) -> Iterator[tuple[str, Row]]:
+                        reported: Any, at_us: int | None = None) -> Iterator[Any]:
         """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
         when it is due."""
         encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
@@ -298,8 +250,9 @@ class TrackRunDoFn(beam.DoFn):
             yield from self._snapshot(self.decoded.get(run_id, encoded), reported, arrived_us,
                                       due if at_us is None else at_us)
 
+
     def _snapshot(self, state: engine.RunState, reported: Any, arrived_us: int,
-                  now_us: int) -> Iterator[tuple[str, Row]]:
+                  now_us: int) -> Iterator[Any]:
         """The run's snapshot as of its latest event time plus the processing time since that
         event arrived, and after its last snapshot: a run's snapshot times only go on, so the
         one with the latest time is the newest (an end that arrives after a stalled snapshot,
@@ -317,7 +270,7 @@ class TrackRunDoFn(beam.DoFn):
             return
         if snapshot is not None:
             self.snapshots.inc()
-            yield from snapshot_rows(snapshot)
+            yield snapshot
 
 
 def _ended(state: engine.RunState) -> bool:
@@ -330,13 +283,15 @@ def _ended(state: engine.RunState) -> bool:
 
 
 class TrackRunsLive(beam.PTransform):
-    """(run_id, Batch) in, snapshot rows out, as described in this module's docstring."""
+    """(run_id, Batch or Restored) in, each run's ``Snapshot`` out as described in this module's
+    docstring, and what the engine failed on as the ``dead_letter`` output."""
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float = 30.0,
                  silence_s: float = 300.0, gc_after_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time, restore_from: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, stopping: Stopping = never) -> None:
         super().__init__()
-        self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock, restore_from)
+        self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock, stopping)
 
     def expand(self, keyed_batches: Any) -> Any:
-        return keyed_batches | "TrackRun" >> beam.ParDo(self.fn)
+        return keyed_batches | "TrackRun" >> beam.ParDo(self.fn).with_outputs(DEAD_LETTER_TAG,
+                                                                                main="snapshots")

@@ -118,8 +118,9 @@ class GoodputOptions(PipelineOptions):
                                  "interval while it stays silent, up to --gc_after_s "
                                  "(default: %(default)s)")
         parser.add_argument("--gc_after_s", type=float, default=3600.0, metavar="S",
-                            help="streaming: forget a run this long after it ends; stop reporting a "
-                                 "silent run this long after its last event (default: %(default)s)")
+                            help="streaming: forget a run that has ended this long after its last "
+                                 "message; stop reporting a silent run this long after its last event "
+                                 "(default: %(default)s)")
         parser.add_argument("--exclude", type=parse_exclusion, action="append", default=None,
                             metavar="START/END",
                             help="leave this interval (ISO 8601 times) out of elapsed time and "

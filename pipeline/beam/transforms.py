@@ -1,16 +1,18 @@
 """The pipeline's composite transforms, each a named step Dataflow can match on update.
 
-``ParseEvents`` validates messages and routes rejects to a dead-letter output; ``TrackRuns``
-keys events by run and computes each run's snapshot with the engine; ``WriteToDuckDB`` appends
-every output row to a DuckDB file. ``WriteToBigQuery`` and ``WriteToMonitoring`` never stop the
-pipeline for a service's error: each returns, as its output, ("dead_letter", row) for what it
-could not write (see ``pipeline.sinks.bigquery`` and ``pipeline.sinks.monitoring``).
+``ParseEvents`` validates messages; ``TrackRuns`` computes each run's snapshot with the engine
+(``pipeline.beam.live.TrackRunsLive`` does it for a stream); both have a ``dead_letter`` output of
+``DeadLetter`` objects beside their main one. ``SnapshotRows`` and ``DeadLetterRows`` make the
+output rows; ``WriteToDuckDB`` and ``WriteToBigQuery`` append rows, and ``WriteToMonitoring``
+writes the points of each snapshot. The cloud writers never stop the pipeline for a service's
+error: what they could not write is their output (see ``pipeline.sinks.bigquery`` and
+``pipeline.sinks.monitoring``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -18,28 +20,39 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.metrics.metric import Metrics
-from apache_beam.pvalue import AsSingleton, PCollection
+from apache_beam.pvalue import AsSingleton, PCollection, TaggedOutput
 from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline.beam.live import DRAINING, engine_failure
-from pipeline.core import engine
-from pipeline.core.events import Batch, parse_batch
-from pipeline.core.rows import (
-    BADPUT,
-    DEAD_LETTER,
-    GOODPUT,
-    Element,
-    Row,
-    by_table,
-    dead_letter_row,
-    snapshot_rows,
-)
-from pipeline.sinks.monitoring import MonitoringSettings, Point, snapshot_points
+from pipeline.core import engine, rows
+from pipeline.core.events import Batch, DeadLetter, parse_batch
+from pipeline.core.rows import DEAD_LETTER, Element, Row
+from pipeline.core.snapshot import Snapshot
+from pipeline.sinks.monitoring import MonitoringSettings, Point, point_dead_letter, snapshot_points
 
+_LOG = logging.getLogger(__name__)
 DEAD_LETTER_TAG = "dead_letter"
+_ENGINE_FAILURES = Metrics.counter("goodput", "engine_failures")
+
+#: Says whether the job is stopping (``pipeline.beam.direct_runner.stopping`` for a local
+#: stream); the batch path and Dataflow never are.
+Stopping = Callable[[], bool]
+
+
+def never() -> bool:
+    """The ``Stopping`` of a job that drains on its own, or ends with its input."""
+    return False
+
+
+def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> TaggedOutput:
+    """The dead letter of what the engine failed on (a message, or a snapshot when ``batch`` is
+    None), logged with its traceback and counted; called from an ``except`` block."""
+    _ENGINE_FAILURES.inc()
+    _LOG.exception("the engine failed on %s of run %r: see the dead_letter table",
+                   "a message" if batch is not None else "a snapshot", run_id)
+    return TaggedOutput(DEAD_LETTER_TAG, rows.engine_failure(run_id, error, batch))
 
 
 class _ParseMessage(beam.DoFn):
@@ -52,10 +65,9 @@ class _ParseMessage(beam.DoFn):
         source, data = element
         self.messages.inc()
         batch, dead = parse_batch(data, source)
-        received = datetime.datetime.now(datetime.timezone.utc)
         for letter in dead:
             self.rejected.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, (DEAD_LETTER, dead_letter_row(letter, received)))
+            yield TaggedOutput(DEAD_LETTER_TAG, letter)
         if batch is not None:
             self.events.inc(len(batch))
             yield batch.run_id, batch
@@ -64,25 +76,25 @@ class _ParseMessage(beam.DoFn):
 class ParseEvents(beam.PTransform):
     """Validates (source, message) pairs against the event contract.
 
-    The main output is (run_id, Batch) per message (a message holds one attempt's events);
-    the ``dead_letter`` output carries ("dead_letter", row) for every rejected message or event,
-    with the raw payload and the reason. Nothing is dropped silently.
+    The main output is (run_id, Batch) per message (a message holds one attempt's events),
+    typed so that a stateful step keyed by run has a deterministic key coder; the
+    ``dead_letter`` output carries a ``DeadLetter`` for every rejected message or event, with the
+    raw payload and the reason. Nothing is dropped silently.
     """
 
     def expand(self, messages: PCollection) -> Any:
-        return messages | "Validate" >> beam.ParDo(_ParseMessage()).with_outputs(
-            DEAD_LETTER_TAG, main="events")
+        return messages | "Validate" >> beam.ParDo(_ParseMessage()).with_output_types(
+            tuple[str, Batch]).with_outputs(DEAD_LETTER_TAG, main="events")
 
 
 class _SnapshotRun(beam.DoFn):
-    """A run's snapshot rows from all its messages. An exception in the engine (a bug) makes a
-    dead letter of the message it failed on, or of the snapshot, and never stops the replay."""
+    """A run's snapshot from all its messages. An exception in the engine (a bug) makes a dead
+    letter of the message it failed on, or of the snapshot, and never stops the replay."""
 
     def __init__(self, windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...]) -> None:
         self.windows_s, self.exclusions = windows_s, exclusions
 
-    def process(self, element: tuple[str, Iterable[Batch]], as_of_us: int | None
-                ) -> Iterator[tuple[str, Row]]:
+    def process(self, element: tuple[str, Iterable[Batch]], as_of_us: int | None) -> Iterator[Any]:
         run_id, batches = element
         state = engine.RunState(run_id)
         added: list[Batch] = []
@@ -104,15 +116,16 @@ class _SnapshotRun(beam.DoFn):
             yield engine_failure(run_id, error)
             return
         if snapshot is not None:
-            yield from snapshot_rows(snapshot)
+            yield snapshot
 
 
 class TrackRuns(beam.PTransform):
-    """Assembles each run from its events and emits its snapshot rows as of one time.
+    """Assembles each run from its events and emits its ``Snapshot`` as of one time.
 
     ``as_of_us`` None means the latest event time in the input; ``exclusions`` are intervals
     left out of every run's elapsed time and buckets. Deduplication and reordering are the
-    engine's: duplicates and order never change a number.
+    engine's: duplicates and order never change a number. The ``dead_letter`` output holds what
+    the engine failed on.
     """
 
     def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...],
@@ -132,7 +145,23 @@ class TrackRuns(beam.PTransform):
         return (keyed_batches
                 | "ByRun" >> beam.GroupByKey()
                 | "Snapshot" >> beam.ParDo(_SnapshotRun(self.windows_s, self.exclusions),
-                                           AsSingleton(as_of, default_value=None)))
+                                           AsSingleton(as_of, default_value=None)).with_outputs(
+                    DEAD_LETTER_TAG, main="snapshots"))
+
+
+class SnapshotRows(beam.PTransform):
+    """Each ``Snapshot`` as (table, row) pairs: goodput and badput per window, step statistics,
+    disruptions (``pipeline.core.rows.snapshot_rows``)."""
+
+    def expand(self, snapshots: PCollection) -> Any:
+        return snapshots | "Rows" >> beam.FlatMap(rows.snapshot_rows)
+
+
+class DeadLetterRows(beam.PTransform):
+    """Each ``DeadLetter``, whatever rejected it, as its ("dead_letter", row) pair."""
+
+    def expand(self, letters: PCollection) -> Any:
+        return letters | "Rows" >> beam.Map(lambda letter: (DEAD_LETTER, rows.dead_letter_row(letter)))
 
 
 def _buffered_rows(value: Any) -> int:
@@ -172,12 +201,28 @@ class _AppendPerBundle(beam.DoFn):
         self._elements, self._rows = [], 0
 
 
-def _retry_deadline_s(configured_s: float) -> float:
-    """How long a sink retries a write: as configured, but not at all while a DirectRunner job is
-    stopping (``pipeline.beam.live.DRAINING``), where a bundle waiting out a service's outage would
-    hold up the messages read before the stop until the job is cancelled and they are lost; what
-    fails then is dead-lettered like any write that gave up."""
-    return 0.0 if DRAINING.is_set() else configured_s
+class WriteToDuckDB(beam.PTransform):
+    """Appends (table, row) pairs to a DuckDB file.
+
+    Each bundle's rows are appended as the bundle finishes, and every ``FLUSH_ROWS`` rows within
+    it, so that memory stays bounded however large the input. DuckDB has one writer per file:
+    each append opens the file only for the write, under a lock shared by the process's threads,
+    and retries while another process holds it, so readers can open it between writes. (On
+    Dataflow the sinks are BigQuery and Cloud Monitoring; DuckDB is the local stand-in.) Batch and
+    streaming pipelines append alike.
+    """
+
+    #: Rows (as ``_buffered_rows`` weighs them) buffered before an append: an append costs
+    #: tens of milliseconds to open the file, and the rows a few hundred bytes each.
+    FLUSH_ROWS = 100_000
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def expand(self, rows: PCollection) -> Any:
+        return rows | "AppendPerBundle" >> beam.ParDo(
+            _AppendPerBundle(self.path, self.FLUSH_ROWS))
 
 
 class _InsertPerBundle(beam.DoFn):
@@ -188,8 +233,9 @@ class _InsertPerBundle(beam.DoFn):
     FLUSH_ROWS = 10_000  # a few dozen insertAll requests
 
     def __init__(self, project: str, dataset: str, endpoint: str | None,
-                 retry: tuple[float, float, float]) -> None:
+                 retry: tuple[float, float, float], stopping: Stopping) -> None:
         self.project, self.dataset, self.endpoint, self.retry = project, dataset, endpoint, retry
+        self.stopping = stopping
         self.dead_lettered = Metrics.counter("goodput", "bigquery_rows_dead_lettered")
         self.unwritten = Metrics.counter("goodput", "bigquery_rows_not_written")
         self._elements: list[Element] = []
@@ -217,11 +263,15 @@ class _InsertPerBundle(beam.DoFn):
             yield GlobalWindows.windowed_value(letter)
 
     def _flush(self) -> Iterator[tuple[str, Row]]:
+        from pipeline.core.rows import by_table
+
         elements, self._elements, self._rows = self._elements, [], 0
         if not elements:
             return
         lost: list[Row] = []
-        self._writer.retry_deadline_s = _retry_deadline_s(self.retry[0])
+        # A job that is stopping retries nothing: a bundle waiting out an outage would hold up
+        # the messages read before the stop until the job is cancelled and they are lost.
+        self._writer.retry_deadline_s = 0.0 if self.stopping() else self.retry[0]
         self.dead_lettered.inc(self._writer.write(by_table(elements),
                                                   lambda table, row, reason: lost.append(row)))
         self.unwritten.inc(len(lost))
@@ -237,50 +287,27 @@ class WriteToBigQuery(beam.PTransform):
 
     def __init__(self, project: str, dataset: str, endpoint: str | None = None, *,
                  retry_deadline_s: float = 120.0, initial_backoff_s: float = 1.0,
-                 max_backoff_s: float = 32.0) -> None:
+                 max_backoff_s: float = 32.0, stopping: Stopping = never) -> None:
         super().__init__()
         self.project, self.dataset, self.endpoint = project, dataset, endpoint
         self.retry = (retry_deadline_s, initial_backoff_s, max_backoff_s)
+        self.stopping = stopping
 
     def expand(self, rows: PCollection) -> Any:
         return rows | "InsertPerBundle" >> beam.ParDo(_InsertPerBundle(self.project, self.dataset,
-                                                                       self.endpoint, self.retry))
-
-
-class WriteToDuckDB(beam.PTransform):
-    """Appends (table, row) pairs to a DuckDB file.
-
-    Each bundle's rows are appended as the bundle finishes, and every ``FLUSH_ROWS`` rows within
-    it, so that memory stays bounded however large the input. DuckDB has one writer per file:
-    each append opens the file only for the write, under a lock shared by the process's threads,
-    and retries while another process holds it, so readers can open it between writes. (On
-    Dataflow the sinks are BigQuery and Cloud Monitoring; DuckDB is the local stand-in.) Batch and
-    streaming pipelines append alike.
-    """
-
-    #: Rows (as ``_buffered_rows`` weighs them) buffered before an append: an append costs
-    #: tens of milliseconds to open the file, and the rows a few hundred bytes each.
-    FLUSH_ROWS = 100_000
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-    def expand(self, rows: PCollection) -> Any:
-        return rows | "AppendPerBundle" >> beam.ParDo(
-            _AppendPerBundle(self.path, self.FLUSH_ROWS))
+                                                                       self.endpoint, self.retry,
+                                                                       self.stopping))
 
 
 class _GateSeries(beam.DoFn):
-    """Per run: gathers its snapshot rows and releases them as points, so that each of the run's
-    series has one writer, in time order, and no point sooner than ``min_interval_s`` after the
-    last: while streaming, ``settle_s`` after the first row not yet released (the rest of its
-    snapshot arrives meanwhile) and no sooner than the interval allows; at the end of the input
-    (the end of a batch, a drain), whatever is left."""
+    """Per run: releases the points of its snapshots, so that each of the run's series has one
+    writer, in time order, and no point sooner than ``min_interval_s`` after the last. A snapshot
+    that the interval holds back waits, replaced by any later one, until the interval allows
+    (while streaming) or the input ends (the end of a batch, a drain); one older than
+    ``max_lag_s`` is history and is not written, unless ``latest_now``."""
 
-    PENDING = BagStateSpec("pending", PickleCoder())
+    PENDING = ReadModifyWriteStateSpec("pending", PickleCoder())  # (as_of_us, points) held back
     LAST = ReadModifyWriteStateSpec("last_us", VarIntCoder())  # end time of the last points
-    DUE = ReadModifyWriteStateSpec("due_us", VarIntCoder())  # a release is pending
     RELEASE = TimerSpec("release", TimeDomain.REAL_TIME)
     FINAL = TimerSpec("final", TimeDomain.WATERMARK)
 
@@ -289,61 +316,66 @@ class _GateSeries(beam.DoFn):
         self.settings, self.streaming, self.clock = settings, streaming, clock
         self.stale = Metrics.counter("goodput", "monitoring_stale_points_not_written")
 
-    def process(self, element: tuple[str, tuple[str, Row]], window: Any = beam.DoFn.WindowParam,
+    def process(self, element: tuple[str, Snapshot], window: Any = beam.DoFn.WindowParam,
                 pending: Any = beam.DoFn.StateParam(PENDING), last: Any = beam.DoFn.StateParam(LAST),
-                due: Any = beam.DoFn.StateParam(DUE), release: Any = beam.DoFn.TimerParam(RELEASE),
-                final: Any = beam.DoFn.TimerParam(FINAL)) -> None:
-        pending.add(element[1])
-        final.set(window.max_timestamp())
-        if self.streaming and due.read() is None:
-            interval_us = round(self.settings.min_interval_s * 1e6)
-            previous = last.read()
-            at = max(self._now_us() + round(self.settings.settle_s * 1e6),
-                     0 if previous is None else previous + interval_us)
-            release.set(Timestamp(micros=at))
-            due.write(at)
+                release: Any = beam.DoFn.TimerParam(RELEASE),
+                final: Any = beam.DoFn.TimerParam(FINAL)) -> Iterator[Point]:
+        snapshot = element[1]
+        settings = self.settings
+        points = snapshot_points(snapshot, settings.location, settings.cluster_name)
+        earliest = self._earliest(last)
+        if not self.streaming or (self._now_us() >= earliest and pending.read() is None):
+            yield from self._release(snapshot.as_of_us, points, last)
+            return
+        if pending.read() is None:
+            release.set(Timestamp(micros=earliest))
+            final.set(window.max_timestamp())
+        pending.write((snapshot.as_of_us, points))
 
     @on_timer(RELEASE)
-    def on_release(self, pending: Any = beam.DoFn.StateParam(PENDING), last: Any = beam.DoFn.StateParam(LAST),
-                   due: Any = beam.DoFn.StateParam(DUE)) -> Iterator[Point]:
-        yield from self._release(pending, last, due)
+    def on_release(self, pending: Any = beam.DoFn.StateParam(PENDING),
+                   last: Any = beam.DoFn.StateParam(LAST)) -> Iterator[Point]:
+        yield from self._release_pending(pending, last)
 
     @on_timer(FINAL)
-    def on_final(self, pending: Any = beam.DoFn.StateParam(PENDING), last: Any = beam.DoFn.StateParam(LAST),
-                 due: Any = beam.DoFn.StateParam(DUE)) -> Iterator[Point]:
-        yield from self._release(pending, last, due)
+    def on_final(self, pending: Any = beam.DoFn.StateParam(PENDING),
+                 last: Any = beam.DoFn.StateParam(LAST)) -> Iterator[Point]:
+        yield from self._release_pending(pending, last)
 
-    def _release(self, pending: Any, last: Any, due: Any) -> Iterator[Point]:
-        rows, due_us = list(pending.read()), due.read() or 0
+    def _release_pending(self, pending: Any, last: Any) -> Iterator[Point]:
+        held = pending.read()
         pending.clear()
-        due.clear()
-        settings = self.settings
-        points = snapshot_points(rows, settings.location, settings.cluster_name)
-        if not points:
-            return
+        if held is not None:
+            as_of_us, points = held
+            yield from self._release(as_of_us, points, last)
+
+    def _release(self, as_of_us: int, points: list[Point], last: Any) -> Iterator[Point]:
+        """The points stamped now, or as soon as the interval allows; none if they are history."""
         now_us = self._now_us()
-        latest = max(row["snapshot_time"] for table, row in rows if table == GOODPUT)
-        lag_s = now_us / 1e6 - latest.timestamp()
-        if lag_s > settings.max_lag_s and not settings.latest_now:
+        if (now_us - as_of_us) / 1e6 > self.settings.max_lag_s and not self.settings.latest_now:
             self.stale.inc(len(points))
             return
-        previous = last.read()
-        earliest = 0 if previous is None else previous + round(settings.min_interval_s * 1e6)
-        end_us = max(now_us, due_us, earliest)
+        end_us = max(now_us, self._earliest(last))
         last.write(end_us)
         for point in points:
             yield dataclasses.replace(point, end_us=end_us)
+
+    def _earliest(self, last: Any) -> int:
+        """When the run's next points may be stamped: ``min_interval_s`` after its last ones."""
+        previous = last.read()
+        return 0 if previous is None else previous + round(self.settings.min_interval_s * 1e6)
 
     def _now_us(self) -> int:
         return round(self.clock() * 1e6)
 
 
 class _WritePoints(beam.DoFn):
-    """Writes a bundle's points when it finishes; outputs ("dead_letter", row) for each point that
-    was not written (refused, or its request failed after the retries), logged and counted."""
+    """Writes a bundle's points when it finishes; outputs a ``DeadLetter`` for each point that was
+    not written (refused, or its request failed after the retries), logged and counted."""
 
-    def __init__(self, project: str, endpoint: str | None, settings: MonitoringSettings) -> None:
-        self.project, self.endpoint, self.settings = project, endpoint, settings
+    def __init__(self, project: str, endpoint: str | None, settings: MonitoringSettings,
+                 stopping: Stopping) -> None:
+        self.project, self.endpoint, self.settings, self.stopping = project, endpoint, settings, stopping
         self.refused = Metrics.counter("goodput", "monitoring_points_refused")
         self._points: list[Point] = []
 
@@ -363,32 +395,31 @@ class _WritePoints(beam.DoFn):
     def finish_bundle(self) -> Iterator[Any]:
         if not self._points:
             return
-        from pipeline.sinks.monitoring import dead_letter_row
-
-        received = datetime.datetime.now(datetime.timezone.utc)
-        letters: list[Row] = []
-        self._writer.retry_deadline_s = _retry_deadline_s(self.settings.retry_deadline_s)
+        letters: list[DeadLetter] = []
+        # As for BigQuery: a job that is stopping retries nothing.
+        self._writer.retry_deadline_s = 0.0 if self.stopping() else self.settings.retry_deadline_s
         self.refused.inc(self._writer.write(
-            self._points, lambda point, reason: letters.append(dead_letter_row(point, reason, received))))
+            self._points, lambda point, reason: letters.append(point_dead_letter(point, reason))))
         self._points = []
-        for row in letters:
-            yield GlobalWindows.windowed_value((DEAD_LETTER, row))
+        for letter in letters:
+            yield GlobalWindows.windowed_value(letter)
 
 
 class WriteToMonitoring(beam.PTransform):
-    """Writes the reference's Cloud Monitoring metrics of every run from the snapshot rows (see
-    ``pipeline.sinks.monitoring``), each run's series gated by ``_GateSeries``. The output is
-    ("dead_letter", row) for each point that was not written."""
+    """Writes the reference's Cloud Monitoring metrics of every run from its snapshots (see
+    ``pipeline.sinks.monitoring``), each run's series gated by ``_GateSeries``. The output is a
+    ``DeadLetter`` for each point that was not written."""
 
     def __init__(self, project: str, settings: MonitoringSettings, streaming: bool,
-                 endpoint: str | None = None) -> None:
+                 endpoint: str | None = None, stopping: Stopping = never) -> None:
         super().__init__()
         self.project, self.settings, self.streaming, self.endpoint = project, settings, streaming, endpoint
+        self.stopping = stopping
 
-    def expand(self, rows: PCollection) -> Any:
-        return (rows
-                | "Snapshots" >> beam.Filter(lambda tr: tr[0] in (GOODPUT, BADPUT))
-                | "ByRun" >> beam.Map(lambda tr: (tr[1]["run_id"], tr)).with_output_types(
-                    tuple[str, Any])
+    def expand(self, snapshots: PCollection) -> Any:
+        return (snapshots
+                | "ByRun" >> beam.Map(lambda snapshot: (snapshot.run_id, snapshot)).with_output_types(
+                    tuple[str, Snapshot])
                 | "Gate" >> beam.ParDo(_GateSeries(self.settings, self.streaming))
-                | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint, self.settings)))
+                | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint, self.settings,
+                                                     self.stopping)))

@@ -1,8 +1,11 @@
 """Output rows: snapshots, step statistics, disruptions, raw events, run metadata and dead
 letters as rows of the output tables.
 
-The tables' schemas are the JSON files in ``goodput_schemas/tables/`` (BigQuery's format); every sink
-writes these rows. Times are timezone-aware ``datetime`` values.
+The tables' schemas are the JSON files in ``goodput_schemas/tables/`` (BigQuery's format); every
+sink writes these rows. Times are timezone-aware ``datetime`` values. Each snapshot's rows are made
+from the ``Snapshot`` (``snapshot_rows``), as its Cloud Monitoring points are
+(``pipeline.sinks.monitoring.snapshot_points``); every dead letter, whatever rejected it, becomes
+its row in ``dead_letter_row``.
 
 An output element is ``(table, row)``, or ``(EVENTS, batch)`` for the raw events of one message:
 a message stays one element through the pipeline, never one per event, and its rows are made
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pipeline.core.events import Batch, DeadLetter, encode_events
+from pipeline.core.sanitize import free_text
 from pipeline.core.snapshot import Snapshot, WindowFigures
 
 Row = dict[str, Any]
@@ -102,18 +106,20 @@ def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
     return row
 
 
-def dead_letter_row(letter: DeadLetter, received: datetime.datetime) -> Row:
-    return {"received_time": received, "source": letter.source or None,
-            "run_id": letter.run_id or None, "reason": letter.reason, "payload": letter.payload}
+def dead_letter_row(letter: DeadLetter, received: datetime.datetime | None = None) -> Row:
+    """The ``dead_letter`` row of a rejected input (a message, an event, a row a sink refused, a
+    point Cloud Monitoring did not take), received now unless told."""
+    return {"received_time": received or datetime.datetime.now(datetime.timezone.utc),
+            "source": letter.source or None, "run_id": letter.run_id or None,
+            "reason": free_text(letter.reason), "payload": letter.payload}
 
 
-def engine_failure_row(run_id: str, error: Exception, batch: Batch | None = None) -> Row:
+def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> DeadLetter:
     """The dead letter of a message the engine failed on (with the message as its payload), or
     of a snapshot it failed to take (``batch`` None): a bug, kept for replay once it is fixed."""
     what = "this message" if batch is not None else "the run's snapshot"
-    letter = DeadLetter("" if batch is None else encode_events(batch.events()).decode(),
-                        f"the engine failed on {what}: {type(error).__name__}: {error}", "engine", run_id)
-    return dead_letter_row(letter, datetime.datetime.now(datetime.timezone.utc))
+    return DeadLetter("" if batch is None else encode_events(batch.events()).decode(),
+                      f"the engine failed on {what}: {type(error).__name__}: {error}", "engine", run_id)
 
 
 def event_rows(batch: Batch, step_columns: bool = True) -> list[Row]:

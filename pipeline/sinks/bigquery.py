@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_options, table_schema
-from pipeline.core.rows import DEAD_LETTER, Row
-from pipeline.core.sanitize import clean_row, free_text
+from pipeline.core.events import DeadLetter
+from pipeline.core.rows import DEAD_LETTER, Row, dead_letter_row
+from pipeline.core.sanitize import clean_row
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS_PER_REQUEST = 500  # BigQuery's recommendation for insertAll
@@ -231,10 +232,7 @@ class BigQueryWriter:
 
 
 def _dead_letter(table: str, row: dict[str, Any], reason: str) -> Row:
-    return {"received_time": datetime.datetime.now(datetime.timezone.utc), "source": f"bigquery:{table}",
-            "run_id": _text(row.get("run_id")), "reason": free_text(reason),
-            "payload": json.dumps(row, sort_keys=True, default=str)}
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+    """The ``dead_letter`` row of a row BigQuery did not take: the row as JSON, and why."""
+    run_id = row.get("run_id")
+    return dead_letter_row(DeadLetter(json.dumps(row, sort_keys=True, default=str), reason,
+                                      f"bigquery:{table}", run_id if isinstance(run_id, str) else ""))

@@ -1,4 +1,4 @@
-"""Cloud Monitoring: the reference's metrics for every run, made from the output rows.
+"""Cloud Monitoring: the reference's metrics for every run, made from its snapshots.
 
 Compatibility first: the metric types (``compute.googleapis.com/workload/...``), the
 ``compute.googleapis.com/Workload`` resource with its labels (``location``, ``workload_id`` = the
@@ -33,12 +33,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.core.rows import BADPUT, GOODPUT, Row
-from pipeline.core.sanitize import free_text, label_value
-from pipeline.core.snapshot import CUSTOM_PREFIX, DATA_LOADING_ASYNC
+from pipeline.core.events import DeadLetter
+from pipeline.core.sanitize import label_value
+from pipeline.core.snapshot import CUSTOM_PREFIX, DATA_LOADING_ASYNC, Snapshot
 
 _LOG = logging.getLogger(__name__)
 WORKLOAD = "compute.googleapis.com/Workload"
@@ -88,7 +88,6 @@ class MonitoringSettings:
     latest_now: bool = False
     location: str = "global"
     cluster_name: str | None = None
-    settle_s: float = 1.0
     #: Retries of a failed write (see ``MetricWriter``).
     retry_deadline_s: float = 60.0
     initial_backoff_s: float = 0.5
@@ -115,20 +114,14 @@ class Point:
         return f"{self.metric}{{{labels}}} of run {self.run_id}"
 
 
-def snapshot_points(rows: Sequence[tuple[str, Row]], default_location: str = "global",
+def snapshot_points(snapshot: Snapshot, default_location: str = "global",
                     cluster_name: str | None = None) -> list[Point]:
-    """The points of the latest snapshot among ``rows`` (one run's): the reference's metrics with
-    its labels, and ours under ``custom.googleapis.com/``."""
-    goodput = [row for table, row in rows if table == GOODPUT]
-    if not goodput:
-        return []
-    latest = max(row["snapshot_time"] for row in goodput)
-    windows = {row["window_s"]: row for row in goodput if row["snapshot_time"] == latest}
-    badput = [row for table, row in rows if table == BADPUT and row["snapshot_time"] == latest
-              and row["badput_source"] != DATA_LOADING_ASYNC]
-    first = next(iter(windows.values()))
-    run_id, location = label_value(first["run_id"]), label_value(first.get("location") or default_location)
-    accelerator = ("accelerator_type", label_value(first.get("accelerator_type") or UNKNOWN_ACCELERATOR))
+    """The points of a run's snapshot: the reference's metrics with its labels, and ours under
+    ``custom.googleapis.com/``."""
+    metadata = snapshot.metadata
+    run_id = label_value(snapshot.run_id)
+    location = label_value(metadata.get("location") or default_location)
+    accelerator = ("accelerator_type", label_value(metadata.get("accelerator_type") or UNKNOWN_ACCELERATOR))
     extra = (("cluster_name", label_value(cluster_name)),) if cluster_name else ()
     points: list[Point] = []
 
@@ -137,57 +130,66 @@ def snapshot_points(rows: Sequence[tuple[str, Row]], default_location: str = "gl
             metric_labels = tuple(sorted((*labels, *extra))) if labels else ()
             points.append(Point(metric, metric_labels, run_id, location, value))
 
-    cumulative = windows.get(0)
-    if cumulative is not None:
-        add(REFERENCE + "goodput_time", float(cumulative["productive_time_s"]), ("goodput_source", "TOTAL"),
-            accelerator)
-        add(REFERENCE + "total_elapsed_time", float(cumulative["total_time_s"]), accelerator,
-            ("window_type", "cumulative"))
-        add(REFERENCE + "disruptions", int(cumulative["disruptions"]), accelerator,
-            ("window_type", "cumulative"))
-        add(REFERENCE + "max_productive_steps", int(cumulative["max_productive_step"]), accelerator)
-        add(REFERENCE + "step_time_deviation", cumulative.get("step_time_deviation_s"), accelerator)
-        add(REFERENCE + "performance", float(cumulative.get("ideal_step_time_s") or 0.0))
-        for name in ("stepping_slice_efficiency", "available_slice_efficiency"):
-            add(REFERENCE + name, cumulative.get(name), accelerator, ("window_type", "CUMULATIVE"),
-                ("rolling_window_size", "0"))
-        add(CUSTOM + "goodput_pct", cumulative.get("goodput_pct"), accelerator)
-    for row in _bounded_custom_badput(badput):
-        source = ("badput_source", label_value(row["badput_source"]))
-        if row["window_s"] == 0:
-            add(REFERENCE + "badput_time", float(row["seconds"]), source, accelerator)
+    cumulative = snapshot.cumulative
+    cumulative_window = ("window_type", "cumulative")
+    add(REFERENCE + "goodput_time", float(cumulative.productive_s), ("goodput_source", "TOTAL"), accelerator)
+    add(REFERENCE + "total_elapsed_time", float(cumulative.total_s), accelerator, cumulative_window)
+    add(REFERENCE + "disruptions", int(cumulative.disruptions), accelerator, cumulative_window)
+    add(REFERENCE + "max_productive_steps", int(snapshot.max_productive_step), accelerator)
+    add(REFERENCE + "step_time_deviation", snapshot.step_time_deviation_s, accelerator)
+    add(REFERENCE + "performance", float(snapshot.ideal_step_time_s or 0.0))
+    for name, value in (("stepping_slice_efficiency", snapshot.stepping_slice_efficiency),
+                        ("available_slice_efficiency", snapshot.available_slice_efficiency)):
+        add(REFERENCE + name, value, accelerator, ("window_type", "CUMULATIVE"), ("rolling_window_size", "0"))
+    add(CUSTOM + "goodput_pct", cumulative.goodput_pct, accelerator)
+    windows = [(0, cumulative), *zip(snapshot.window_sizes_s, snapshot.windows, strict=True)]
+    badput = [_Badput(window_s, source, seconds, figures.badput_pct(source))
+              for window_s, figures in windows if figures is not None
+              for source, seconds in sorted(figures.badput_s.items()) if source != DATA_LOADING_ASYNC]
+    for item in _bounded_custom_badput(badput):
+        source = ("badput_source", label_value(item.source))
+        if item.window_s == 0:
+            add(REFERENCE + "badput_time", float(item.seconds), source, accelerator)
         else:
-            add(REFERENCE + "interval_badput", row["pct"], source, accelerator,
-                ("rolling_window_size", str(row["window_s"])))
-    for window_s, row in sorted(windows.items()):
-        if window_s > 0:
-            add(REFERENCE + "interval_goodput", row.get("goodput_pct"), ("goodput_source", "TOTAL"),
+            add(REFERENCE + "interval_badput", item.pct, source, accelerator,
+                ("rolling_window_size", str(item.window_s)))
+    for window_s, figures in sorted(windows, key=lambda w: w[0]):
+        if window_s > 0 and figures is not None:
+            add(REFERENCE + "interval_goodput", figures.goodput_pct, ("goodput_source", "TOTAL"),
                 accelerator, ("rolling_window_size", str(window_s)))
     return points
 
 
-def _bounded_custom_badput(badput: list[Row]) -> list[Row]:
-    """The badput rows with at most ``MAX_CUSTOM_BADPUT_SERIES`` custom types: those with the most
+@dataclasses.dataclass(frozen=True)
+class _Badput:
+    """A badput bucket of one window of a snapshot."""
+
+    window_s: int  # 0 for cumulative
+    source: str
+    seconds: float
+    pct: float | None
+
+
+def _bounded_custom_badput(badput: list[_Badput]) -> list[_Badput]:
+    """The badput with at most ``MAX_CUSTOM_BADPUT_SERIES`` custom types: those with the most
     cumulative seconds (then by name); the others summed into ``OTHER_CUSTOM_BADPUT`` per window."""
-    custom = {row["badput_source"] for row in badput if row["badput_source"].startswith(CUSTOM_PREFIX)}
+    custom = {item.source for item in badput if item.source.startswith(CUSTOM_PREFIX)}
     if len(custom) <= MAX_CUSTOM_BADPUT_SERIES:
         return badput
-    seconds = {row["badput_source"]: row["seconds"] for row in badput if row["window_s"] == 0}
+    seconds = {item.source: item.seconds for item in badput if item.window_s == 0}
     candidates = custom - {OTHER_CUSTOM_BADPUT}  # a type named OTHER joins the sum
     kept = set(sorted(candidates, key=lambda name: (-(seconds.get(name) or 0.0), name))[
         :MAX_CUSTOM_BADPUT_SERIES])
-    bounded: list[Row] = []
-    other: dict[int, Row] = {}
-    for row in badput:
-        name = row["badput_source"]
-        if name not in custom or name in kept:
-            bounded.append(row)
+    bounded: list[_Badput] = []
+    other: dict[int, _Badput] = {}
+    for item in badput:
+        if item.source not in custom or item.source in kept:
+            bounded.append(item)
             continue
-        total = other.setdefault(row["window_s"], {**row, "badput_source": OTHER_CUSTOM_BADPUT,
-                                                    "seconds": 0.0, "pct": None})
-        total["seconds"] += row["seconds"] or 0.0
-        if row.get("pct") is not None:
-            total["pct"] = (total["pct"] or 0.0) + row["pct"]
+        total = other.get(item.window_s) or _Badput(item.window_s, OTHER_CUSTOM_BADPUT, 0.0, None)
+        other[item.window_s] = dataclasses.replace(
+            total, seconds=total.seconds + (item.seconds or 0.0),
+            pct=total.pct if item.pct is None else (total.pct or 0.0) + item.pct)
     return bounded + [other[window_s] for window_s in sorted(other)]
 
 
@@ -337,14 +339,13 @@ def _label_problem(point: Point) -> str | None:
     return None
 
 
-def dead_letter_row(point: Point, reason: str, received: datetime.datetime) -> Row:
-    """A ``dead_letter`` row for a point that was not written: the point as JSON and the reason."""
+def point_dead_letter(point: Point, reason: str) -> DeadLetter:
+    """The dead letter of a point that was not written: the point as JSON and the reason."""
     end = datetime.datetime.fromtimestamp(point.end_us / 1e6, datetime.timezone.utc)
     payload = {"metric": point.metric, "labels": dict(point.labels), "run_id": point.run_id,
                "location": point.location, "value": point.value, "end_time": end.isoformat()}
-    return {"received_time": received, "source": f"monitoring:{point.metric}",
-            "run_id": point.run_id or None, "reason": free_text(reason),
-            "payload": json.dumps(payload, sort_keys=True, default=str)}
+    return DeadLetter(json.dumps(payload, sort_keys=True, default=str), reason, f"monitoring:{point.metric}",
+                      point.run_id)
 
 
 def _refused_indexes(message: str, size: int) -> list[int]:

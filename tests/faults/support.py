@@ -4,9 +4,11 @@ engine fed message by message, and the batch replay of a file into DuckDB tables
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from hypothesis import strategies as st
@@ -15,7 +17,7 @@ from reference_harness import T0, TraceBuilder, micros, record_ours
 from goodput_schemas.wire import Record, encode_batch
 from pipeline.core import engine
 from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
-from pipeline.core.snapshot import Snapshot
+from pipeline.core.snapshot import Snapshot, WindowFigures
 
 S = 1_000_000
 #: Shapes of run (see ``trace``): each exercises different parts of the engine.
@@ -142,7 +144,8 @@ def run_batch(*arguments: str) -> None:
     """The batch pipeline (Beam's DirectRunner) with these options, in this process."""
     import apache_beam as beam
 
-    from pipeline.beam.launcher import _batch_runner, build_pipeline
+    from pipeline.beam.graph import build_pipeline
+    from pipeline.beam.launcher import _batch_runner
     from pipeline.beam.options import GoodputOptions
 
     options = GoodputOptions(list(arguments))
@@ -204,3 +207,17 @@ def odd_messages(run: list[tuple[str, int, str, dict[str, object]]]) -> list[byt
     for seq, (attempt, second, kind, body) in enumerate(run):
         records.setdefault(attempt, []).append((seq, ODD_T0 + second * S, kind, body))
     return [encode_batch("run", attempt, own).data for attempt, own in records.items()]
+
+
+def snapshot_at(at: datetime.datetime, run_id: str, badput_s: dict[str, float] | None = None,
+                windows_s: tuple[int, ...] = (), **metadata: Any) -> Snapshot:
+    """A snapshot taken at ``at`` of a run 90 % productive over its 100 s on 8 chips, with the
+    given badput (in every window) and metadata."""
+    at_us = round(at.timestamp() * 1e6)
+
+    def figures(window_s: int) -> WindowFigures:
+        return WindowFigures(window_s, at_us - 100_000_000, at_us, 100.0, 90.0, dict(badput_s or {}), 0,
+                             800.0, 720.0)
+
+    return Snapshot(run_id, at_us, at_us - 100_000_000, False, figures(0), windows_s,
+                    tuple(map(figures, windows_s)), (), 10, 10, 1.0, 1.0, 0.1, 8, metadata, None, None)

@@ -13,14 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
-from apache_beam.testing.test_stream import TestStream as Stream
 
-from conftest import streaming_options
+from conftest import keyed_stream, streaming_options
 from pipeline.beam.live import TrackRunsLive
-from pipeline.beam.transforms import WriteToDuckDB
+from pipeline.beam.restore import RestoreRuns
+from pipeline.beam.transforms import DeadLetterRows, SnapshotRows, WriteToDuckDB
 from pipeline.core import engine
 from pipeline.core.events import Batch, parse_batch
 
@@ -89,18 +88,19 @@ def test_a_failing_snapshot_is_a_dead_letter_and_the_other_runs_are_written(
 
 
 def stream(elements: list[tuple[str, Batch]], database: Path, restore_from: Path | None = None,
-           then: Callable[[Stream], Stream] = lambda s: s) -> None:
+           then: Callable[[Any], Any] = lambda s: s) -> None:
     """The live tracker on ``elements`` (all at processing time 0, the clock says 0), then
     ``then``, then 31 s on (SNAPSHOT_TIMER fires at 30 s); its rows in ``database``."""
-    test_stream = then(Stream().add_elements(elements)).advance_processing_time(31)
+    test_stream = then(keyed_stream().add_elements(elements)).advance_processing_time(31)
     test_stream = test_stream.advance_watermark_to_infinity()
     with BeamTestPipeline(options=streaming_options()) as pipeline:
-        (pipeline
-         | test_stream
-         | beam.Map(lambda kv: kv).with_output_types(tuple[str, Any])
-         | TrackRunsLive(WINDOWS, 30.0, 10_000.0, 600.0, clock=lambda: 0.0,
-                         restore_from=None if restore_from is None else str(restore_from))
-         | WriteToDuckDB(str(database)))
+        events = pipeline | test_stream
+        if restore_from is not None:
+            events = events | RestoreRuns(str(restore_from), 600.0, clock=lambda: 0.0)
+        tracked = events | TrackRunsLive(WINDOWS, 30.0, 10_000.0, 600.0, clock=lambda: 0.0)
+        tracked.snapshots | "SnapshotRows" >> SnapshotRows() | "Snapshots" >> WriteToDuckDB(str(database))
+        (tracked.dead_letter | DeadLetterRows()
+         | "DeadLetters" >> WriteToDuckDB(str(database)))
 
 
 def keyed(lines: list[bytes]) -> list[tuple[str, Batch]]:

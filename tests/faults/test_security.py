@@ -22,7 +22,6 @@ from google.api_core import exceptions
 
 from pipeline.core import engine
 from pipeline.core.events import parse_batch
-from pipeline.core.rows import snapshot_rows
 from pipeline.core.sanitize import GCM_MAX_LABEL_VALUE_BYTES, MAX_ID_BYTES, MAX_TEXT_BYTES, truncate_utf8
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
@@ -42,6 +41,8 @@ from pipeline.sinks.monitoring import (
 )
 from pipeline.sinks.monitoring import make_client as monitoring_client
 
+from .support import snapshot_at
+
 REPO = Path(__file__).resolve().parents[2]
 PROJECT, DATASET = "goodput-local", "goodput"
 UTC = datetime.timezone.utc
@@ -60,14 +61,6 @@ def bigquery() -> Iterator[BigQueryEmulator]:
     with BigQueryEmulator() as started:
         create_tables(bigquery_client(PROJECT, started.endpoint), PROJECT, DATASET)
         yield started
-
-
-def goodput_rows(run_id: str, **metadata: Any) -> list[tuple[str, dict[str, Any]]]:
-    """A snapshot's cumulative goodput row taken now, with the given metadata columns."""
-    return [("goodput_snapshots", {
-        "run_id": run_id, "snapshot_time": NOW, "window_s": 0, "goodput_pct": 90.0,
-        "productive_time_s": 90.0, "total_time_s": 100.0, "disruptions": 0, "max_productive_step": 10,
-        "ideal_step_time_s": 1.0, "step_time_deviation_s": 0.1, **metadata})]
 
 
 def stamped(points: list[Point]) -> list[Point]:
@@ -120,9 +113,8 @@ def test_long_ids_and_labels_are_cut_on_a_character_boundary_with_a_digest(monit
     """Over-long run ids, locations and accelerators are written, each value cut to 1024 bytes of
     whole characters plus a digest, so that two runs sharing a long prefix stay two series."""
     prefix = "r" + "é" * 700  # 1401 bytes: longer than any label value may be
-    rows = [*goodput_rows(prefix + "-a", location="東" * 400, accelerator_type="🚀" * 300),
-            *goodput_rows(prefix + "-b", location="東" * 400, accelerator_type="🚀" * 300)]
-    points = stamped(snapshot_points(rows[:1]) + snapshot_points(rows[1:]))
+    points = stamped([point for suffix in ("-a", "-b") for point in snapshot_points(
+        snapshot_at(NOW, prefix + suffix, location="東" * 400, accelerator_type="🚀" * 300))])
     assert MetricWriter(monitoring_client(monitoring.host), PROJECT).write(points) == 0
     jobs = set()
     for _, labels, resource in written_labels(monitoring.store):
@@ -138,9 +130,9 @@ def test_long_ids_and_labels_are_cut_on_a_character_boundary_with_a_digest(monit
 
 def test_control_characters_and_lone_surrogates_never_reach_a_label(monitoring):
     """Escape sequences, newlines, bidi overrides and lone surrogates become U+FFFD in label values."""
-    rows = goodput_rows("run\u202e\ud800-1", accelerator_type="v5p\x1b[2J\r\n", location="us\x00east")
+    snapshot = snapshot_at(NOW, "run\u202e\ud800-1", accelerator_type="v5p\x1b[2J\r\n", location="us\x00east")
     writer = MetricWriter(monitoring_client(monitoring.host), PROJECT)
-    assert writer.write(stamped(snapshot_points(rows))) == 0
+    assert writer.write(stamped(snapshot_points(snapshot))) == 0
     seen = list(written_labels(monitoring.store))
     assert seen
     for _, labels, resource in seen:
@@ -169,7 +161,7 @@ def test_user_labels_and_names_never_become_label_keys(monitoring):
     state.add_batch(batch)
     snapshot = state.snapshot(start_us + 300_000_000, (300,))
     assert snapshot is not None
-    points = stamped(snapshot_points(list(snapshot_rows(snapshot)), cluster_name="c"))
+    points = stamped(snapshot_points(snapshot, cluster_name="c"))
     assert MetricWriter(monitoring_client(monitoring.host), PROJECT).write(points) == 0
     seen = list(written_labels(monitoring.store))
     assert any(labels.get("badput_source") == "CUSTOM_BADPUT_EVENTS.TEAM" for _, labels, _ in seen)
@@ -192,12 +184,9 @@ def test_a_point_with_a_foreign_label_key_is_never_sent(monitoring):
 
 def test_custom_badput_types_are_capped_per_run(monitoring):
     """Thousands of custom badput types make at most MAX_CUSTOM_BADPUT_SERIES + 1 series, same total."""
-    rows = goodput_rows("run-1", accelerator_type="v5p")
-    rows += [("badput_snapshots", {"run_id": "run-1", "snapshot_time": NOW, "window_s": window_s,
-                                   "badput_source": f"CUSTOM_BADPUT_EVENTS.T{i}", "seconds": float(i),
-                                   "pct": i / 100}) for i in range(2000) for window_s in (0, 300)]
-    rows += [("goodput_snapshots", {**rows[0][1], "window_s": 300})]
-    points = stamped(snapshot_points(rows))
+    snapshot = snapshot_at(NOW, "run-1", {f"CUSTOM_BADPUT_EVENTS.T{i}": float(i) for i in range(2000)},
+                                (300,), accelerator_type="v5p")
+    points = stamped(snapshot_points(snapshot))
     badput = [p for p in points if p.metric == REFERENCE + "badput_time"]
     assert len(badput) == MAX_CUSTOM_BADPUT_SERIES + 1
     names = {dict(p.labels)["badput_source"] for p in badput}

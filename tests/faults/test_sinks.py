@@ -22,6 +22,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from goodput_schemas import table_schema
 from pipeline.beam.transforms import WriteToBigQuery, WriteToMonitoring
+from pipeline.core.rows import dead_letter_row
 from pipeline.emulators.bigquery import BigQueryEmulator, check_row
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.sinks.bigquery import BigQueryWriter, create_tables
@@ -32,9 +33,11 @@ from pipeline.sinks.monitoring import (
     MetricWriter,
     MonitoringSettings,
     Point,
-    dead_letter_row,
+    point_dead_letter,
 )
 from pipeline.sinks.monitoring import make_client as monitoring_client
+
+from .support import snapshot_at
 
 PROJECT, DATASET = "goodput-local", "goodput"
 UTC = datetime.timezone.utc
@@ -72,15 +75,6 @@ def rows(emulator: BigQueryEmulator, table: str) -> list[dict[str, Any]]:
 
 def metadata(run_id: str) -> dict[str, Any]:
     return {"run_id": run_id, "attempt_id": "a", "start_time": NOW, "chip_count": 8}
-
-
-def snapshot_rows(run_id: str) -> list[tuple[str, dict[str, Any]]]:
-    """The cumulative goodput row of a run's snapshot taken now: what WriteToMonitoring reads."""
-    return [("goodput_snapshots", {
-        "run_id": run_id, "snapshot_time": NOW, "window_s": 0, "goodput_pct": 90.0,
-        "productive_time_s": 90.0, "total_time_s": 100.0, "disruptions": 0, "max_productive_step": 10,
-        "ideal_step_time_s": 1.0, "step_time_deviation_s": 0.1, "accelerator_type": "v5p",
-        "location": "us-central2-b"})]
 
 
 def points(count: int, run_id: str = "run-1") -> list[Point]:
@@ -275,7 +269,7 @@ def test_monitoring_outage_past_the_deadline_is_counted_and_dead_lettered(monito
     assert time.monotonic() - started < 2.0
     assert sorted(p.labels for p, _ in failures) == sorted(p.labels for p in sent)
     assert all("Cloud Monitoring write failed" in reason for _, reason in failures)
-    row = dead_letter_row(failures[0][0], failures[0][1], NOW)
+    row = dead_letter_row(point_dead_letter(*failures[0]), NOW)
     assert check_row(table_schema("dead_letter"), {**row, "received_time": NOW.isoformat()}, False)[1] == []
     assert (row["source"], row["run_id"]) == ("monitoring:" + CUSTOM + "goodput_pct", "run-1")
 
@@ -344,16 +338,15 @@ def test_monitoring_failures_never_stop_a_beam_pipeline(monitoring):
     settings = MonitoringSettings(min_interval_s=0.0, latest_now=True, retry_deadline_s=0.2, **QUICK)
     with beam.Pipeline(runner=FnApiRunner()) as pipeline:  # the batch replay's runner
         letters = (pipeline
-                   | beam.Create(snapshot_rows("run-1"))
+                   | beam.Create([snapshot_at(NOW, "run-1", accelerator_type="v5p")])
                    | WriteToMonitoring(PROJECT, settings, streaming=False, endpoint=monitoring.host)
-                   | beam.Map(lambda element: (element[0], element[1]["run_id"],
-                                               element[1]["source"].split(":")[0])))
+                   | beam.Map(lambda letter: (letter.run_id, letter.source.split(":")[0])))
         assert_that(letters, lambda got: _all_dead_letters_of(got, "run-1"))
     assert monitoring.store.points(REFERENCE + "goodput_time") == []
 
 
-def _all_dead_letters_of(got: list[tuple[str, str, str]], run_id: str) -> None:
-    assert got and set(got) == {("dead_letter", run_id, "monitoring")}, got
+def _all_dead_letters_of(got: list[tuple[str, str]], run_id: str) -> None:
+    assert got and set(got) == {(run_id, "monitoring")}, got
 
 
 def test_a_replay_keeps_the_points_monitoring_refused_as_dead_letters(monitoring, tmp_path):

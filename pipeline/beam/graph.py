@@ -1,0 +1,118 @@
+"""The pipeline's graph, top to bottom: messages in, each run's snapshots, every output out.
+
+One graph for the batch replay and the stream; only where messages come from and how runs are
+tracked differ. ``pipeline.beam.launcher`` runs it, and the tests build it as it does. Every step
+has a stable label: Dataflow matches the steps of a running job by label when it is updated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
+
+from pipeline.beam.live import TrackRunsLive
+from pipeline.beam.options import GoodputOptions
+from pipeline.beam.restore import RestoreRuns
+from pipeline.beam.transforms import (
+    DeadLetterRows,
+    ParseEvents,
+    SnapshotRows,
+    Stopping,
+    TrackRuns,
+    WriteToBigQuery,
+    WriteToDuckDB,
+    WriteToMonitoring,
+    never,
+)
+from pipeline.core.rows import batch_rows
+from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
+from pipeline.sinks.monitoring import MonitoringSettings
+from pipeline.sinks.raw_events import backfill_messages
+
+
+def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: Stopping = never) -> None:
+    """The graph on ``pipeline``: a stream if the options say ``--streaming``, else a batch replay.
+    ``stopping`` says when a local stream is stopping (``pipeline.beam.direct_runner``)."""
+    streaming = options.view_as(StandardOptions).streaming
+
+    # Messages in, as (source, message): a subscription, or emitter files and raw events tables.
+    if streaming:
+        messages = (pipeline
+                    | "ReadPubSub" >> beam.io.ReadFromPubSub(subscription=options.subscription,
+                                                             with_attributes=True)
+                    | "WithSource" >> beam.Map(
+                        lambda m: (m.attributes.get("message_id") or m.message_id or "", m.data)))
+    else:
+        inputs = []
+        if options.events:
+            inputs.append(pipeline
+                          | "Files" >> beam.Create(list(options.events))
+                          | "ReadLines" >> beam.FlatMap(read_lines))
+        if options.from_duckdb:
+            inputs.append(pipeline
+                          | "EventsTables" >> beam.Create(list(options.from_duckdb))
+                          | "ReadEventsTable" >> beam.FlatMap(backfill_messages))
+        messages = inputs[0] if len(inputs) == 1 else tuple(inputs) | "AllInputs" >> beam.Flatten()
+    parsed = messages | "ParseEvents" >> ParseEvents()
+
+    # Each run's snapshots: on timers while streaming (after restoring a run the raw events table
+    # holds and this pipeline does not), or one per run as of one time.
+    if streaming:
+        events = parsed.events
+        if options.duckdb and not options.no_raw_events:
+            events = events | "RestoreRuns" >> RestoreRuns(options.duckdb, options.gc_after_s)
+        tracked = events | "TrackRuns" >> TrackRunsLive(
+            options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
+            stopping=stopping)
+    else:
+        tracked = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
+                                                           tuple(options.exclude or ()))
+
+    # Rows out: the snapshots', the inputs' (raw events, run metadata) and the dead letters'.
+    raw_events = not options.no_raw_events
+    rows = {
+        "Snapshots": tracked.snapshots | "SnapshotRows" >> SnapshotRows(),
+        "Inputs": parsed.events | "InputRows" >> beam.FlatMap(lambda kv: batch_rows(kv[1], raw_events)),
+        "DeadLetters": ((parsed.dead_letter, tracked.dead_letter)
+                        | "DeadLetters" >> beam.Flatten()
+                        | "DeadLetterRows" >> DeadLetterRows()),
+    }
+    if options.duckdb:  # each source apart: a batch runner holds a Flatten's input whole
+        for name, source in rows.items():
+            source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb)
+    if options.bigquery_dataset:
+        project, dataset = parse_dataset(options.bigquery_dataset)
+        if options.bigquery_create_tables:
+            create_tables(make_client(project, options.bigquery_endpoint), project, dataset)
+        (tuple(rows.values())
+         | "AllRows" >> beam.Flatten()
+         | "WriteToBigQuery" >> WriteToBigQuery(project, dataset, options.bigquery_endpoint,
+                                                stopping=stopping))
+
+    # Points out: the reference's Cloud Monitoring metrics of each snapshot. What the service did
+    # not take is kept as dead letters in the same tables.
+    if options.monitoring_project:
+        settings = MonitoringSettings(
+            options.monitoring_min_interval_s, options.monitoring_max_lag_s,
+            options.monitoring_latest_now, options.monitoring_location, options.monitoring_cluster_name)
+        refused = (tracked.snapshots
+                   | "WriteToMonitoring" >> WriteToMonitoring(options.monitoring_project, settings, streaming,
+                                                              options.monitoring_endpoint, stopping)
+                   | "MonitoringDeadLetterRows" >> DeadLetterRows())
+        if options.duckdb:
+            refused | "MonitoringDeadLettersToDuckDB" >> WriteToDuckDB(options.duckdb)
+        if options.bigquery_dataset:
+            refused | "MonitoringDeadLettersToBigQuery" >> WriteToBigQuery(
+                project, dataset, options.bigquery_endpoint, stopping=stopping)
+
+
+def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
+    """("file:line", line) for every non-empty line of an emitter file."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                yield f"{path}:{number}", line
+
