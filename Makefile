@@ -1,4 +1,5 @@
 # Two commands for a newcomer: `make demo` and `make test`. Each creates .venv on first use.
+# `make check` is the fast tier for a change in progress: lint, types, tests/unit and tests/beam.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ CHECKOV := .venv-checkov/bin/checkov
 # The HTML report is tested in Debian's chromium, driven by playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo test lint typecheck unit bench soak clean
+.PHONY: install demo check test lint typecheck bench soak clean
 
 install: $(STAMP)
 
@@ -39,10 +40,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-unit: $(STAMP) $(CHECKOV) $(CHROMIUM)
-	$(PY) -m pytest
+check: lint typecheck
+	$(PY) -m pytest tests/unit tests/beam
 
-test: lint typecheck unit
+# Everything, tests/e2e too (stand-ins, subprocesses, the browser, Terraform, installs, the soak):
+# what CI runs.
+test: lint typecheck $(CHECKOV) $(CHROMIUM)
+	$(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
@@ -50,7 +54,7 @@ bench: $(STAMP)
 # Thirty minutes of fleet traffic with random faults (make test runs a 90 s version of it).
 SOAK_S ?= 1800
 soak: $(STAMP)
-	GOODPUT_SOAK_S=$(SOAK_S) $(PY) -m pytest -s -p no:cacheprovider tests/faults/test_soak.py
+	GOODPUT_SOAK_S=$(SOAK_S) $(PY) -m pytest -s -p no:cacheprovider tests/e2e/test_soak.py
 
 clean:
 	rm -rf $(VENV) .venv-checkov .cache demo-output .pytest_cache .mypy_cache .ruff_cache

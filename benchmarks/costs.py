@@ -92,8 +92,7 @@ FLEET_RUN_ID = "llm-pretrain-v5p-256-000001"
 
 def _records_of(path: Path) -> tuple[str, list[Record]]:
     """The attempt id and records of the one attempt in an emitter file."""
-    from pipeline.beam.graph import read_lines
-    from pipeline.core.events import parse_batch
+    from pipeline.core.events import parse_batch, read_lines
 
     records: list[Record] = []
     attempt_id = ""

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 # (row, function, the file it is in): the replay's phases.
 PHASES = [
     ("imports (Beam, the pipeline)", "<module>", "pipeline/beam/launcher.py"),
-    ("building the graph", "build_pipeline", "pipeline/beam/launcher.py"),
+    ("building the graph", "build_pipeline", "pipeline/beam/graph.py"),
     ("parsing messages", "parse_batch", "pipeline/core/events.py"),
     ("adding events to run state", "add_batch", "pipeline/core/engine.py"),
     ("computing snapshots", "snapshot", "pipeline/core/engine.py"),

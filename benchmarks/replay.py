@@ -98,9 +98,8 @@ def _whole_process(events: Path, out: Path) -> float:
 def run() -> str:
     from ml_goodput_measurement.src import goodput
 
-    from pipeline.beam.graph import read_lines
     from pipeline.core import engine
-    from pipeline.core.events import Event, parse_batch
+    from pipeline.core.events import Event, parse_batch, read_lines
 
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)

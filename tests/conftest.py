@@ -1,8 +1,8 @@
-"""Shared fixtures: isolated spool directories, file destinations and quick emitter settings."""
+"""Shared fixtures: isolated spool directories, file destinations, quick emitter settings, and the
+replayed fleet the fault suites compare with."""
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 
 from emitter import EmitterSettings, GoodputRecorder
-
-T0 = datetime.datetime(2026, 11, 1, 8, 0, tzinfo=datetime.timezone.utc)
-
-
-def at(seconds: float) -> datetime.datetime:
-    """The simulated time ``seconds`` after T0."""
-    return T0 + datetime.timedelta(seconds=seconds)
+from support.runs import fleet_events, messages
 
 
 @pytest.fixture
@@ -62,30 +56,7 @@ def make_recorder(
         recorder.close(timeout=5)
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """Every event in an emitter file, each with its batch's run_id and attempt_id added."""
-    import json
-
-    events = []
-    for line in path.read_text().splitlines():
-        batch = json.loads(line)
-        for event in batch["events"]:
-            events.append({"run_id": batch["run_id"], "attempt_id": batch["attempt_id"], **event})
-    return events
-
-
-def keyed_stream() -> Any:
-    """A TestStream of (run id, message) pairs, with a deterministic key coder for keyed state."""
-    from apache_beam import coders
-    from apache_beam.testing.test_stream import TestStream
-
-    return TestStream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.FastPrimitivesCoder()]))
-
-
-def streaming_options() -> Any:
-    """Pipeline options for a streaming Beam test on the DirectRunner (with TestStream)."""
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
-    options.view_as(StandardOptions).streaming = True
-    return options
+@pytest.fixture(scope="session")
+def clean_lines() -> list[bytes]:
+    """The fleet's messages as the emitter sends them: in order, each once."""
+    return messages(fleet_events(), 100)

@@ -13,7 +13,7 @@ or publish straight to the events topic with ``--destination projects/P/topics/T
 Input: ``gcloud logging read --format=json`` output (a JSON array of LogEntry objects), or JSON
 lines of LogEntry objects or of bare ``jsonPayload`` objects. Every reference payload becomes
 one event of the same kind and time (the mapping is ``_KINDS`` and ``_orbax_event`` below,
-the same one ``tests/test_reference_replay.py`` checks for the recorder). Orbax's checkpoint
+the same one ``tests/unit/test_reference_replay.py`` checks for the recorder). Orbax's checkpoint
 save and restore entries become ``checkpoint_save`` and ``checkpoint_restore`` events.
 
 The reference has no attempts: a new attempt starts at each ``job_start_time`` entry (entries

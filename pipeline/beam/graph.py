@@ -7,8 +7,6 @@ has a stable label: Dataflow matches the steps of a running job by label when it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 
@@ -26,6 +24,7 @@ from pipeline.beam.transforms import (
     WriteToMonitoring,
     never,
 )
+from pipeline.core.events import read_lines
 from pipeline.core.rows import batch_rows
 from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
 from pipeline.sinks.monitoring import MonitoringSettings
@@ -106,13 +105,3 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
         if options.bigquery_dataset:
             refused | "MonitoringDeadLettersToBigQuery" >> WriteToBigQuery(
                 project, dataset, options.bigquery_endpoint, stopping=stopping)
-
-
-def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
-    """("file:line", line) for every non-empty line of an emitter file."""
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip(b"\r\n")
-            if line.strip():
-                yield f"{path}:{number}", line
-

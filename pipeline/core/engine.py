@@ -5,7 +5,7 @@ Pure Python, no Beam: the Beam transforms, the batch replay and the tests share 
 ``RunState`` takes validated events (``pipeline.core.events.Event``) one at a time, in any order and
 with duplicates; ``RunState.snapshot(as_of_us)`` computes the run's figures as of a time. The
 result depends only on the set of distinct events, never on their arrival order, on how they were
-batched into messages, or on the snapshots taken before (``tests/faults/test_delivery.py``).
+batched into messages, or on the snapshots taken before (``tests/unit/test_delivery.py``).
 An event is identified by its attempt and sequence number: a second event with the same id is a
 redelivery and is ignored (two different events under one id are a producer's bug; the first to
 arrive counts).

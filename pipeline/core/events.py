@@ -17,7 +17,7 @@ import json
 import math
 import re
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -533,3 +533,14 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
     if not steps and not others:
         return None, dead
     return Batch(batch_run_id, attempt_id, step_seqs, step_times, steps, tuple(others)), dead
+
+
+def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
+    """("file:line", message) for every non-empty line of an emitter file: its messages, each with
+    where it came from (the ``source`` of ``parse_batch``)."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                yield f"{path}:{number}", line
+

@@ -1,0 +1,212 @@
+"""Pipeline faults: a bug in the engine for one run, a stream stopped and started again, a run
+forgotten after its end that speaks again, events a killed process lost, and a backfill.
+
+An engine bug cannot be provoked by input (every input that crashed it is fixed at its cause),
+so it is injected: ``RunState.add_batch`` or ``RunState.snapshot`` raises for one message or
+one run, in this process, where Beam's DirectRunner runs the DoFns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+
+from pipeline.beam.live import TrackRunsLive
+from pipeline.beam.restore import RestoreRuns
+from pipeline.beam.transforms import DeadLetterRows, SnapshotRows, WriteToDuckDB
+from pipeline.core import engine
+from pipeline.core.events import Batch, parse_batch
+from support.beam import SNAPSHOT_TABLES, keyed_stream, query, replay, run_batch, streaming_options, table
+from support.runs import FLEET, batch_of
+
+WINDOWS = (300,)
+POISONED = "run-b"
+
+
+@pytest.fixture
+def poisoned_message(monkeypatch: pytest.MonkeyPatch, clean_lines: list[bytes]) -> bytes:
+    """The third message of run-b, on which the engine raises from now on."""
+    chosen = [line for line in clean_lines if batch_of(line).run_id == POISONED][2]
+    poison = batch_of(chosen)
+    add_batch = engine.RunState.add_batch
+
+    def failing(self: engine.RunState, batch: Batch) -> int:
+        if (batch.run_id, batch.attempt_id, tuple(batch.step_seqs)) == (
+                poison.run_id, poison.attempt_id, tuple(poison.step_seqs)):
+            add_batch(self, batch)  # half applied, then the bug
+            raise ZeroDivisionError("injected")
+        return add_batch(self, batch)
+
+    monkeypatch.setattr(engine.RunState, "add_batch", failing)
+    return chosen
+
+
+def without(lines: list[bytes], line: bytes) -> list[bytes]:
+    return [other for other in lines if other != line]
+
+
+def engine_dead_letters(database: Path) -> list[tuple[Any, ...]]:
+    return query(database, "SELECT source, run_id, reason, payload FROM dead_letter ORDER BY ALL")
+
+
+def test_an_engine_failure_in_a_replay_dead_letters_the_message_and_nothing_else(
+        poisoned_message, clean_lines, tmp_path):
+    """The message the engine fails on is a dead letter with the error and the message; the
+    run's numbers are those of its other messages, and every other run's are the clean ones."""
+    database = replay(clean_lines, tmp_path / "poisoned")
+    expected = replay(without(clean_lines, poisoned_message), tmp_path / "without")
+    [(source, run_id, reason, payload)] = engine_dead_letters(database)
+    assert (source, run_id) == ("engine", POISONED)
+    assert reason == "the engine failed on this message: ZeroDivisionError: injected"
+    assert parse_batch(payload) == parse_batch(poisoned_message)  # kept whole, to replay once fixed
+    for name in SNAPSHOT_TABLES:
+        assert table(database, name) == table(expected, name), name
+
+
+def test_a_failing_snapshot_is_a_dead_letter_and_the_other_runs_are_written(
+        monkeypatch, clean_lines, clean_replay, tmp_path):
+    """A run whose snapshot raises has a dead letter instead of rows; the others are unchanged."""
+    snapshot = engine.RunState.snapshot
+
+    def failing(self: engine.RunState, *args: Any, **kwargs: Any) -> Any:
+        if self.run_id == POISONED:
+            raise RuntimeError("injected")
+        return snapshot(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.RunState, "snapshot", failing)
+    database = replay(clean_lines, tmp_path)
+    assert engine_dead_letters(database) == [
+        ("engine", POISONED, "the engine failed on the run's snapshot: RuntimeError: injected", "")]
+    for name in SNAPSHOT_TABLES:
+        assert table(database, name) == table(clean_replay, name, f"run_id <> '{POISONED}'"), name
+
+
+def stream(elements: list[tuple[str, Batch]], database: Path, restore_from: Path | None = None,
+           then: Callable[[Any], Any] = lambda s: s) -> None:
+    """The live tracker on ``elements`` (all at processing time 0, the clock says 0), then
+    ``then``, then 31 s on (SNAPSHOT_TIMER fires at 30 s); its rows in ``database``."""
+    test_stream = then(keyed_stream().add_elements(elements)).advance_processing_time(31)
+    test_stream = test_stream.advance_watermark_to_infinity()
+    with BeamTestPipeline(options=streaming_options()) as pipeline:
+        events = pipeline | test_stream
+        if restore_from is not None:
+            events = events | RestoreRuns(str(restore_from), 600.0, clock=lambda: 0.0)
+        tracked = events | TrackRunsLive(WINDOWS, 30.0, 10_000.0, 600.0, clock=lambda: 0.0)
+        tracked.snapshots | "SnapshotRows" >> SnapshotRows() | "Snapshots" >> WriteToDuckDB(str(database))
+        (tracked.dead_letter | DeadLetterRows()
+         | "DeadLetters" >> WriteToDuckDB(str(database)))
+
+
+def keyed(lines: list[bytes]) -> list[tuple[str, Batch]]:
+    return [(batch.run_id, batch) for batch in map(batch_of, lines)]
+
+
+def final_rows(database: Path) -> dict[str, tuple[Any, ...]]:
+    """Each run's latest cumulative (snapshot time, goodput, total, disruptions, max step, ended)."""
+    rows = query(database, "SELECT DISTINCT run_id, snapshot_time, goodput_pct, total_time_s, disruptions, "
+                           "max_productive_step, ended FROM latest_goodput WHERE window_s = 0")
+    assert len(rows) == len({row[0] for row in rows}), rows
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_an_engine_failure_in_the_stream_dead_letters_the_message_and_the_run_goes_on(
+        poisoned_message, clean_lines, tmp_path):
+    """Live, the message the engine fails on is a dead letter; the run keeps the state it had
+    before it, and every run's snapshot is that of the stream without the message."""
+    stream(keyed(clean_lines), tmp_path / "poisoned.duckdb")
+    stream(keyed(without(clean_lines, poisoned_message)), tmp_path / "without.duckdb")
+    [(source, run_id, _, payload)] = engine_dead_letters(tmp_path / "poisoned.duckdb")
+    assert (source, run_id, parse_batch(payload)) == ("engine", POISONED, parse_batch(poisoned_message))
+    assert final_rows(tmp_path / "poisoned.duckdb") == final_rows(tmp_path / "without.duckdb")
+
+
+def test_a_restarted_stream_restores_its_runs_from_the_raw_events_and_catches_up(clean_lines, tmp_path):
+    """A stream stopped after half the messages and started again on its file restores each run
+    from the events table when the run speaks again: its numbers equal those of a stream that
+    never stopped, a redelivered message of the first half included. Without the restore, the
+    runs would start again from their second half."""
+    half = len(clean_lines) // 2
+    before = replay(clean_lines[:half], tmp_path / "before")  # the raw events of the first half
+    redelivered = keyed(clean_lines[half - 1:])  # the last message read before the stop comes again
+    stream(redelivered, tmp_path / "restarted.duckdb", restore_from=before)
+    stream(redelivered, tmp_path / "forgetful.duckdb")
+    stream(keyed(clean_lines), tmp_path / "never-stopped.duckdb")
+    never_stopped = final_rows(tmp_path / "never-stopped.duckdb")
+    assert set(never_stopped) == set(FLEET)
+    assert final_rows(tmp_path / "restarted.duckdb") == never_stopped
+    forgetful = final_rows(tmp_path / "forgetful.duckdb")
+    split = {batch_of(line).run_id for line in clean_lines[:half]} & {run for run, _ in redelivered}
+    assert split and all(forgetful[run][2] < never_stopped[run][2] for run in split)  # time lost: wrong
+
+
+def test_a_run_forgotten_after_its_end_is_restored_when_it_speaks_again(clean_lines, tmp_path):
+    """After GC_TIMER cleared an ended run, a message that arrives late is added to its whole
+    history from the events table, not to an empty state."""
+    ended = [line for line in clean_lines if batch_of(line).run_id == "run-a"]  # shape 1 ends
+    late = ended.pop(len(ended) // 2)
+    written = replay(ended, tmp_path / "written")  # what the stream wrote before it forgot the run
+    stream(keyed(ended), tmp_path / "live.duckdb", restore_from=written,
+           then=lambda s: s.advance_processing_time(700).add_elements(keyed([late])))  # GC at 600 s
+    stream(keyed([*ended, late]), tmp_path / "whole.duckdb")
+    # The same ended run; reported as of a later time: after its interval snapshot while the
+    # late message was missing (a run's snapshot times never go back).
+    live, whole = (final_rows(tmp_path / name)["run-a"] for name in ("live.duckdb", "whole.duckdb"))
+    assert live[1:] == whole[1:] and live[0] > whole[0]
+
+
+def test_an_end_that_arrives_after_a_later_snapshot_is_the_runs_latest(clean_lines, tmp_path):
+    """The job end comes after an interval snapshot that ran the unended run on past it (its
+    message was held up): the end is reported as of the later time, never before a snapshot
+    already written, so the run's latest snapshot shows it ended, with the whole run's figures."""
+    lines = [line for line in clean_lines if batch_of(line).run_id == "run-a"]
+    [end] = [line for line in lines if any(e.kind == "job_end" for e in batch_of(line).others)]
+    stream(keyed(without(lines, end)), tmp_path / "held-up.duckdb",
+           then=lambda s: s.advance_processing_time(31).add_elements(keyed([end])))
+    stream(keyed(lines), tmp_path / "on-time.duckdb")
+    held_up, on_time = (final_rows(tmp_path / name)["run-a"] for name in ("held-up.duckdb", "on-time.duckdb"))
+    assert held_up[-1] and held_up[1:] == on_time[1:]
+    history = query(tmp_path / "held-up.duckdb", "SELECT snapshot_time, ended FROM goodput_snapshots "
+                                                 "WHERE window_s = 0 ORDER BY snapshot_time")
+    assert [ended for _, ended in history] == [False, True] and history[-1][0] == held_up[0]
+
+
+def test_events_a_killed_process_lost_are_counted_in_every_snapshot(clean_lines, tmp_path):
+    """Ten events missing inside an attempt (a killed process's memory) show as missing_events
+    in each of the run's goodput rows; once they arrive the count is 0."""
+    line = next(line for line in clean_lines if batch_of(line).run_id == "run-c" and len(batch_of(line)) > 20)
+    document = json.loads(line)
+    lost, kept = document["events"][5:15], document["events"][:5] + document["events"][15:]
+    gapped = [other if other != line else json.dumps({**document, "events": kept}).encode()
+              for other in clean_lines]
+    database = replay(gapped, tmp_path / "gapped")
+    counts = dict(query(database, "SELECT run_id, max(missing_events) FROM goodput_snapshots "
+                                  "GROUP BY run_id"))
+    assert counts == {"run-a": 0, "run-b": 0, "run-c": 10}
+    assert query(database, "SELECT count(DISTINCT missing_events) FROM goodput_snapshots "
+                           "WHERE run_id = 'run-c'") == [(1,)]
+    late = json.dumps({**document, "events": lost}).encode()
+    whole = replay([*gapped, late], tmp_path / "whole")
+    assert query(whole, "SELECT max(missing_events) FROM goodput_snapshots") == [(0,)]
+
+
+def test_a_backfill_reproduces_every_table(clean_lines, clean_replay, tmp_path):
+    """goodput replay --from_duckdb rebuilds every snapshot table, the raw events and the run
+    metadata of the file it reads, row for row."""
+    backfill = tmp_path / "backfill.duckdb"
+    run_batch(f"--from_duckdb={clean_replay}", f"--duckdb={backfill}")
+    for name in (*SNAPSHOT_TABLES, "events", "run_metadata"):
+        assert table(backfill, name) == table(clean_replay, name), name
+    assert query(backfill, "SELECT count(*) FROM dead_letter") == [(0,)]
+
+
+def test_a_backfill_refuses_to_write_into_the_file_it_reads(clean_replay, capsys):
+    """--from_duckdb and --duckdb naming one file is refused with a clear error, exit code 2."""
+    from pipeline.beam.launcher import run
+
+    assert run([f"--from_duckdb={clean_replay}", f"--duckdb={clean_replay}"]) == 2
+    assert "write the backfill to another --duckdb file" in capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""The BigQuery sink and the local BigQuery stand-in, through the real ``google-cloud-bigquery``
+client: the stand-in's insertAll rules, the sink's requests and dead letters, and the batch
+replay writing the same rows to BigQuery as to DuckDB."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from google.api_core import exceptions
+
+from goodput_schemas import table_names, table_options
+from pipeline.emulators.bigquery import BigQueryEmulator
+from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client, parse_dataset
+from support import REPO
+
+PROJECT, DATASET = "goodput-local", "goodput"
+UTC = datetime.timezone.utc
+T = datetime.datetime(2026, 11, 1, 8, tzinfo=UTC)
+
+
+@pytest.fixture
+def emulator() -> Iterator[BigQueryEmulator]:
+    with BigQueryEmulator() as started:
+        yield started
+
+
+@pytest.fixture
+def client(emulator: BigQueryEmulator) -> Any:
+    client = make_client(PROJECT, emulator.endpoint)
+    create_tables(client, PROJECT, DATASET)
+    return client
+
+
+def dead_letter(emulator: BigQueryEmulator) -> list[dict[str, Any]]:
+    return emulator.store.rows(PROJECT, DATASET, "dead_letter")
+
+
+def letter(source: str = "file:1") -> dict[str, Any]:
+    return {"received_time": T, "source": source, "run_id": "run-1", "reason": "bad", "payload": "{}"}
+
+
+def test_tables_are_created_from_the_schemas_with_partitioning_and_clustering(client, emulator):
+    for name in table_names():
+        table = client.get_table(f"{PROJECT}.{DATASET}.{name}")
+        partitioning = table.time_partitioning
+        assert (partitioning and partitioning.field) == table_options(name)["partition_field"]
+        assert table.clustering_fields == table_options(name)["cluster"]
+    assert [f.name for f in client.get_table(f"{PROJECT}.{DATASET}.dead_letter").schema] == [
+        "received_time", "source", "run_id", "reason", "payload"]
+    prices = emulator.store.rows(PROJECT, DATASET, "accelerator_prices")
+    assert {"accelerator_type": "v5p", "usd_per_chip_hour": 4.2} in [
+        {k: row[k] for k in ("accelerator_type", "usd_per_chip_hour")} for row in prices]
+    create_tables(client, PROJECT, DATASET)  # again: nothing to do, no error, no second seed
+    assert emulator.store.rows(PROJECT, DATASET, "accelerator_prices") == prices
+
+
+def test_insert_all_checks_each_row_against_the_schema(client, emulator):
+    table = f"{PROJECT}.{DATASET}.dead_letter"
+    rows = [{"received_time": "2026-11-01T08:00:00Z", "reason": "r", "payload": "p"},
+            {"received_time": "2026-11-01T08:00:00Z", "reason": "r", "payload": "p", "colour": "red"},
+            {"received_time": "yesterday", "reason": "r", "payload": "p"},
+            {"received_time": "2026-11-01T08:00:00Z", "payload": "p"}]
+    errors = client.insert_rows_json(table, rows)  # one bad row stops the request
+    assert [(e["index"], e["errors"][0]["reason"]) for e in errors] == [
+        (0, "stopped"), (1, "invalid"), (2, "invalid"), (3, "invalid")]
+    assert "no such field: colour" in errors[1]["errors"][0]["message"]
+    assert "Cannot convert value to timestamp" in errors[2]["errors"][0]["message"]
+    assert "Missing required field: reason" in errors[3]["errors"][0]["message"]
+    assert dead_letter(emulator) == []
+    errors = client.insert_rows_json(table, rows, skip_invalid_rows=True)
+    assert [e["index"] for e in errors] == [1, 2, 3]
+    assert [row["received_time"] for row in dead_letter(emulator)] == [T]
+
+
+def test_insert_all_limits_retries_and_insert_ids(client, emulator):
+    table = f"{PROJECT}.{DATASET}.dead_letter"
+    row = {"received_time": "2026-11-01T08:00:00Z", "reason": "r", "payload": "p"}
+    with pytest.raises(exceptions.BadRequest, match="too many rows"):
+        client.insert_rows_json(table, [row] * 50_001)
+    with pytest.raises(exceptions.BadRequest, match="payload size exceeds the limit"):
+        client.insert_rows_json(table, [{**row, "payload": "x" * 1_000_000}] * 11)
+    with pytest.raises(exceptions.NotFound, match="no_such_table"):
+        client.insert_rows_json(f"{PROJECT}.{DATASET}.no_such_table", [row])
+    emulator.store.fail_next(2, HTTPStatus.SERVICE_UNAVAILABLE)
+    before = emulator.store.insert_requests
+    assert client.insert_rows_json(table, [row, row], row_ids=["a", "b"]) == []  # retried
+    assert emulator.store.insert_requests - before == 3
+    assert client.insert_rows_json(table, [row], row_ids=["a"]) == []  # a duplicate of "a"
+    assert len(dead_letter(emulator)) == 2
+
+
+def test_writer_routes_rejected_rows_to_dead_letter(client, emulator):
+    writer = BigQueryWriter(client, PROJECT, DATASET, retry_deadline_s=10)
+    good = {"run_id": "run-1", "attempt_id": "a", "start_time": T, "chip_count": 8}
+    bad = {"run_id": "run-2", "attempt_id": "a", "start_time": T, "chip_count": "eight"}
+    assert writer.write({"run_metadata": [good, bad], "dead_letter": [letter()]}) == 1
+    assert [r["run_id"] for r in emulator.store.rows(PROJECT, DATASET, "run_metadata")] == ["run-1"]
+    letters = dead_letter(emulator)
+    assert letters[0]["source"] == "file:1"
+    rejected = letters[1]
+    assert (rejected["source"], rejected["run_id"]) == ("bigquery:run_metadata", "run-2")
+    assert "Cannot convert value to int64" in rejected["reason"] and '"eight"' in rejected["payload"]
+
+
+def test_writer_splits_requests_retries_and_is_idempotent(client, emulator):
+    writer = BigQueryWriter(client, PROJECT, DATASET, retry_deadline_s=10)
+    letters = [letter(f"file:{i}") for i in range(1_200)]
+    before = emulator.store.insert_requests
+    emulator.store.fail_next(1)
+    assert writer.write({"dead_letter": letters}) == 0
+    assert emulator.store.insert_requests - before == 4  # 500 + 500 + 200, one retried
+    writer.write({"dead_letter": letters[:10]})  # a retried bundle: deduplicated by insert id
+    assert len(dead_letter(emulator)) == 1_200
+
+
+def test_writer_hands_back_what_it_cannot_write_when_the_tables_are_missing(emulator):
+    """No table at all: nothing raises; the rows come back as dead letters not written."""
+    writer = BigQueryWriter(make_client(PROJECT, emulator.endpoint), PROJECT, DATASET)
+    unwritten: list[tuple[str, dict[str, Any], str]] = []
+    assert writer.write({"dead_letter": [letter()]}, lambda *failure: unwritten.append(failure)) == 1
+    ((table, row, reason),) = unwritten
+    assert (table, row["source"], row["run_id"]) == ("dead_letter", "bigquery:dead_letter", "run-1")
+    assert "Not found: Table" in reason and '"source": "file:1"' in row["payload"]
+
+
+def test_dataset_option_is_checked():
+    assert parse_dataset("p:d") == parse_dataset("p.d") == ("p", "d")
+    with pytest.raises(ValueError, match="PROJECT:DATASET"):
+        parse_dataset("just-a-dataset")
+
+
+def test_batch_replay_writes_the_same_rows_to_bigquery_and_duckdb(tmp_path: Path, emulator):
+    env = dict(os.environ)
+    events = tmp_path / "events.jsonl"
+    subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--output", str(events),
+                    "--steps", "300"],
+                   cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
+    with events.open("a") as out:
+        out.write("not json\n")
+    database = tmp_path / "goodput.duckdb"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", f"--events={events}", f"--duckdb={database}",
+         f"--bigquery_dataset={PROJECT}:{DATASET}", f"--bigquery_endpoint={emulator.endpoint}",
+         "--bigquery_create_tables"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    with duckdb.connect(str(database), read_only=True) as connection:
+        for table in table_names():
+            cursor = connection.execute(f'SELECT * FROM "{table}"')
+            columns = [c[0] for c in cursor.description]
+            local = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            remote = emulator.store.rows(PROJECT, DATASET, table)
+            assert local, table
+            assert sorted(map(comparable, remote)) == sorted(map(comparable, local)), table
+
+
+def comparable(row: dict[str, Any]) -> str:
+    """A row as text, timestamps as naive UTC (as DuckDB returns them), received times dropped."""
+    values = {name: value.astimezone(UTC).replace(tzinfo=None)
+              if isinstance(value, datetime.datetime) and value.tzinfo else value
+              for name, value in row.items() if name != "received_time"}
+    return repr(sorted(values.items()))

@@ -1,0 +1,184 @@
+"""The HTML report (pipeline.app.report) of a real batch replay's tables, checked as text and in a
+real headless browser."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from goodput_schemas import saved_queries
+from pipeline.app.alerts import evaluate_file
+from pipeline.app.fleet_sql import run_saved
+from pipeline.app.report import write_report
+from support.history import SECTION_IDS, replay, section, simulate
+
+RUNS = [("run-a", 300, 1), ("run-b", 200, 2), ("run-c<&>", 500, 3)]
+
+
+@pytest.fixture(scope="module")
+def fleet_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three simulated runs replayed by the batch pipeline as of three times, then at their end."""
+    directory = tmp_path_factory.mktemp("fleet")
+    events = simulate(directory, RUNS)
+    database = directory / "goodput.duckdb"
+    for as_of in ("08:06:00", "08:09:00", "08:12:00"):
+        replay(events, database, f"--as_of=2026-11-01T{as_of}Z", "--no_raw_events")
+    replay(events, database)
+    return database
+
+
+@pytest.fixture(scope="module")
+def report(fleet_database: Path) -> str:
+    output = fleet_database.with_name("report.html")
+    write_report(fleet_database, output)
+    return output.read_text()
+
+
+def sql(database: Path, query: str) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(database), read_only=True) as connection:
+        return connection.execute(query).fetchall()
+
+
+def test_every_section_is_present(report: str):
+    """The summary and each section are there, each once, and each plotted section has a plot."""
+    for key in SECTION_IDS:
+        assert report.count(f'id="{key}"') == 1, key
+    for key in ("goodput", "badput", "disruptions", "step-deviation", "alerts"):
+        assert "<svg" in section(report, key), key
+    assert section(report, "goodput").count("<svg") == 2
+
+
+def test_every_run_is_listed_and_escaped(report: str):
+    """Each run id appears in the summary, escaped; the raw id with markup characters never does."""
+    summary = section(report, "summary")
+    for run_id, _, _ in RUNS:
+        assert f'<td class="run">{html.escape(run_id)}</td>' in summary
+    assert "run-c<&>" not in report
+
+
+def test_fleet_goodput_is_the_chip_weighted_figure_of_the_sql(report: str, fleet_database: Path):
+    """The fleet goodput printed is productive over elapsed chip-seconds of each run's latest snapshot,
+    as SQL on the file (and the saved fleet_goodput_by_day query) computes it."""
+    (expected,), = sql(fleet_database, "SELECT 100 * sum(productive_chip_s) / sum(total_chip_s) "
+                                        "FROM latest_goodput WHERE window_s = 0 AND total_chip_s > 0")
+    printed = re.search(r'id="fleet-goodput">([\d.]+) %<', report)
+    assert printed and printed.group(1) == f"{expected:.2f}"
+    with duckdb.connect(str(fleet_database), read_only=True) as connection:
+        _, rows = run_saved("fleet_goodput_by_day", connection)
+    (_, _, _, runs, _, by_day), = rows  # one day, one accelerator type, one group
+    assert runs == len(RUNS) and by_day == pytest.approx(expected, abs=1e-3)
+    assert re.search(r'id="run-count">3<', report)
+
+
+def test_disruptions_are_listed_once_each(report: str, fleet_database: Path):
+    """Every disruption of the file is in the table once, with its restart time and recovery."""
+    rows = sql(fleet_database, "SELECT DISTINCT run_id, restart_time, recovery_s FROM disruptions")
+    assert rows  # each simulated run crashes once
+    table = section(report, "disruptions").split("<table>")[1]
+    for run_id, restart, recovery_s in rows:
+        assert table.count(f"<td>{restart:%Y-%m-%d %H:%M:%S}</td>") == 1
+        assert f"{recovery_s:.3f}".rstrip("0") in table
+        assert html.escape(run_id) in table
+
+
+def test_alerts_are_those_the_policies_would_have_fired(report: str, fleet_database: Path):
+    """The alerts table lists what pipeline.app.alerts finds in the file (here, disruptions that a later
+    snapshot within 10 minutes showed)."""
+    alerts = evaluate_file(fleet_database)
+    assert alerts and {alert.policy for alert in alerts} == {"disruption"}
+    assert re.search(rf'id="alert-count">{len(alerts)}<', report)
+    table = section(report, "alerts").split("<table>")[1]
+    for alert in alerts:
+        assert f"<td>{alert.fired_at:%Y-%m-%d %H:%M:%S}</td>" in table
+    assert table.count("<tr>") == len(alerts) + 1
+
+
+def test_every_saved_query_has_its_table(report: str, fleet_database: Path):
+    """Each saved fleet query has an element with its result: as many rows, and its values."""
+    queries = section(report, "fleet-queries")
+    with duckdb.connect(str(fleet_database), read_only=True) as connection:
+        for name in saved_queries():
+            columns, rows = run_saved(name, connection)
+            block = re.search(rf'<div class="query" id="query-{name}">(.*?)</div>(?=<div class="query"|$)',
+                              queries, re.S)
+            assert block, name
+            assert block.group(1).count("<tr>") == (len(rows) + 1 if rows else 0), name
+            for column in columns if rows else ():
+                assert f">{html.escape(column)}</th>" in block.group(1)
+    _, ranking = run_saved("badput_ranking", duckdb.connect(str(fleet_database), read_only=True))
+    assert f"<td>{ranking[0][1]}</td>" in queries
+
+
+def test_the_report_loads_nothing_from_the_network(report: str):
+    """No script, stylesheet, image or link points outside the file."""
+    references = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']*)', report)
+    assert references and all(reference.startswith("#") for reference in references)
+    assert "<script" not in report and "@import" not in report and "url(http" not in report
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: Path, tmp_path: Path):
+    """Chromium opens the report from a file: no console or page errors, every section visible
+    with its plots drawn, and a full-page screenshot that is not blank."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium) at /usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    page_file = tmp_path / "report.html"
+    page_file.write_text(report)
+    screenshot = tmp_path / "report.png"
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
+                    if message.type in ("error", "warning") else None)
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url}"))
+            page.goto(page_file.as_uri(), wait_until="load")
+            for key in SECTION_IDS:
+                assert page.locator(f"#{key}").is_visible(), key
+            for index in range(page.locator("figure.plot svg").count()):
+                box = page.locator("figure.plot svg").nth(index).bounding_box()
+                assert box and box["width"] > 600 and box["height"] > 100, (index, box)
+            assert page.locator("#fleet-goodput").inner_text().endswith("%")
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []
+    data = screenshot.read_bytes()
+    width, height = png_size(data)
+    assert width == 1280 and height > 3000
+    from PIL import Image
+
+    with Image.open(screenshot) as image:
+        colors = image.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colors is not None and len(colors) > 100
+
+
+def test_goodput_report_and_replay_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """``goodput replay`` is the batch pipeline and ``goodput report`` writes the report of its file."""
+    from pipeline.app.cli import main
+
+    (events,) = simulate(tmp_path, [("run-cli", 60, 3)])
+    database, page = tmp_path / "cli.duckdb", tmp_path / "cli.html"
+    assert main(["replay", f"--events={events}", f"--duckdb={database}"]) == 0
+    assert "run-cli" in capsys.readouterr().out
+    assert main(["report", "--duckdb", str(database), "--output", str(page)]) == 0
+    assert 'id="fleet-queries"' in page.read_text() and "run-cli" in page.read_text()
+    assert main(["report", "--duckdb", str(tmp_path / "missing.duckdb")]) == 2
+    assert main(["replay", "--streaming"]) == 2

@@ -1,0 +1,192 @@
+"""The Terraform module, checked offline: formatting; ``terraform validate``, ``plan`` and
+``test`` against the real google and google-beta provider schemas (served by the schema-only
+stand-in of ``tools/provider_stand_in``); the cross-checks of ``terraform_checks`` on the plan;
+checkov. Each kind of deliberate mistake in ``tests/e2e/terraform_mistakes/`` makes one of them fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import REPO
+from support import terraform as checks
+
+MODULE = REPO / "terraform"
+MISTAKES = Path(__file__).resolve().parent / "terraform_mistakes"
+CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
+IMAGE = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+TERRAFORM = shutil.which("terraform")
+
+needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
+
+
+def module_copy(root: Path, *mistakes: str) -> Path:
+    """The module in ``root/terraform`` beside the ``goodput_schemas/`` and ``dataflow/`` it reads, with
+    the named mistake files added."""
+    shutil.copytree(MODULE, root / "terraform", ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
+    for shared in ("goodput_schemas", "dataflow"):
+        (root / shared).symlink_to(REPO / shared)
+    for mistake in mistakes:
+        shutil.copy(MISTAKES / mistake, root / "terraform" / mistake)
+    return root / "terraform"
+
+
+def terraform(module: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    from tools.provider_stand_in import terraform_env
+
+    # The stand-in serves every type the module, its example and the mistakes name.
+    env = {**os.environ, **terraform_env([MODULE, MISTAKES]), "TF_IN_AUTOMATION": "1"}
+    return subprocess.run([TERRAFORM or "terraform", f"-chdir={module}", *args], env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+def plan(module: Path) -> checks.Plan:
+    """``terraform plan`` of the module with an image (so with the Dataflow job), as JSON."""
+    planned = terraform(module, "plan", "-input=false", "-out=tfplan", "-var=project_id=goodput-test",
+                        f"-var=container_image={IMAGE}")
+    assert planned.returncode == 0, planned.stderr
+    shown = terraform(module, "show", "-json", "tfplan")
+    assert shown.returncode == 0, shown.stderr
+    plan_json: checks.Plan = json.loads(shown.stdout)
+    return plan_json
+
+
+def checkov(module: Path) -> list[str]:
+    """checkov's failed checks of the module, as "CHECK_ID resource"."""
+    if not CHECKOV.exists():
+        pytest.skip("checkov is installed by `make test` in .venv-checkov")
+    scanned = subprocess.run([str(CHECKOV), "-d", str(module), "--framework", "terraform", "--skip-download",
+                              "--quiet", "-o", "json"], text=True, capture_output=True, timeout=300)
+    report = json.loads(scanned.stdout)
+    assert report["summary"]["parsing_errors"] == 0, report["summary"]
+    return [f"{c['check_id']} {c['resource']}" for c in report["results"]["failed_checks"]]
+
+
+# -- The module as it is ------------------------------------------------------------------------
+
+@needs_terraform
+def test_the_module_is_formatted():
+    formatted = subprocess.run([TERRAFORM or "terraform", "fmt", "-check", "-recursive", "-diff", str(MODULE),
+                                str(MISTAKES)], text=True, capture_output=True, timeout=60)
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the module. The stand-in providers are development overrides, which need no
+    ``terraform init``."""
+    if TERRAFORM is None:
+        pytest.skip("terraform is not installed")
+    return module_copy(tmp_path_factory.mktemp("module"))
+
+
+def test_the_module_validates_against_the_provider_schemas(module: Path):
+    validated = terraform(module, "validate", "-json")
+    assert json.loads(validated.stdout)["valid"] is True, validated.stdout
+
+
+def test_the_example_validates(module: Path):
+    example = module / "examples" / "basic"
+    fetched = terraform(example, "get")  # installs the local module; providers need no init
+    assert fetched.returncode == 0, fetched.stderr
+    validated = terraform(example, "validate", "-json")
+    assert json.loads(validated.stdout)["valid"] is True, validated.stdout
+
+
+def test_terraform_test_passes(module: Path):
+    tested = terraform(module, "test")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "0 failed" in tested.stdout
+
+
+def test_the_plan_passes_every_cross_check(module: Path):
+    planned = plan(module)
+    assert checks.check_plan(planned) == []
+    types = {r["type"] for r in checks.resources(planned)}
+    assert {"google_dataflow_flex_template_job", "google_monitoring_dashboard",
+            "google_monitoring_alert_policy", "google_pubsub_schema"} <= types
+
+
+def test_checkov_finds_nothing_and_every_skip_is_justified(module: Path):
+    assert checkov(module) == []
+    for path in module.glob("*.tf"):
+        for line in path.read_text().splitlines():
+            if "checkov:skip=" in line:
+                assert len(line.split(":", 2)[-1].strip()) > 20, f"{path.name}: a skip needs a reason: {line}"
+
+
+# -- Deliberate mistakes ------------------------------------------------------------------------
+
+def test_an_unknown_argument_fails_validation(tmp_path: Path):
+    if TERRAFORM is None:
+        pytest.skip("terraform is not installed")
+    copy = module_copy(tmp_path, "unknown_argument.tf")
+    validated = terraform(copy, "validate", "-json")
+    diagnostics = json.loads(validated.stdout)
+    assert diagnostics["valid"] is False
+    assert any(d["summary"] == "Unsupported argument" and "message_ordering" in d["detail"]
+               for d in diagnostics["diagnostics"]), validated.stdout
+
+
+@pytest.mark.parametrize(("mistake", "problem"), [
+    ("schema_drift_override.tf", "its schema is not goodput_schemas/tables/"),
+    ("unknown_metric_override.tf", "no pipeline writes metric compute.googleapis.com/workload/step_time_v"),
+    ("over_broad_role.tf", "over-broad role roles/editor"),
+])
+def test_a_mistake_fails_a_cross_check(tmp_path: Path, mistake: str, problem: str):
+    if TERRAFORM is None:
+        pytest.skip("terraform is not installed")
+    copy = module_copy(tmp_path, mistake)
+    problems = checks.check_plan(plan(copy))
+    assert problems and all(problem in p for p in problems), problems
+
+
+def test_checkov_fails_an_over_broad_role(tmp_path: Path):
+    failed = checkov(module_copy(tmp_path, "over_broad_role.tf"))
+    assert any(f.startswith("CKV_GCP_117 ") and f.endswith("google_project_iam_member.pipeline_editor")
+               for f in failed), failed  # basic roles at project level
+
+
+# -- The checks themselves ----------------------------------------------------------------------
+
+WORKLOAD = 'resource.type = "compute.googleapis.com/Workload"'
+
+
+@pytest.mark.parametrize(("query", "group_by", "problem"), [
+    ('resource.type = "generic_task" AND metric.type = "custom.googleapis.com/fleet_goodput/goodput_pct"',
+     ["resource.label.job"], None),
+    (f'{WORKLOAD} AND metric.type = "custom.googleapis.com/fleet_goodput/goodput_pct"', [],
+     "is written on generic_task"),
+    (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/interval_goodput" AND '
+     'metric.label.rolling_window_size = "60"', ["resource.label.workload_id"], None),
+    (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/goodput"', [], "no pipeline writes"),
+    (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/disruptions"',
+     ["metric.label.badput_source"], "has no metric label badput_source"),
+    (f'{WORKLOAD} AND metric.type = "compute.googleapis.com/workload/disruptions"',
+     ["resource.label.zone"], "has no resource label zone"),
+    ('resource.type = "gce_instance" AND metric.type = "compute.googleapis.com/workload/goodput_time"',
+     [], "is written on compute.googleapis.com/Workload"),
+    ('resource.type = "dataflow_job" AND metric.type = "dataflow.googleapis.com/job/system_lag"', [], None),
+    ('resource.type = "dataflow_job" AND metric.type = "dataflow.googleapis.com/job/elements_produced_count"',
+     [], "no pipeline writes"),
+])
+def test_check_query(query: str, group_by: list[str], problem: str | None):
+    problems = checks.check_query(query, group_by)
+    assert (problems == []) if problem is None else any(problem in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("query", "problem"), [
+    ('max by (workload_id) (delta({"__name__"="compute.googleapis.com/workload/disruptions", '
+     '"window_type"="cumulative"}[10m])) > 0', None),
+    ('max by (job) (delta({"__name__"="compute.googleapis.com/workload/disruptions"}[10m])) > 0',
+     "PromQL label job"),
+    ('rate({"__name__"="compute.googleapis.com/workload/restarts"}[5m]) > 0', "no pipeline writes"),
+])
+def test_check_promql(query: str, problem: str | None):
+    problems = checks.check_promql(query)
+    assert (problems == []) if problem is None else any(problem in p for p in problems), problems

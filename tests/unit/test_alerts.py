@@ -1,0 +1,224 @@
+"""The alert policies of terraform/monitoring.tf replayed on snapshot histories (pipeline.app.alerts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from pipeline.app import alerts
+from pipeline.app.alerts import Alert, AlertThresholds, evaluate, evaluate_file
+from support.history import REPO, at, goodput_row, write_rows
+
+TERRAFORM = REPO / "terraform"
+
+
+def terraform_defaults() -> dict[str, Any]:
+    """Every variable's default in terraform/variables.tf that is a number or a list of numbers."""
+    defaults = {}
+    for name, body in re.findall(r'^variable "(\w+)" \{\n(.*?)^\}', (TERRAFORM / "variables.tf").read_text(),
+                                 re.M | re.S):
+        match = re.search(r"^\s*default\s*=\s*(.+?)\s*$", body, re.M)
+        if match and re.fullmatch(r"[\d.]+|\[[\d., ]*\]", match.group(1)):
+            defaults[name] = json.loads(match.group(1))
+    return defaults
+
+
+def policy(resource: str) -> str:
+    """The body of one google_monitoring_alert_policy in terraform/monitoring.tf."""
+    text = (TERRAFORM / "monitoring.tf").read_text()
+    pattern = rf'^resource "google_monitoring_alert_policy" "{resource}" \{{\n(.*?)^\}}'
+    match = re.search(pattern, text, re.M | re.S)
+    assert match, resource
+    return match.group(1)
+
+
+def fired(history: list[dict[str, Any]],
+          thresholds: AlertThresholds | None = None) -> list[tuple[str, str, float]]:
+    """(policy, run, seconds after T0) of each alert the history fires."""
+    return [(alert.policy, alert.run_id, (alert.fired_at - at(0)).total_seconds())
+            for alert in evaluate(history, thresholds)]
+
+
+def test_thresholds_are_the_terraform_defaults():
+    """AlertThresholds() holds the defaults of the Terraform variables of the same names."""
+    defaults = terraform_defaults()
+    thresholds = AlertThresholds()
+    for field in dataclasses.fields(AlertThresholds):
+        expected = defaults[field.name]
+        expected = tuple(expected) if isinstance(expected, list) else expected
+        assert getattr(thresholds, field.name) == expected, field.name
+    assert thresholds.stall_window_s == min(defaults["rolling_windows_s"])
+
+
+def test_policy_constants_are_those_written_in_terraform():
+    """The durations, ranges, alignments and thresholds fixed in the policies match monitoring.tf."""
+    assert f"[{alerts.DISRUPTION_RANGE_S // 60}m]" in policy("disruption")
+    assert 'duration            = "0s"' in policy("disruption")
+    step = policy("step_deviation")
+    assert f'duration        = "{alerts.STEP_DEVIATION_DURATION_S}s"' in step
+    assert f'alignment_period     = "{alerts.STEP_DEVIATION_ALIGNMENT_S}s"' in step
+    assert '"ALIGN_MEAN"' in step and "COMPARISON_GT" in step
+    stalled = policy("stalled")
+    assert f"threshold_value = {alerts.STALL_BELOW_PCT}" in stalled
+    assert f'alignment_period     = "{alerts.STALL_ALIGNMENT_S}s"' in stalled
+    assert '"ALIGN_MAX"' in stalled and "COMPARISON_LT" in stalled and "interval_goodput" in stalled
+    assert 'duration            = "${var.goodput_window_s}s"' in policy("low_goodput")
+    locals_block = (TERRAFORM / "monitoring.tf").read_text()
+    assert "stall_window_s = tostring(min(var.rolling_windows_s...))" in locals_block
+
+
+def test_low_goodput_fires_once_it_has_held_for_the_window():
+    """Goodput below 80 % at every snapshot fires at the first snapshot 1800 s after it began."""
+    history = [goodput_row("r", t, goodput_pct=50.0) for t in range(60, 2500, 60)]
+    assert fired(history) == [("low_goodput", "r", 1860.0)]
+    assert evaluate(history)[0].since == at(60)
+    assert evaluate(history)[0].value == pytest.approx(50.0)
+
+
+def test_low_goodput_restarts_its_window_after_a_good_snapshot():
+    """One snapshot at or above the threshold ends the stretch; the window starts again after it."""
+    history = [goodput_row("r", t, goodput_pct=80.0 if t == 1200 else 50.0) for t in range(60, 3200, 60)]
+    assert fired(history) == [("low_goodput", "r", 1260.0 + 1800)]
+
+
+def test_low_goodput_needs_points_throughout():
+    """A gap longer than PromQL's 5-minute lookback ends the stretch."""
+    times = [*range(60, 1000, 60), *range(1400, 3300, 60)]
+    history = [goodput_row("r", t, goodput_pct=50.0) for t in times]
+    assert fired(history) == [("low_goodput", "r", 1400.0 + 1800)]
+
+
+def test_low_goodput_threshold_and_window_are_configurable():
+    """Other thresholds change when, and whether, the alert fires."""
+    history = [goodput_row("r", t, goodput_pct=50.0) for t in range(60, 1300, 60)]
+    assert fired(history) == []
+    assert fired(history, AlertThresholds(goodput_window_s=600)) == [("low_goodput", "r", 660.0)]
+    assert fired(history, AlertThresholds(goodput_threshold_pct=40, goodput_window_s=600)) == []
+
+
+def test_an_empty_run_does_not_count_as_low_goodput():
+    """No elapsed time is no value (PromQL's NaN), not 0 % goodput."""
+    history = [goodput_row("r", t, total_time_s=0.0, goodput_pct=None) for t in range(60, 2500, 60)]
+    assert fired(history) == []
+
+
+def test_a_new_disruption_fires_at_the_snapshot_that_shows_it():
+    """The count going up fires once; it stays one incident while the rise is in the 10-minute range."""
+    counts = {t: (0 if t < 600 else 1 if t < 900 else 2) for t in range(60, 3000, 60)}
+    history = [goodput_row("r", t, disruptions=n) for t, n in counts.items()]
+    assert fired(history) == [("disruption", "r", 600.0)]
+    later = {t: (n if t < 2400 else 3) for t, n in counts.items()}
+    history = [goodput_row("r", t, disruptions=n) for t, n in later.items()]
+    assert fired(history) == [("disruption", "r", 600.0), ("disruption", "r", 2400.0)]
+
+
+def test_a_disruption_before_the_first_snapshot_does_not_fire():
+    """delta() needs two samples in its range: a run's first snapshot cannot fire it."""
+    history = [goodput_row("r", t, disruptions=1) for t in range(60, 1200, 60)]
+    assert fired(history) == []
+
+
+def test_a_disruption_after_a_long_silence_does_not_fire():
+    """The previous sample must be within the 10-minute range for delta() to see the rise."""
+    history = [goodput_row("r", 60, disruptions=0), goodput_row("r", 60 + 700, disruptions=1)]
+    assert fired(history) == []
+
+
+def test_step_deviation_fires_after_600_s_of_the_5_minute_mean_above_threshold():
+    """Deviation above 1 s, averaged over 300 s, for 600 s fires the step_deviation alert."""
+    history = [goodput_row("r", t, step_time_deviation_s=0.2 if t < 600 else 1.5)
+               for t in range(60, 2000, 60)]
+    alert = evaluate(history)[0]
+    # The 300 s mean first exceeds 1 s at 780 s, over the points at 540 to 780 s:
+    # (0.2 + 4 x 1.5) / 5 = 1.24. It has held for 600 s at 1380 s.
+    assert (alert.policy, alert.since, alert.fired_at) == ("step_deviation", at(780), at(1380))
+    assert alert.value == pytest.approx(1.5)
+
+
+def test_a_short_step_deviation_spike_does_not_fire():
+    """A spike the 300 s mean keeps below the threshold, or shorter than 600 s, fires nothing."""
+    spike = [goodput_row("r", t, step_time_deviation_s=3.0 if t == 600 else 0.1) for t in range(60, 2000, 60)]
+    assert fired(spike) == []
+    short = [goodput_row("r", t, step_time_deviation_s=3.0 if 600 <= t < 1000 else 0.1)
+             for t in range(60, 2000, 60)]
+    assert fired(short) == []
+
+
+def test_null_step_deviation_is_no_data():
+    """Snapshots without a step-time deviation neither fire nor keep a stretch alive."""
+    history = [goodput_row("r", t, step_time_deviation_s=None) for t in range(60, 2000, 60)]
+    assert fired(history) == []
+
+
+def stall_history(stalled_from: float, until: float, every: float = 30) -> list[dict[str, Any]]:
+    rows = []
+    t = every
+    while t <= until:
+        pct = 0.0 if t >= stalled_from else 95.0
+        rows.append(goodput_row("r", t))
+        rows.append(goodput_row("r", t, window_s=60, goodput_pct=pct))
+        t += every
+    return rows
+
+
+def test_stall_fires_after_stall_after_s_without_productive_time():
+    """No productive time in the 60 s window at every snapshot for 600 s fires the stalled alert."""
+    alert, = evaluate(stall_history(stalled_from=300, until=1500))
+    # ALIGN_MAX over 60 s: the point at 300 s still sees 95 % at 270 s, so the stretch starts at 330 s.
+    assert (alert.policy, alert.since, alert.fired_at, alert.value) == ("stalled", at(330), at(930), 0.0)
+
+
+def test_stall_watches_the_shortest_window_only():
+    """The stall condition reads the shortest rolling window; other windows do not fire it."""
+    history = [dict(row, window_s=300) if row["window_s"] == 60 else row
+               for row in stall_history(stalled_from=300, until=1500)]
+    assert fired(history) == []
+    assert fired(history, AlertThresholds(rolling_windows_s=(300, 900))) == [("stalled", "r", 930.0)]
+
+
+def test_a_silent_run_gets_no_stall_alert_from_one_snapshot():
+    """A run that falls silent and gets one more snapshot has no points for 600 s, so no alert."""
+    history = stall_history(stalled_from=10_000, until=600)
+    history += [goodput_row("r", 900), goodput_row("r", 900, window_s=60, goodput_pct=0.0)]
+    assert fired(history) == []
+
+
+def test_an_empty_window_is_not_a_stall():
+    """A window that holds nothing of the run (goodput_pct NULL) writes no point."""
+    history = [goodput_row("r", t, window_s=60, goodput_pct=None, total_time_s=0.0)
+               for t in range(30, 1500, 30)]
+    assert fired(history) == []
+
+
+def test_alerts_are_per_run_and_in_firing_order():
+    """Each run is evaluated on its own; the alerts come sorted by firing time."""
+    history = [goodput_row("late", t, goodput_pct=10.0) for t in range(300, 2500, 60)]
+    history += [goodput_row("early", t, disruptions=int(t >= 240)) for t in range(60, 2500, 60)]
+    history += [goodput_row("fine", t) for t in range(60, 2500, 60)]
+    assert fired(history) == [("disruption", "early", 240.0), ("low_goodput", "late", 2100.0)]
+
+
+def test_evaluate_file_reads_a_duckdb_history(tmp_path: Path):
+    """evaluate_file replays the goodput_snapshots table of a DuckDB file."""
+    history = [goodput_row("r", t, goodput_pct=50.0) for t in range(60, 2500, 60)]
+    database = write_rows(tmp_path / "goodput.duckdb", {"goodput_snapshots": history})
+    assert evaluate_file(database) == evaluate(history)
+    assert evaluate_file(database)[0] == Alert("low_goodput", "r", at(60), at(1860), pytest.approx(50.0))
+
+
+def test_evaluate_file_of_an_empty_or_missing_file(tmp_path: Path):
+    """An empty history fires nothing; a missing file is an error, not an empty history."""
+    assert evaluate_file(write_rows(tmp_path / "empty.duckdb", {})) == []
+    bare = tmp_path / "bare.duckdb"
+    duckdb.connect(str(bare)).close()
+    assert evaluate_file(bare) == []
+    with pytest.raises(FileNotFoundError):
+        evaluate_file(tmp_path / "missing.duckdb")
+
+

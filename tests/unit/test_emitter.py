@@ -1,0 +1,263 @@
+"""Behaviour of the emitter: batching, latency, spilling, failures, close, fork and exit."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import time
+
+import pytest
+
+from emitter import EmitterSettings, GoodputRecorder
+from support.emitter import FlakyTransport, GatedTransport, line_count, read_events, wait_for
+from support.runs import at
+
+
+def test_full_batch_is_sent_without_waiting_for_latency(make_recorder, make_settings, events_file):
+    """A batch that reaches max_batch_events is sent at once, long before max_latency_s."""
+    recorder = make_recorder(settings=make_settings(max_batch_events=10, max_latency_s=60))
+    for step in range(25):
+        recorder.record_step_start_time(step, at(step))
+    assert wait_for(lambda: line_count(events_file) >= 2)
+    assert all(len(json.loads(line)["events"]) == 10 for line in events_file.read_text().splitlines())
+    assert recorder.close()
+    sizes = [len(json.loads(line)["events"]) for line in events_file.read_text().splitlines()]
+    assert sizes == [10, 10, 5]
+
+
+def test_partial_batch_is_sent_after_max_latency(make_recorder, make_settings, events_file):
+    """Fewer events than a batch are sent within about max_latency_s, without flush."""
+    recorder = make_recorder(settings=make_settings(max_batch_events=1000, max_latency_s=0.1))
+    for step in range(3):
+        recorder.record_step_start_time(step, at(step))
+    assert wait_for(lambda: line_count(events_file) == 1, timeout=3)
+    assert [e["step_start"]["step"] for e in read_events(events_file)] == [0, 1, 2]
+
+
+def test_full_queue_spills_to_disk_and_loses_nothing(make_recorder, make_settings, spool_dir):
+    """With the sender stuck, calls beyond max_queue_events go to the spool and arrive in order."""
+    transport = GatedTransport()
+    recorder = make_recorder(destination=transport,
+                             settings=make_settings(max_queue_events=50, max_batch_events=20))
+    for step in range(500):
+        recorder.record_step_start_time(step, at(step))
+    assert recorder.stats.spilled >= 400
+    assert list(spool_dir.rglob("*.seg"))
+    transport.open()
+    assert recorder.flush(10)
+    assert transport.seqs() == list(range(500))
+    stats = recorder.stats
+    assert (stats.recorded, stats.sent, stats.dropped) == (500, 500, 0)
+    recorder.close()
+    assert not list(spool_dir.rglob("*.seg"))
+
+
+def test_burst_of_a_million_calls_loses_nothing(make_recorder, make_settings, events_file):
+    """1,000,000 calls in a burst to a file destination all arrive, each once, in order."""
+    recorder = make_recorder(settings=make_settings(max_latency_s=2.0))
+    when = at(0)
+    record = recorder.record_step_start_time
+    for step in range(1_000_000):
+        record(step, when)
+    assert recorder.close(timeout=120)
+    seqs = []
+    for line in events_file.read_text().splitlines():
+        seqs.extend(event["seq"] for event in json.loads(line)["events"])
+    assert seqs == list(range(1_000_000))
+    assert recorder.stats.dropped == 0
+
+
+def test_full_spool_drops_oldest_counts_and_logs_once(make_recorder, make_settings, caplog):
+    """When memory and spool are both full, spooled events are dropped, counted, logged once."""
+    transport = GatedTransport()
+    settings = make_settings(max_queue_events=5, max_batch_events=5,
+                             max_spool_bytes=4000, spool_segment_bytes=1000)
+    recorder = make_recorder(destination=transport, settings=settings)
+    with caplog.at_level(logging.WARNING, logger="emitter"):
+        for step in range(400):
+            recorder.record_step_start_time(step, at(step))
+    stats = recorder.stats
+    assert stats.dropped > 0
+    transport.open()
+    recorder.flush(10)
+    delivered = transport.seqs()
+    assert len(delivered) + recorder.stats.dropped == 400
+    assert delivered == sorted(delivered) and delivered[-1] == 399  # the newest survive
+    full_logs = [r for r in caplog.records if "is full" in r.getMessage()]
+    assert len(full_logs) == 1 and full_logs[0].levelno == logging.ERROR
+
+
+def test_transport_errors_are_retried_counted_and_logged_once(make_recorder, caplog):
+    """A raising transport never reaches the caller: sends are retried until they succeed."""
+    transport = FlakyTransport(failures=3)
+    recorder = make_recorder(destination=transport)
+    with caplog.at_level(logging.WARNING, logger="emitter"):
+        recorder.record_job_start_time(at(0))
+        recorder.record_step_start_time(0, at(1))
+        assert recorder.flush(10)
+    assert transport.seqs() == [0, 1]
+    assert recorder.stats.send_errors == 3
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1
+
+
+def test_flush_returns_false_when_nothing_can_be_delivered(make_recorder):
+    """flush() honours its timeout and reports failure instead of blocking."""
+    transport = FlakyTransport(failures=10**9)
+    recorder = make_recorder(destination=transport)
+    recorder.record_step_start_time(0, at(0))
+    started = time.monotonic()
+    assert recorder.flush(timeout=0.3) is False
+    assert time.monotonic() - started < 2
+
+
+def test_undelivered_events_are_spooled_at_close_and_sent_by_the_next_attempt(
+    make_recorder, make_settings, events_file, spool_dir
+):
+    """What a closing attempt could not deliver, the next attempt of the run delivers first."""
+    first = make_recorder(destination=FlakyTransport(failures=10**9))
+    first.record_job_start_time(at(0))
+    first.record_step_start_time(0, at(1))
+    assert first.close(timeout=0.3) is False
+    assert list(spool_dir.rglob("*.seg"))
+    second = make_recorder()
+    second.record_job_start_time(at(100))
+    assert second.close()
+    events = read_events(events_file)
+    assert [(e["attempt_id"], e["seq"]) for e in events] == [
+        (first.attempt_id, 0), (first.attempt_id, 1), (second.attempt_id, 0)]
+    assert not list(spool_dir.rglob("*.seg"))
+
+
+def test_record_after_close_is_dropped_and_counted(make_recorder, caplog):
+    """A call after close() neither raises nor sends; it is counted as dropped."""
+    recorder = make_recorder()
+    recorder.record_job_start_time(at(0))
+    assert recorder.close()
+    with caplog.at_level(logging.WARNING, logger="emitter"):
+        recorder.record_step_start_time(1, at(1))
+    assert recorder.stats.dropped == 1
+    assert any("closed" in r.getMessage() for r in caplog.records)
+    assert recorder.close() is True  # idempotent
+
+
+def test_disabled_recorder_is_a_no_op(events_file, make_settings):
+    """logging_enabled=False (the reference's default) records nothing and needs no destination."""
+    recorder = GoodputRecorder("run-1", "goodput_run-1", settings=make_settings())
+    recorder.record_job_start_time()
+    recorder.record_step_start_time(0)
+    assert recorder.flush() and recorder.close()
+    assert recorder.stats.recorded == 0
+    assert not events_file.exists()
+
+
+def test_enabled_recorder_without_destination_is_a_clear_error(monkeypatch):
+    """Recording with nowhere to send is a configuration mistake, reported at construction."""
+    monkeypatch.delenv("GOODPUT_DESTINATION", raising=False)
+    with pytest.raises(ValueError, match="needs a destination"):
+        GoodputRecorder("run-1", logging_enabled=True)
+
+
+def test_destination_comes_from_the_environment(monkeypatch, events_file, make_settings):
+    """$GOODPUT_DESTINATION is used when no destination is passed."""
+    monkeypatch.setenv("GOODPUT_DESTINATION", f"file:{events_file}")
+    recorder = GoodputRecorder("run-1", logging_enabled=True, settings=make_settings())
+    recorder.record_job_start_time(at(0))
+    assert recorder.close()
+    assert [e["seq"] for e in read_events(events_file)] == [0]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda r: r.record_step_start_time(1, datetime.datetime(2026, 1, 1)), "timezone-aware"),
+        (lambda r: r.record_step_start_time(1, "2026-01-01T00:00:00Z"), "datetime"),
+        (lambda r: r.record_step_start_time(-1, at(0)), ">= 0"),
+        (lambda r: r.record_step_start_time(1.5, at(0)), "integer"),
+        (lambda r: r.record_step_start_time(True, at(0)), "integer"),
+        (lambda r: r.record_custom_badput_event_start_time(at(0), 7), "str"),
+        (lambda r: r.record_checkpoint_save(3, at(10), at(5)), "before start_time"),
+        (lambda r: r.record_elastic_slice_counts(-1, 2, 2, at(0)), ">= 0"),
+        (lambda r: r.record_model_metrics(1, loss="low"), "number"),
+    ],
+)
+def test_caller_mistakes_raise_value_error_at_the_call(make_recorder, call, message):
+    """Wrong arguments raise ValueError with a clear message and record nothing."""
+    recorder = make_recorder()
+    with pytest.raises(ValueError, match=message):
+        call(recorder)
+    assert recorder.stats.recorded == 0
+
+
+def test_constructor_rejects_bad_metadata(make_settings):
+    """Invalid run metadata is reported at construction."""
+    with pytest.raises(ValueError, match="chip_count"):
+        GoodputRecorder("r", chip_count=-8, settings=make_settings())
+    with pytest.raises(ValueError, match="configured_ideal_step_time"):
+        GoodputRecorder("r", configured_ideal_step_time=0, settings=make_settings())
+    with pytest.raises(ValueError, match="job_name"):
+        GoodputRecorder("", settings=make_settings())
+
+
+def test_heartbeats_run_only_on_the_real_clock(make_recorder, make_settings, events_file):
+    """Idle heartbeats are emitted when the caller passes no times, never when it passes its own."""
+    quick = dict(heartbeat_interval_s=0.05, max_latency_s=0.02)
+    real = make_recorder("real-clock", settings=make_settings(**quick))
+    simulated = make_recorder("simulated-clock", settings=make_settings(**quick))
+    real.record_job_start_time()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    real.record_checkpoint_save(0, now - datetime.timedelta(seconds=1), now)  # explicit, by necessity
+    simulated.record_job_start_time(at(0))
+    assert wait_for(lambda: real.stats.recorded >= 4)
+    time.sleep(0.3)  # give the simulated-clock recorder the same chance to (wrongly) heartbeat
+    real.close()
+    simulated.close()
+    kinds: dict[str, list[str]] = {}
+    for event in read_events(events_file):
+        kinds.setdefault(event["run_id"], []).append(next(iter(set(event) - {
+            "run_id", "attempt_id", "seq", "time_us"})))
+    assert kinds["real-clock"][0] == "job_start" and "heartbeat" in kinds["real-clock"]
+    assert kinds["simulated-clock"] == ["job_start"]
+
+
+def test_forked_child_records_under_its_own_attempt(make_recorder, make_settings, events_file):
+    """After fork the child neither re-sends the parent's queue nor disturbs the parent."""
+    recorder = make_recorder(settings=make_settings(max_latency_s=60, max_batch_events=1000))
+    recorder.record_job_start_time(at(0))
+    recorder.record_step_start_time(0, at(1))  # both still queued in the parent at fork time
+    pid = os.fork()
+    if pid == 0:  # child: record, deliver, leave without running the parent's exit hooks
+        try:
+            recorder.record_step_start_time(50, at(50))
+            os._exit(0 if recorder.close(timeout=5) else 1)
+        except BaseException:  # noqa: BLE001 - a forked child must never return into pytest
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    recorder.record_step_start_time(1, at(2))
+    assert recorder.close()
+    events = read_events(events_file)
+    parent = [(e["seq"]) for e in events if e["attempt_id"] == recorder.attempt_id]
+    child = [e for e in events if e["attempt_id"] != recorder.attempt_id]
+    assert parent == [0, 1, 2]
+    assert len(child) == 1 and child[0]["seq"] == 0 and child[0]["step_start"] == {"step": 50}
+
+
+def test_settings_are_validated():
+    """Nonsensical settings are rejected when the settings object is built."""
+    with pytest.raises(ValueError, match="max_batch_events"):
+        EmitterSettings(max_batch_events=0)
+    with pytest.raises(ValueError, match="max_latency_s"):
+        EmitterSettings(max_latency_s=-1)
+    with pytest.raises(ValueError, match="segment"):
+        EmitterSettings(max_spool_bytes=10, spool_segment_bytes=100)
+
+
+def test_reference_keywords_map_to_settings(make_settings):
+    """The reference's background_* keywords keep working and set the matching settings."""
+    recorder = GoodputRecorder("r", settings=make_settings(), background_batch_size=7,
+                               background_max_latency_s=0.5, background_grace_period_s=3)
+    assert (recorder.settings.max_batch_events, recorder.settings.max_latency_s,
+            recorder.settings.close_timeout_s) == (7, 0.5, 3)

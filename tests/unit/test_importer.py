@@ -1,0 +1,133 @@
+"""Importing the reference's Cloud Logging history (``pipeline.app.importer``): each payload of
+every recorder method becomes the matching event, and bad entries are counted with their reasons."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from pipeline.app import importer
+from pipeline.core.events import Event, parse_message
+from support.reference import (
+    FIELD,
+    LOG_NAME,
+    TIME_KEY,
+    log_entries,
+    reference_payloads,
+    reference_trace,
+)
+from support.runs import shape
+
+
+def imported_events(result: importer.ImportResult) -> list[Event]:
+    events: list[Event] = []
+    for message in result.messages:
+        parsed, dead = parse_message(message.data)
+        assert not dead, dead
+        events.extend(parsed)
+    return events
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_every_reference_payload_becomes_the_matching_event(seed: int):
+    """Each payload of every recorder method becomes one valid event of the same kind, time and values."""
+    attempts = list(reference_trace(seed))
+    payloads = reference_payloads(attempts, job_name="run-7")
+    result = importer.import_entries(
+        (f"line{n}", entry) for n, entry in enumerate(log_entries(payloads)))
+    events = imported_events(result)
+    assert not result.rejected and len(events) == len(payloads)
+    assert result.attempts == {"run-7": 2}
+    for event, payload in zip(events, payloads, strict=True):
+        assert event.run_id == payload["job_name"]
+        assert payload[TIME_KEY[event.kind]] == pytest.approx(event.time_us / 1e6, abs=1e-6)
+        for ours, theirs in FIELD.items():
+            if ours in event.body:
+                assert payload[theirs] == event.body[ours]
+
+
+def test_attempts_start_at_each_job_start_with_seqs_in_order():
+    """A new attempt at each job_start entry; entries before the first form their own; seqs 0, 1, 2..."""
+    t = datetime.datetime(2026, 11, 1, 8, tzinfo=datetime.timezone.utc).timestamp()
+    payloads = [{"job_name": "run", "step_count": 7, "step_start_time": t},
+                {"job_name": "run", "job_start_time": t + 10},
+                {"job_name": "run", "step_count": 0, "step_start_time": t + 20},
+                {"job_name": "run", "step_count": 1, "step_start_time": t + 22},
+                {"job_name": "run", "job_start_time": t + 60},
+                {"job_name": "run", "step_count": 1, "step_start_time": t + 70}]
+    events = imported_events(importer.import_entries(("x", p) for p in payloads))
+    attempts = list(dict.fromkeys(e.attempt_id for e in events))
+    assert len(attempts) == 3
+    assert [(attempts.index(e.attempt_id), e.seq, e.kind) for e in events] == [
+        (0, 0, "step_start"), (1, 0, "job_start"), (1, 1, "step_start"), (1, 2, "step_start"),
+        (2, 0, "job_start"), (2, 1, "step_start")]
+
+
+def test_json_lines_of_entries_and_of_bare_payloads_give_the_same_events():
+    """LogEntry lines and bare jsonPayload lines import to the same kinds, times and values."""
+    payloads = reference_payloads(shape("long_clean", 21).attempts)
+    entries = "\n".join(json.dumps(e) for e in log_entries(payloads))
+    bare = "\n".join(json.dumps(p) for p in payloads)
+    from_entries = imported_events(importer.import_entries(importer.read_entries(entries, "e.jsonl")))
+    from_bare = imported_events(importer.import_entries(importer.read_entries(bare, "p.jsonl")))
+    assert [(e.seq, e.time_us, e.kind, e.body) for e in from_entries] == [
+        (e.seq, e.time_us, e.kind, e.body) for e in from_bare]
+
+
+def test_bad_entries_are_counted_with_their_reasons():
+    """Nothing is dropped unseen: each bad entry is rejected with a reason, duplicates and other
+    jobs are counted, and the good entries are still imported."""
+    t = 1_793_520_000.0
+    good = {"job_name": "run", "job_start_time": t}
+    lines = [
+        json.dumps({"logName": LOG_NAME, "insertId": "a", "timestamp": "2026-11-01T08:00:00Z",
+                    "jsonPayload": good}),
+        json.dumps({"logName": LOG_NAME, "insertId": "a", "timestamp": "2026-11-01T08:00:00Z",
+                    "jsonPayload": good}),  # the same entry again
+        json.dumps({"logName": LOG_NAME, "insertId": "b", "timestamp": "2026-11-01T08:00:01Z",
+                    "textPayload": "hello"}),
+        "{not json",
+        "42",
+        json.dumps({"step_count": 1.0, "step_start_time": t + 1}),
+        json.dumps({"job_name": "run", "something_else": 1}),
+        json.dumps({"job_name": "run", "step_count": 1.5, "step_start_time": t + 2}),
+        json.dumps({"job_name": "run", "step_count": 2.0, "step_start_time": "yesterday"}),
+        json.dumps({"job_name": "run", "event_type": "save", "step": 2.0, "directory": "gs://b",
+                    "wait_for_prev_start_time": t + 3}),
+        json.dumps({"job_name": "other", "job_start_time": t}),
+        json.dumps({"job_name": "run", "step_count": 0.0, "step_start_time": t + 4}),
+    ]
+    result = importer.import_entries(importer.read_entries("\n".join(lines), "h.jsonl"), job_name="run")
+    assert result.entries == len(lines)
+    assert (result.events, result.duplicates, result.other_jobs) == (2, 1, 1)
+    assert result.reasons == {"no jsonPayload": 1, "invalid JSON": 1, "not a JSON object": 1,
+                              "no job_name": 1, "unknown payload": 1, "bad field": 1, "bad time": 1,
+                              "incomplete checkpoint entry": 1}
+    assert {r.source for r in result.rejected} == {f"h.jsonl:{n}" for n in (3, 4, 5, 6, 7, 8, 9, 10)}
+    assert result.entries == (result.events + result.duplicates + result.other_jobs + len(result.rejected))
+    assert "rejected 1: bad time" in result.summary()
+    assert next(r for r in result.rejected if r.reason == "invalid JSON").payload == "{not json"
+
+
+def test_a_bad_log_entry_timestamp_is_rejected():
+    """A LogEntry whose timestamp is not RFC 3339 is rejected, not guessed."""
+    entry = {"logName": LOG_NAME, "insertId": "a", "timestamp": "Sunday",
+             "jsonPayload": {"job_name": "run", "job_start_time": 1_793_520_000.0}}
+    result = importer.import_entries([("h.json#0", entry)])
+    assert result.reasons == {"bad timestamp": 1} and result.events == 0
+
+
+def test_help_names_the_inputs_and_outputs(capsys: pytest.CaptureFixture[str]):
+    """--help explains the export, the input formats and both outputs."""
+    from pipeline.app.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["import", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for words in ("gcloud logging read", "--output", "--destination", "--job-name", "jsonPayload"):
+        assert words in text
+
+

@@ -1,0 +1,115 @@
+"""The Cloud Monitoring points of a snapshot: the reference's metrics with its labels, ours beside
+them, and requests within the service's rules."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.core.rows import snapshot_rows
+from pipeline.sinks.monitoring import (
+    CUSTOM,
+    MAX_SERIES_PER_REQUEST,
+    METRICS,
+    OPTIONAL_LABEL,
+    REFERENCE,
+    Point,
+    _refused_indexes,
+    requests,
+    snapshot_points,
+)
+from support.runs import run_snapshot
+
+
+def by_metric(points: list[Point]) -> dict[str, list[Point]]:
+    grouped: dict[str, list[Point]] = {}
+    for point in points:
+        grouped.setdefault(point.metric.removeprefix(REFERENCE), []).append(point)
+    return grouped
+
+
+def test_points_are_the_references_metrics_with_its_labels():
+    snapshot = run_snapshot()
+    rows = list(snapshot_rows(snapshot))
+    cumulative = next(r for t, r in rows if t == "goodput_snapshots" and r["window_s"] == 0)
+    badput = {r["badput_source"]: r["seconds"] for t, r in rows
+              if t == "badput_snapshots" and r["window_s"] == 0}
+    grouped = by_metric(snapshot_points(snapshot))
+    assert set(grouped) == {"goodput_time", "badput_time", "disruptions", "max_productive_steps",
+                            "step_time_deviation", "total_elapsed_time", "performance",
+                            "interval_goodput", "interval_badput", CUSTOM + "goodput_pct"}
+    v5p = ("accelerator_type", "v5p")
+    (goodput,) = grouped["goodput_time"]
+    assert goodput.labels == (v5p, ("goodput_source", "TOTAL"))
+    assert goodput.value == cumulative["productive_time_s"]
+    assert (goodput.run_id, goodput.location) == ("run-1", "us-central2-b")
+    (disruptions,) = grouped["disruptions"]
+    assert (disruptions.labels, disruptions.value) == ((v5p, ("window_type", "cumulative")), 1)
+    assert isinstance(disruptions.value, int)
+    (elapsed,) = grouped["total_elapsed_time"]
+    assert elapsed.labels == (v5p, ("window_type", "cumulative"))
+    assert elapsed.value == cumulative["total_time_s"]
+    (steps,) = grouped["max_productive_steps"]
+    assert (steps.labels, steps.value) == ((v5p,), cumulative["max_productive_step"])
+    (performance,) = grouped["performance"]  # one writer: the ideal step time, no labels
+    assert (performance.labels, performance.value) == ((), cumulative["ideal_step_time_s"])
+    (deviation,) = grouped["step_time_deviation"]
+    assert (deviation.labels, deviation.value) == ((v5p,), cumulative["step_time_deviation_s"])
+    assert {dict(p.labels)["badput_source"]: p.value for p in grouped["badput_time"]} == {
+        source: seconds for source, seconds in badput.items() if source != "DATA_LOADING_ASYNC"}
+    assert all(dict(p.labels).keys() == {"badput_source", "accelerator_type"} for p in grouped["badput_time"])
+    interval = {dict(p.labels)["rolling_window_size"]: p for p in grouped["interval_goodput"]}
+    assert set(interval) == {"300", "3600"}
+    assert dict(interval["300"].labels) == {"goodput_source": "TOTAL", "accelerator_type": "v5p",
+                                            "rolling_window_size": "300"}
+    assert {dict(p.labels)["rolling_window_size"] for p in grouped["interval_badput"]} == {"300", "3600"}
+
+
+def test_unknown_accelerator_default_location_and_cluster_name():
+    snapshot = run_snapshot(accelerator=None)
+    snapshot = dataclasses.replace(snapshot, metadata={**snapshot.metadata, "location": None})
+    points = snapshot_points(snapshot, default_location="europe-west4", cluster_name="pool-a")
+    assert {p.location for p in points} == {"europe-west4"}
+    for point in points:
+        labels = dict(point.labels)
+        if point.metric == REFERENCE + "performance":
+            assert labels == {}
+        else:
+            assert labels["accelerator_type"] == "UNKNOWN" and labels["cluster_name"] == "pool-a"
+
+
+@pytest.mark.parametrize("cluster_name", [None, "pool-a"])
+def test_metrics_declares_every_metric_written_with_its_labels(cluster_name):
+    """METRICS (what dashboards and alerts may use) is exactly what the points carry."""
+    snapshot = dataclasses.replace(run_snapshot(), stepping_slice_efficiency=99.0,
+                                   available_slice_efficiency=98.0)
+    points = snapshot_points(snapshot, cluster_name=cluster_name)
+    assert {p.metric for p in points} == set(METRICS)
+    for point in points:
+        declared = METRICS[point.metric]
+        optional = {OPTIONAL_LABEL} if cluster_name and declared else set()
+        assert {key for key, _ in point.labels} == declared | optional, point.metric
+
+
+def test_requests_hold_at_most_200_series_each_once_in_time_order():
+    points = [Point("custom.googleapis.com/x", (("i", str(i)),), "run", "global", 1.0, 0) for i in range(450)]
+    repeated = [Point("custom.googleapis.com/y", (), "run", "global", float(t), t) for t in (3, 1, 2)]
+    batches = requests(points + repeated)
+    assert all(len(batch) <= MAX_SERIES_PER_REQUEST for batch in batches)
+    assert all(len({p.series for p in batch}) == len(batch) for batch in batches)
+    assert sum(map(len, batches)) == 453 and len(batches) == 3
+    assert [p.end_us for batch in batches for p in batch if p.metric.endswith("/y")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("Field timeSeries[3].points[0] is invalid", [3]),
+    ("timeSeries[0-2]: points written more often than the sampling period", [0, 1, 2]),
+    ("timeSeries[1,4-5] refused; timeSeries[9] refused", [1, 4, 5, 9]),
+    ("timeSeries[8-400]: beyond the request", [8, 9]),
+    ("Internal error", list(range(10))),
+])
+def test_a_partial_failure_names_the_refused_series(message, expected):
+    assert _refused_indexes(message, 10) == expected
+
+
