@@ -167,8 +167,8 @@ class TrackRunDoFn(beam.DoFn):
             gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
         if not (added or restored):  # a redelivered message: nothing new
             return
-        if restore is not None and restore.reported_us is not None and restored:
-            reported.write(restore.reported_us)
+        if restored and restore is not None and restore.reported_us is not None:
+            reported.write(restore.reported_us)  # its snapshot times go on from the table's
         encoded = state_coder.encode_state(state)
         run_state.write(encoded)
         self.decoded.put(run_id, encoded, state)

@@ -26,9 +26,17 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline.core import engine, rows
+from pipeline.core import engine
 from pipeline.core.events import Batch, DeadLetter, parse_batch
-from pipeline.core.rows import DEAD_LETTER, Element, Row
+from pipeline.core.rows import (
+    DEAD_LETTER,
+    Element,
+    Row,
+    by_table,
+    dead_letter_row,
+    engine_failure_letter,
+    snapshot_rows,
+)
 from pipeline.core.snapshot import Snapshot
 from pipeline.sinks.monitoring import MonitoringSettings, Point, point_dead_letter, snapshot_points
 
@@ -52,7 +60,7 @@ def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) ->
     _ENGINE_FAILURES.inc()
     _LOG.exception("the engine failed on %s of run %r: see the dead_letter table",
                    "a message" if batch is not None else "a snapshot", run_id)
-    return TaggedOutput(DEAD_LETTER_TAG, rows.engine_failure(run_id, error, batch))
+    return TaggedOutput(DEAD_LETTER_TAG, engine_failure_letter(run_id, error, batch))
 
 
 class _ParseMessage(beam.DoFn):
@@ -154,14 +162,14 @@ class SnapshotRows(beam.PTransform):
     disruptions (``pipeline.core.rows.snapshot_rows``)."""
 
     def expand(self, snapshots: PCollection) -> Any:
-        return snapshots | "Rows" >> beam.FlatMap(rows.snapshot_rows)
+        return snapshots | "Rows" >> beam.FlatMap(snapshot_rows)
 
 
 class DeadLetterRows(beam.PTransform):
     """Each ``DeadLetter``, whatever rejected it, as its ("dead_letter", row) pair."""
 
     def expand(self, letters: PCollection) -> Any:
-        return letters | "Rows" >> beam.Map(lambda letter: (DEAD_LETTER, rows.dead_letter_row(letter)))
+        return letters | "Rows" >> beam.Map(lambda letter: (DEAD_LETTER, dead_letter_row(letter)))
 
 
 def _buffered_rows(value: Any) -> int:
@@ -263,8 +271,6 @@ class _InsertPerBundle(beam.DoFn):
             yield GlobalWindows.windowed_value(letter)
 
     def _flush(self) -> Iterator[tuple[str, Row]]:
-        from pipeline.core.rows import by_table
-
         elements, self._elements, self._rows = self._elements, [], 0
         if not elements:
             return

@@ -114,7 +114,7 @@ def dead_letter_row(letter: DeadLetter, received: datetime.datetime | None = Non
             "reason": free_text(letter.reason), "payload": letter.payload}
 
 
-def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> DeadLetter:
+def engine_failure_letter(run_id: str, error: Exception, batch: Batch | None = None) -> DeadLetter:
     """The dead letter of a message the engine failed on (with the message as its payload), or
     of a snapshot it failed to take (``batch`` None): a bug, kept for replay once it is fixed."""
     what = "this message" if batch is not None else "the run's snapshot"
