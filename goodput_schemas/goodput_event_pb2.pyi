@@ -35,7 +35,7 @@ class EventBatch(_message.Message):
         seq: int
         time_us: int
         job_start: EventBatch.JobStart
-        job_end: EventBatch.Empty
+        job_end: EventBatch.JobEnd
         step_start: EventBatch.StepStart
         tpu_init_start: EventBatch.Empty
         tpu_init_end: EventBatch.Empty
@@ -54,7 +54,7 @@ class EventBatch(_message.Message):
         checkpoint_restore: EventBatch.CheckpointRestore
         heartbeat: EventBatch.Empty
         model_metrics: EventBatch.ModelMetrics
-        def __init__(self, seq: _Optional[int] = ..., time_us: _Optional[int] = ..., job_start: _Optional[_Union[EventBatch.JobStart, _Mapping]] = ..., job_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., step_start: _Optional[_Union[EventBatch.StepStart, _Mapping]] = ..., tpu_init_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., tpu_init_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., custom_badput_start: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., custom_badput_end: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., elastic_slice_counts: _Optional[_Union[EventBatch.ElasticSliceCounts, _Mapping]] = ..., elastic_wait_start: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_wait_end: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_reinit_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., elastic_reinit_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., checkpoint_save: _Optional[_Union[EventBatch.CheckpointSave, _Mapping]] = ..., checkpoint_restore: _Optional[_Union[EventBatch.CheckpointRestore, _Mapping]] = ..., heartbeat: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., model_metrics: _Optional[_Union[EventBatch.ModelMetrics, _Mapping]] = ...) -> None: ...
+        def __init__(self, seq: _Optional[int] = ..., time_us: _Optional[int] = ..., job_start: _Optional[_Union[EventBatch.JobStart, _Mapping]] = ..., job_end: _Optional[_Union[EventBatch.JobEnd, _Mapping]] = ..., step_start: _Optional[_Union[EventBatch.StepStart, _Mapping]] = ..., tpu_init_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., tpu_init_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., custom_badput_start: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., custom_badput_end: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., elastic_slice_counts: _Optional[_Union[EventBatch.ElasticSliceCounts, _Mapping]] = ..., elastic_wait_start: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_wait_end: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_reinit_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., elastic_reinit_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., checkpoint_save: _Optional[_Union[EventBatch.CheckpointSave, _Mapping]] = ..., checkpoint_restore: _Optional[_Union[EventBatch.CheckpointRestore, _Mapping]] = ..., heartbeat: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., model_metrics: _Optional[_Union[EventBatch.ModelMetrics, _Mapping]] = ...) -> None: ...
     class Empty(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...
@@ -82,6 +82,11 @@ class EventBatch(_message.Message):
         location: str
         emitter_version: str
         def __init__(self, run_group: _Optional[str] = ..., accelerator_type: _Optional[str] = ..., chip_count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., configured_ideal_step_time_s: _Optional[float] = ..., location: _Optional[str] = ..., emitter_version: _Optional[str] = ...) -> None: ...
+    class JobEnd(_message.Message):
+        __slots__ = ("failed",)
+        FAILED_FIELD_NUMBER: _ClassVar[int]
+        failed: bool
+        def __init__(self, failed: _Optional[bool] = ...) -> None: ...
     class StepStart(_message.Message):
         __slots__ = ("step",)
         STEP_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,9 @@ class Attempt:
     start_us: int | None = None
     end_us: int | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # How it ended, as its job_end says: True failed (a crash), False stopped as planned, None not
+    # known (no job_end, or one without the flag). Of several job_ends, a failure wins.
+    failed: bool | None = None
     steps: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     step_times: array[int] = dataclasses.field(default_factory=lambda: array("q"))
     # Span markers: label -> [(time_us, +1 start / -1 end)], paired at snapshot time.
@@ -203,6 +206,9 @@ class RunState:
                 self._started(attempt)
         elif kind == "job_end":
             attempt.end_us = t if attempt.end_us is None else max(attempt.end_us, t)
+            failed = body.get("failed")
+            if failed is not None and attempt.failed is not True:  # any order: True > False > None
+                attempt.failed = bool(failed)
         elif kind == "checkpoint_save":
             attempt.saves.append((t, round(body["blocking_s"] * _US), int(body["step"])))
         elif kind == "checkpoint_restore":

@@ -32,6 +32,8 @@ def encode_state(state: RunState) -> bytes:
             "markers": attempt.markers, "saves": attempt.saves, "restores": attempt.restores,
             "slices": attempt.slice_counts, "last": attempt.last_event_us,
             "wm": attempt.watermark, "extra": sorted(attempt.extra),
+            # Only when known: a state without it encodes as before the flag existed.
+            **({} if attempt.failed is None else {"failed": attempt.failed}),
         })
         arrays += [attempt.steps, attempt.step_times]
     header = json.dumps({"run": state.run_id, "events": state.events, "dups": state.duplicates,
@@ -61,6 +63,7 @@ def decode_state(data: bytes) -> RunState:
         attempt.slice_counts = [tuple(s) for s in item["slices"]]
         attempt.last_event_us, attempt.watermark = item["last"], item["wm"]
         attempt.extra = set(item["extra"])
+        attempt.failed = item.get("failed")  # absent in states encoded before the flag existed
         attempts.append(attempt)
     return RunState.of(header["run"], attempts, header["events"], header["dups"])
 

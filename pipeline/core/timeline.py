@@ -3,23 +3,36 @@
 How time is classified (``docs/differences.md`` says where this departs from the reference):
 
 * The run's elapsed time runs from its first ``job_start`` to the last attempt's ``job_end``, or
-  to ``as_of`` while it has none. A gap between a ``job_end`` and a later ``job_start`` (a planned
-  stop and resume) is not elapsed time.
-* Each attempt's ``job_start`` opens a segment; an attempt after the first is a restart (a
-  disruption). A step number that does not increase inside an attempt is an in-process rollback
-  and also a disruption, with no recovery gap.
+  to ``as_of`` while it has none. A gap between a planned stop's ``job_end`` and the next
+  ``job_start`` is not elapsed time.
+* Each attempt's ``job_start`` opens a segment. An attempt that ends without a ``job_end`` before
+  the next attempt's ``job_start`` crashed: the next attempt is a restart (a disruption). So is
+  one whose ``job_end`` says ``failed`` (AXLearn records its end in a ``finally``, crash or not),
+  or says nothing while the next attempt re-runs steps this one ran (its resume step, below, is at
+  or below this attempt's last recorded step): progress was lost. Otherwise (``failed: false``,
+  or nothing said and nothing re-run) the end is a planned stop and the next start a resume, no
+  disruption. Until the next attempt records a step or a restore, an end that says nothing
+  counts as planned; the figures become a crash's when the re-run step arrives.
+* A step number that does not increase inside an attempt is an in-process rollback (MaxText's
+  elastic recovery rolls back to a checkpoint in the same process) and also a disruption, with
+  no recovery gap.
 * Inside a segment, the interval from one recorded step start to the next covers the steps in
   between (sparse recording counts). An interval is productive while its steps are kept, and
   wasted progress once a later segment resumes at or before them; the restart's resume step is
   its first recorded step (or its checkpoint restore step until it records one).
-* The last step of a segment counts as productive only once the job has ended; after a crash,
-  the time from it to the next ``job_start`` is infrastructure recovery; in a running job it is
-  OTHER until the next step starts, so a hang shows as lost time.
-* Recorded spans (TPU init, training preparation, data loading before the first step, checkpoint
-  save and restore, custom badput, elastic waits and re-initialization) take their time from
-  productive time and OTHER, never from wasted progress or recovery, and never from each other:
-  where spans overlap, the more specific one wins (``SPAN_PRIORITY``). So goodput plus every
-  bucket except the informational ``DATA_LOADING_ASYNC`` is exactly 100 % of elapsed time.
+* The last step of a segment (from its start to what follows it) counts as productive once the
+  attempt has ended as planned (wasted progress if a later segment re-runs it); after a crash,
+  the time from it to the next ``job_start`` is infrastructure recovery; after an in-process
+  rollback, the time from it to the re-run step is like the time before a segment's first step:
+  recorded spans (the elastic wait, the re-initialization, the restore, data loading) take it and
+  the rest is OTHER, as in the reference; in a running job it is OTHER until the next step starts,
+  so a hang shows as lost time; when the run's last ``job_end`` says ``failed``, it is OTHER too
+  (the step never finished).
+* Recorded spans (TPU init, training preparation, data loading before a sub-segment's first step,
+  checkpoint save and restore, custom badput, elastic waits and re-initialization) take their
+  time from productive time and OTHER, never from wasted progress or recovery, and never from
+  each other: where spans overlap, the more specific one wins (``SPAN_PRIORITY``). So goodput plus
+  every bucket except the informational ``DATA_LOADING_ASYNC`` is exactly 100 % of elapsed time.
 * Program startup is the first step of a segment's excess over the segment's mean step time.
 
 Incomplete and inconsistent input is used as recorded, never guessed at:
@@ -41,7 +54,7 @@ import bisect
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.snapshot import (
@@ -128,7 +141,7 @@ class SubSegment:
     lo: int
     hi: int
     end_us: int
-    end_kind: str  # "end" (job_end), "restart", "rollback", "open"
+    end_kind: str  # "end" (job_end), "failed" (a failed last job_end), "restart", "rollback", "open"
     chips: int
     resume_limit: float = math.inf  # steps at or above this were lost later
 
@@ -242,8 +255,23 @@ class Timeline:
         else:
             self.step_layout = [(a.attempt_id, a.inserts, bisect.bisect_right(a.step_times, as_of))
                                 for a in starts]
-        orphan_end = max((a.end_us for a in self._attempts if a.start_us is None and a.end_us),
-                         default=None)
+        orphan_ends = [(a.end_us, a.failed) for a in self._attempts if a.start_us is None and a.end_us]
+        orphan_end = max((end for end, _ in orphan_ends), default=None)
+        orphan_failed = _worst(failed for _, failed in orphan_ends)
+        # Each segment's steps up to as_of (time-ordered) and where they fail to increase.
+        layouts: list[tuple[Sequence[int], Sequence[int], int, list[int]]] = []
+        for index, owner in enumerate(owners):
+            if merged is not None:
+                pairs = sorted(merged[index])
+                steps: Sequence[int] = [p[1] for p in pairs]
+                layouts.append((steps, [p[0] for p in pairs], len(steps),
+                                [k for k in range(1, len(steps)) if steps[k] <= steps[k - 1]]))
+            else:
+                assert owner is not None and self.step_layout is not None
+                count = self.step_layout[index][2]
+                layouts.append((owner.steps, owner.step_times, count,
+                                [k for k in owner.split_indices() if k < count]))
+        resumes = [_resume_step(owner, layout, as_of) for owner, layout in zip(owners, layouts, strict=True)]
         base: list[Piece] = []
         gaps: list[tuple[int, int]] = []
         resume_points: list[tuple[int, int]] = []  # (time, step) where progress restarts
@@ -252,44 +280,41 @@ class Timeline:
             seg_start = bounds[index]
             chips = int(owner.metadata.get("chip_count", 0)) if owner is not None else 0
             next_start = bounds[index + 1] if index + 1 < len(owners) else None
-            job_end = owner.end_us if owner is not None and owner.end_us is not None else orphan_end
+            job_end: int | None
+            failed: bool | None
+            if owner is not None and owner.end_us is not None:
+                job_end, failed = owner.end_us, owner.failed
+            else:
+                job_end, failed = orphan_end, orphan_failed
             if job_end is not None and not (seg_start <= job_end <= as_of):
                 job_end = None
             if job_end is not None and next_start is not None and job_end > next_start:
                 job_end = None  # an end after the next start ended nothing
+            steps, times, count, splits = layouts[index]
             if next_start is not None:
-                if job_end is not None:
+                # An end whose next attempt re-runs steps it ran lost progress: a crash (AXLearn
+                # records its job_end in a finally), unless the caller said the stop was planned.
+                last_step = steps[count - 1] if count else None
+                resume = resumes[index + 1]
+                lost = last_step is not None and resume is not None and resume <= last_step
+                if job_end is not None and failed is not True and not (failed is None and lost):
                     seg_end, end_kind = job_end, "end"
                     gaps.append((job_end, next_start))  # a planned stop: not elapsed time
                 else:
                     seg_end, end_kind = next_start, "restart"
                     self._restarts.append(next_start)
             elif job_end is not None:
-                seg_end, end_kind = job_end, "end"
+                seg_end, end_kind = job_end, "failed" if failed else "end"
                 self.ended = True
                 end_of_run = job_end
             else:
                 seg_end, end_kind = as_of, "open"
-            steps: Sequence[int]
-            times: Sequence[int]
-            if merged is not None:
-                pairs = sorted(merged[index])
-                steps, times = [p[1] for p in pairs], [p[0] for p in pairs]
-                splits = [k for k in range(1, len(steps)) if steps[k] <= steps[k - 1]]
-                count = len(steps)
-            else:
-                assert owner is not None and self.step_layout is not None
-                steps, times = owner.steps, owner.step_times
-                count = self.step_layout[index][2]
-                splits = [k for k in owner.split_indices() if k < count]
             subs = _split(steps, times, count, splits, seg_end, end_kind, chips)
             base.append((seg_start, subs[0].first_time if subs else seg_end, _PRE, chips))
             if subs:
                 resume_points.extend((sub.first_time, sub.first_step) for sub in subs)
-            elif owner is not None:
-                restored = sorted((t, step) for t, _, step in owner.restores if t <= as_of)
-                if restored:
-                    resume_points.append((seg_start, restored[0][1]))
+            elif (restored := resumes[index]) is not None:  # no step yet: its restore's step
+                resume_points.append((seg_start, restored))
             self.subsegments.extend(subs)
         self.end_us = end_of_run
         # Progress at or above a later resume point was lost.
@@ -327,14 +352,16 @@ class Timeline:
         if last > kept_end:
             regions.append((kept_end, last, WASTED_PROGRESS, sub.chips))
         if sub.end_us > last:
-            tail_kept = steps[hi - 1] < limit
-            if sub.end_kind in ("end", "rollback"):
+            if sub.end_kind == "end":  # the last step finished: kept, or lost by a later resume
+                tail_kept = steps[hi - 1] < limit
                 label = PRODUCTIVE if tail_kept else WASTED_PROGRESS
                 if tail_kept:
                     self.max_productive_step = max(self.max_productive_step, steps[hi - 1])
             elif sub.end_kind == "restart":
                 label = INFRASTRUCTURE_RECOVERY
-            else:
+            elif sub.end_kind == "rollback":  # until the re-run step: as before a segment's first
+                label = _PRE
+            else:  # "open" (the running step) or "failed" (the step the crash cut short)
                 label = _OPEN
             regions.append((last, sub.end_us, label, sub.chips))
         self.last_step = steps[hi - 1]
@@ -415,7 +442,8 @@ class Timeline:
             return None, ()
         live = layout[-1][0]
         signature = (self.start_us, tuple(exclusions), tuple(gaps), tuple(
-            (a.attempt_id, a.start_us, a.end_us, tuple((k, len(v)) for k, v in a.markers.items()),
+            (a.attempt_id, a.start_us, a.end_us, a.failed, a.steps[0] if a.steps else None,
+             tuple((k, len(v)) for k, v in a.markers.items()),
              len(a.saves), len(a.restores), a.inserts, len(a.split_indices()),
              None if a.attempt_id == live else len(a.steps)) for a in self._attempts))
         return subs[-1].last_time, signature
@@ -564,6 +592,23 @@ class Timeline:
                 stepping += active / max(total, 1) * (hi - lo)
                 available += avail / max(total, 1) * (hi - lo)
         return stepping / (end - start), available / (end - start)
+
+
+def _worst(flags: Iterable[bool | None]) -> bool | None:
+    """How ended attempts ended, together: failed if one failed, else planned if one said so."""
+    values = set(flags)
+    return True if True in values else False if False in values else None
+
+
+def _resume_step(owner: Attempt | None, layout: tuple[Sequence[int], Sequence[int], int, list[int]],
+                 as_of_us: int) -> int | None:
+    """Where a segment resumes progress: its first step, or while it has none, the step its
+    first checkpoint restore loaded; None if neither is recorded by ``as_of``."""
+    steps, _, count, _ = layout
+    if count:
+        return steps[0]
+    restored = sorted((t, step) for t, _, step in owner.restores if t <= as_of_us) if owner else []
+    return restored[0][1] if restored else None
 
 
 def _split(steps: Sequence[int], times: Sequence[int], count: int, splits: list[int],

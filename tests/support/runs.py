@@ -141,7 +141,9 @@ def training_run(seed: int = 0, *, every: int = 1, rollback_to: int | None = Non
     """A run of 120 steps (noisy, a slow first step, an eval every 40, a save every 50), then:
 
     ``rollback_to``: in the same process, back to that step and on to 140 (an in-process rollback);
-    ``planned_stop``: an end, 15 minutes off, a resume that restores step 100 and runs to 160;
+    ``planned_stop``: an end, 15 minutes off, a resume that restores step 100 and runs to 160 (the
+    end says nothing, and the resume re-runs steps it ran, so the engine counts a crash: a stop
+    stays planned when its end says ``failed: false`` or the resume re-runs nothing);
     ``restart``: a crash, 60 s down, a restart that restores step 100 and runs to 180;
     then its end if ``ended``, or ``hung_s`` more seconds without a step. ``every``: only every
     ``every``-th step start is recorded.
@@ -197,7 +199,8 @@ SHAPES: dict[str, Callable[[int], TraceBuilder]] = {
     "running": functools.partial(training_run, restart=True, ended=False),  # restarted, still running
     # an in-process rollback, then a crash and a restart still running, and hung
     "rolled_back": functools.partial(training_run, rollback_to=105, restart=True, ended=False, hung_s=200),
-    # steps recorded sparsely, a planned stop and resume, then a crash and a restart still running, hung
+    # steps recorded sparsely, an end and a resume that re-runs steps (so a crash after all), then a
+    # crash and a restart still running, hung
     "sparse": functools.partial(training_run, every=4, planned_stop=True, restart=True, ended=False,
                                 hung_s=200),
     # where the reference library is right, at more length (its calculator is compared on them)

@@ -86,6 +86,8 @@ def test_unreadable_message_is_one_dead_letter(payload, reason):
         ({"seq": 1, "time_us": T, "checkpoint_save": {"step": 1, "blocking_s": "NaN"}}, "finite"),
         ({"seq": 1, "time_us": T, "checkpoint_restore": {"step": 1, "blocking_s": -2.0}}, ">= 0"),
         ({"seq": 1, "time_us": T, "job_start": {"configured_ideal_step_time_s": 0}}, "> 0"),
+        ({"seq": 1, "time_us": T, "job_end": {"failed": "yes"}}, "does not match"),
+        ({"seq": 1, "time_us": T, "job_end": {"failed": 1}}, "does not match"),
     ],
 )
 def test_invalid_event_is_dead_lettered_and_its_neighbours_kept(event, reason):
@@ -97,6 +99,18 @@ def test_invalid_event_is_dead_lettered_and_its_neighbours_kept(event, reason):
     assert reason in dead[0].reason
     assert dead[0].run_id == "run-1"
     assert json.loads(dead[0].payload) == event
+
+
+@pytest.mark.parametrize(("given", "body"), [({}, {}), ({"failed": None}, {}),
+                                            ({"failed": True}, {"failed": True}),
+                                            ({"failed": False}, {"failed": False})])
+def test_job_end_says_whether_the_attempt_failed_when_known(given, body):
+    """``job_end.failed`` is optional: set, it is kept as given; unset (or null), the body has none."""
+    for data in (batch({"seq": 0, "time_us": T, "job_end": given}),
+                 encode_batch("run-1", "a1", [(0, T, "job_end", body)]).data):
+        events, dead = parse_message(data)
+        assert not dead
+        assert events[0].body == body
 
 
 def test_model_metrics_may_be_non_finite():
