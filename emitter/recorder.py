@@ -8,9 +8,10 @@ call: a naive datetime, a negative step, a wrong type, and anything the pipeline
 limits of ``goodput_schemas.limits``: a time outside 2000..2200, a name with control characters
 or over ``MAX_TEXT_LENGTH`` characters, more than ``MAX_LABELS`` labels), so that nothing a job
 records ends up in the ``dead_letter`` table. Transport and disk problems never raise: they are
-logged and counted in ``stats``.
+logged and counted in ``stats``; so does a missing destination (see ``emitter.discovery``).
 
-One recorder instance is one attempt of the run: a new process start, a new attempt id.
+One recorder instance is one attempt of the run (a new process start, a new attempt id), until it
+records a second job start: as in the reference's own tests, that starts a new attempt.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import logging
 import math
 import operator
 import os
+import sys
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from emitter import testing
+from emitter.discovery import DiscoveredTransport
 from emitter.settings import EmitterSettings, destination_from_env
 from emitter.spool import Spool
 from emitter.transports import Transport, transport_for
@@ -43,7 +47,7 @@ from goodput_schemas.limits import (
     id_problem,
     text_problem,
 )
-from goodput_schemas.wire import json_double
+from goodput_schemas.wire import Message, json_double
 
 __version__ = "0.1.0"
 
@@ -131,7 +135,8 @@ class GoodputRecorder:
             so that only one process of a job (e.g. ``jax.process_index() == 0``) records.
         cloud_logger: The reference's test hook; accepted and ignored.
         destination: ``file:PATH`` (one JSON line per message) or ``projects/P/topics/T``;
-            defaults to ``$GOODPUT_DESTINATION``. Required when recording is enabled. An object
+            defaults to ``$GOODPUT_DESTINATION``, else the fleet's topic in the project the job
+            runs in (``emitter.discovery``; found in the background, never an error). An object
             with the ``emitter.transports.Transport`` methods is used as it is.
         configured_ideal_step_time: The ideal step time in seconds, if the user knows it.
         run_group: Groups runs in fleet queries (an experiment, a team, a model family).
@@ -149,7 +154,7 @@ class GoodputRecorder:
             neither stalls nor hurries them. For tests of a host whose clock misbehaves.
 
     Raises:
-        ValueError: An argument is invalid, or recording is enabled with no destination.
+        ValueError: An argument the reference does not have is invalid.
     """
 
     def __init__(
@@ -193,6 +198,7 @@ class GoodputRecorder:
         self._close_lock = threading.Lock()
         self._explicit_time = False
         self._in_job = False
+        self._job_started = False
         if not logging_enabled:
             _LOG.debug("goodput recording is disabled in this process (logging_enabled=False)")
             return
@@ -202,25 +208,21 @@ class GoodputRecorder:
         if capture is not None:
             transport = capture.transport()
             self.destination = "memory:capture"
+            self.settings = dataclasses.replace(settings, spool_dir=Path(capture.spool_dir))
         elif destination is not None and not isinstance(destination, str):
             transport = destination
             self.destination = repr(destination)
         else:
             resolved = destination or destination_from_env()
             if resolved is None:
-                raise ValueError(
-                    "GoodputRecorder needs a destination when logging_enabled=True: pass "
-                    "destination='file:PATH' or 'projects/P/topics/T', or set $GOODPUT_DESTINATION"
-                )
-            transport = transport_for(resolved, send_timeout_s=settings.send_timeout_s)
-            self.destination = resolved
-        self.attempt_id = uuid.uuid4().hex
-        start_ns = self._now_ns()
-        spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, start_ns,
-                      max_bytes=settings.max_spool_bytes,
-                      segment_bytes=settings.spool_segment_bytes)
-        self._worker = BatchWorker(self.job_name, self.attempt_id, transport, spool, settings,
-                                   heartbeat=self._automatic_heartbeat)
+                transport = DiscoveredTransport(send_timeout_s=settings.send_timeout_s)
+                self.destination = "discovered"
+            else:
+                transport = transport_for(resolved, send_timeout_s=settings.send_timeout_s)
+                self.destination = resolved
+        self._transport = _Shared(transport)
+        self._retired: list[_Retired] = []
+        self._worker = self._new_worker()
         if capture is not None:
             capture.attach(self)
         atexit.register(self._exit_hook)
@@ -260,6 +262,23 @@ class GoodputRecorder:
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def _new_worker(self) -> BatchWorker:
+        """A worker for a new attempt of the run, with an attempt id of its own."""
+        self.attempt_id = uuid.uuid4().hex
+        settings = self.settings
+        spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, self._now_ns(),
+                      max_bytes=settings.max_spool_bytes,
+                      segment_bytes=settings.spool_segment_bytes)
+        return BatchWorker(self.job_name, self.attempt_id, self._transport, spool, settings,
+                           heartbeat=self._automatic_heartbeat)
+
+    def _start_new_attempt(self) -> None:
+        """Hands the current attempt's events to a thread that delivers them (within the close
+        timeout, the rest to the spool) and records from now on under a new attempt."""
+        assert self._worker is not None
+        self._retired.append(_Retired(self._worker, self.settings.close_timeout_s))
+        self._worker = self._new_worker()
+
     def _record(self, kind: str, when: object, name: str, body: dict[str, Any],
                 clock_hint: bool = True) -> None:
         if when is None:
@@ -286,17 +305,37 @@ class GoodputRecorder:
     # -- the reference's API ----------------------------------------------------------------
 
     def record_job_start_time(self, start_time: datetime.datetime | None = None) -> None:
-        """Records the start of this attempt, with the run's metadata."""
-        if self._worker is None:
-            return
-        self._record("job_start", start_time, "start_time", dict(self._metadata))
-        self._in_job = True
+        """Records the start of this attempt, with the run's metadata.
 
-    def record_job_end_time(self, end_time: datetime.datetime | None = None) -> None:
-        """Records the end of the run."""
+        A second job start on one recorder is a restart: it begins a new attempt.
+        """
         if self._worker is None:
             return
-        self._record("job_end", end_time, "end_time", {})
+        if self._job_started and not self._closed:
+            self._start_new_attempt()
+        self._record("job_start", start_time, "start_time", dict(self._metadata))
+        self._job_started = self._in_job = True
+
+    def record_job_end_time(
+        self, end_time: datetime.datetime | None = None, *, failed: bool | None = None
+    ) -> None:
+        """Records the end of this attempt.
+
+        Args:
+            end_time: When it ended (``None``: now).
+            failed: Whether the attempt failed (a crash: the pipeline counts a disruption and the
+                time until the next attempt as recovery) or stopped as planned. ``None`` (the
+                default) infers it: a call made while an exception other than
+                ``SystemExit(0)`` propagates (from a ``finally`` or an ``except`` block) records
+                a failure; otherwise the pipeline decides from whether the next attempt re-runs
+                steps this one ran.
+        """
+        if self._worker is None:
+            return
+        if failed is None:
+            failed = _exception_propagating()
+        body = {} if failed is None else {"failed": bool(failed)}
+        self._record("job_end", end_time, "end_time", body)
         self._in_job = False
 
     def record_step_start_time(self, step: int, start_time: datetime.datetime | None = None) -> None:
@@ -497,14 +536,21 @@ class GoodputRecorder:
 
     @property
     def stats(self) -> EmitterStats:
-        """Counters of this recorder: recorded, sent, spilled, dropped events and send errors."""
-        return self._worker.stats if self._worker is not None else EmitterStats()
+        """Counters of this recorder, over all its attempts: recorded, sent, spilled, dropped
+        events and send errors."""
+        if self._worker is None:
+            return EmitterStats()
+        parts = [retired.worker.stats for retired in self._retired] + [self._worker.stats]
+        return EmitterStats(**{field.name: sum(getattr(part, field.name) for part in parts)
+                               for field in dataclasses.fields(EmitterStats)})
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every event recorded so far is delivered; False if ``timeout`` ran out."""
         if self._worker is None:
             return True
-        return self._worker.flush(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delivered = self._worker.flush(timeout)
+        return all([retired.wait(deadline) for retired in self._retired]) and delivered
 
     def close(self, timeout: float | None = None) -> bool:
         """Delivers what it can within ``timeout`` and stops; idempotent.
@@ -518,8 +564,13 @@ class GoodputRecorder:
             self._closed = True
         atexit.unregister(self._exit_hook)
         limit = self.settings.close_timeout_s if timeout is None else timeout
+        if isinstance(self._transport.inner, DiscoveredTransport):
+            limit = self._transport.inner.delivery_time(limit)  # nowhere: to the spool at once
+        deadline = time.monotonic() + limit
         delivered = self._worker.close(limit)
-        stats = self._worker.stats
+        delivered = all([retired.wait(deadline) for retired in self._retired]) and delivered
+        self._transport.close_inner()
+        stats = self.stats
         if stats.dropped:
             _LOG.warning("goodput recorder for %r lost %d of %d events", self.job_name,
                          stats.dropped, stats.recorded)
@@ -538,13 +589,72 @@ class GoodputRecorder:
         if self._worker is None or self._closed:
             return
         self._close_lock = threading.Lock()
+        self._retired = []  # the parent delivers its own attempts
         self.attempt_id = uuid.uuid4().hex
         self._worker.after_fork(self.attempt_id, self._now_ns())
-        self._in_job = False
+        self._in_job = self._job_started = False
 
 
 #: The reference's elastic recorder; every elastic method is on ``GoodputRecorder`` already.
 ElasticGoodputRecorder = GoodputRecorder
+
+
+class _Retired:
+    """An earlier attempt of a recorder, delivered (within ``timeout``, the rest to the spool)
+    and closed by a thread of its own."""
+
+    def __init__(self, worker: BatchWorker, timeout: float) -> None:
+        self.worker = worker
+        self._delivered = False
+        self._thread = threading.Thread(target=self._close, args=(timeout,),
+                                        name="goodput-emitter-retire", daemon=True)
+        self._thread.start()
+
+    def _close(self, timeout: float) -> None:
+        self._delivered = self.worker.close(timeout)
+
+    def wait(self, deadline: float | None) -> bool:
+        """Whether it delivered everything, waiting until ``deadline`` at most."""
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive() and self._delivered
+
+
+class _Shared:
+    """One recorder's transport, shared by the workers of its attempts: one send at a time,
+    closed once, when the recorder closes."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+
+    def send(self, message: Message) -> None:
+        with self._lock:
+            self.inner.send(message)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self.inner.after_fork()
+
+    def close(self) -> None:
+        """A worker is done with it; the recorder closes it with ``close_inner``."""
+
+    def close_inner(self) -> None:
+        try:
+            self.inner.close()
+        except Exception as error:  # noqa: BLE001 - a transport must not break close()
+            _LOG.warning("goodput emitter: closing %r failed: %s", self.inner, error)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+def _exception_propagating() -> bool | None:
+    """True while an exception other than a clean ``SystemExit`` is being raised or handled;
+    None (unknown) otherwise."""
+    error = sys.exc_info()[1]
+    if error is None or (isinstance(error, SystemExit) and error.code in (None, 0)):
+        return None
+    return True
 
 
 def _after_fork_in_child(reference: weakref.ref[GoodputRecorder]) -> None:

@@ -13,7 +13,9 @@ Example::
 
 Every recorder created inside the ``with`` block (with ``logging_enabled=True``) delivers to the
 capture instead of its destination, through the same queue and background thread as in
-production. Reading ``captured.events`` flushes those recorders first, so no sleep is needed.
+production, spooling to a directory of the capture's own (so nothing an earlier process left in
+the real spool is delivered to it). Reading ``captured.events`` flushes those recorders first, so
+no sleep is needed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -60,7 +64,9 @@ class _MemoryTransport:
 class CapturedEvents:
     """The messages and events delivered by recorders created during a capture."""
 
-    def __init__(self) -> None:
+    def __init__(self, spool_dir: str) -> None:
+        #: Where the recorders of this capture spool.
+        self.spool_dir = spool_dir
         self._lock = threading.Lock()
         self._messages: list[Message] = []
         self._recorders: list[GoodputRecorder] = []
@@ -116,9 +122,10 @@ def capture_events() -> Iterator[CapturedEvents]:
     global _active
     if _active is not None:
         raise RuntimeError("capture_events() is already active")
-    _active = captured = CapturedEvents()
+    _active = captured = CapturedEvents(tempfile.mkdtemp(prefix="goodput-capture-"))
     try:
         yield captured
     finally:
         _active = None
         captured.flush()
+        shutil.rmtree(captured.spool_dir, ignore_errors=True)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from emitter import EmitterSettings, GoodputRecorder
+from emitter.testing import capture_events
 from support.emitter import FlakyTransport, GatedTransport, line_count, read_events, wait_for
 from support.runs import at
 
@@ -153,11 +154,70 @@ def test_disabled_recorder_is_a_no_op(events_file, make_settings):
     assert not events_file.exists()
 
 
-def test_enabled_recorder_without_destination_is_a_clear_error(monkeypatch):
-    """Recording with nowhere to send is a configuration mistake, reported at construction."""
+def test_enabled_recorder_without_destination_records_and_never_raises(monkeypatch, make_settings):
+    """With nothing configured, the recorder looks for the fleet's topic in the background
+    (tests/e2e/test_destination.py): construction and calls never fail for it."""
     monkeypatch.delenv("GOODPUT_DESTINATION", raising=False)
-    with pytest.raises(ValueError, match="needs a destination"):
-        GoodputRecorder("run-1", logging_enabled=True)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "some-project")
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:9")  # nothing listens: sends fail
+    recorder = GoodputRecorder("run-1", "goodput_run-1", True,
+                               settings=make_settings(send_timeout_s=0.2, max_latency_s=0.01))
+    recorder.record_job_start_time()
+    recorder.record_step_start_time(0)
+    assert recorder.destination == "discovered"
+    assert recorder.close(timeout=0.5) is False
+    assert recorder.stats.recorded == 2 and recorder.stats.sent == 0 and recorder.stats.dropped == 0
+
+
+def test_a_job_end_inside_a_failure_records_the_failure():
+    """A job end recorded while an exception propagates (AXLearn's ``finally``) says the attempt
+    failed; a clean one says nothing, an explicit ``failed=`` wins, a clean SystemExit is clean."""
+    with capture_events() as captured:
+        recorder = GoodputRecorder("run-1", "goodput_run-1", True)
+        recorder.record_job_start_time(at(0))
+        with pytest.raises(RuntimeError):
+            try:
+                raise RuntimeError("a slice went away")
+            finally:
+                recorder.record_job_end_time(at(1))
+        recorder.record_job_end_time(at(2))
+        recorder.record_job_end_time(at(3), failed=True)
+        recorder.record_job_end_time(at(4), failed=False)
+        with pytest.raises(SystemExit):
+            try:
+                raise SystemExit(0)
+            finally:
+                recorder.record_job_end_time(at(5))
+        with pytest.raises(SystemExit):
+            try:
+                raise SystemExit(3)
+            finally:
+                recorder.record_job_end_time(at(6))
+        recorder.close()
+    ends = [e.body for e in captured.events if e.kind == "job_end"]
+    assert ends == [{"failed": True}, {}, {"failed": True}, {"failed": False}, {}, {"failed": True}]
+
+
+def test_a_second_job_start_on_one_recorder_starts_a_new_attempt():
+    """As the reference's own tests record a restart: every event of the new attempt is under
+    a new attempt id, numbered from 0, and nothing of either attempt is lost."""
+    with capture_events() as captured:
+        recorder = GoodputRecorder("run-1", "goodput_run-1", True)
+        first = recorder.attempt_id
+        recorder.record_job_start_time(at(0))
+        recorder.record_step_start_time(0, at(1))
+        recorder.record_step_start_time(1, at(2))
+        recorder.record_job_start_time(at(10))
+        recorder.record_step_start_time(1, at(11))
+        assert recorder.flush(timeout=10)
+        assert recorder.close()
+    by_attempt: dict[str, list[tuple[int, str]]] = {}
+    for event in captured.events:
+        by_attempt.setdefault(event.attempt_id, []).append((event.seq, event.kind))
+    assert recorder.attempt_id != first
+    assert sorted(by_attempt[first]) == [(0, "job_start"), (1, "step_start"), (2, "step_start")]
+    assert sorted(by_attempt[recorder.attempt_id]) == [(0, "job_start"), (1, "step_start")]
+    assert recorder.stats.recorded == recorder.stats.sent == 5
 
 
 def test_destination_comes_from_the_environment(monkeypatch, events_file, make_settings):
