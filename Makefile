@@ -6,18 +6,25 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # checkov pins its own HCL parser: it lives in a venv of its own.
 CHECKOV := .venv-checkov/bin/checkov
+# The reference library (ml-goodput-measurement), for differential tests and side-by-side
+# benchmarks: ml_goodput_measurement/ has taken its import path, so it lives in a venv of its own
+# too, driven through tools/reference_runner (its pins: tools/reference_runner/requirements.txt).
+REFERENCE_VENV := .venv-reference
+REFERENCE := $(REFERENCE_VENV)/.installed-stamp
 # The HTML report is tested in Debian's chromium, driven by playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo check test lint typecheck bench soak clean
+.PHONY: install demo check test lint typecheck bench soak clean $(REFERENCE_VENV)
 
 install: $(STAMP)
 
-# The three distributions of this repository (see the README), editable.
-$(STAMP): pyproject.toml emitter/pyproject.toml goodput_schemas/pyproject.toml
+# The four distributions of this repository (see the README), editable; never the reference, which
+# shares ml_goodput_measurement's import path (older checkouts installed it here).
+$(STAMP): pyproject.toml emitter/pyproject.toml goodput_schemas/pyproject.toml ml_goodput_measurement/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ./goodput_schemas -e ./emitter -e '.[test,demo]'
+	$(PY) -m pip uninstall --quiet --yes ml-goodput-measurement
+	$(PY) -m pip install --quiet -e ./goodput_schemas -e ./emitter -e ./ml_goodput_measurement -e '.[test,demo]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,6 +34,14 @@ $(CHECKOV):
 	$(PYTHON) -m venv .venv-checkov
 	.venv-checkov/bin/pip install --quiet --upgrade pip
 	.venv-checkov/bin/pip install --quiet checkov==3.3.30
+
+$(REFERENCE_VENV): $(REFERENCE)
+
+$(REFERENCE): tools/reference_runner/requirements.txt
+	$(PYTHON) -m venv $(REFERENCE_VENV)
+	$(REFERENCE_VENV)/bin/pip install --quiet --upgrade pip
+	$(REFERENCE_VENV)/bin/pip install --quiet -r tools/reference_runner/requirements.txt
+	touch $(REFERENCE)
 
 $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then \
@@ -40,15 +55,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-check: lint typecheck
+check: lint typecheck $(REFERENCE)
 	$(PY) -m pytest tests/unit tests/beam
 
 # Everything, tests/e2e too (stand-ins, subprocesses, the browser, Terraform, installs, the soak):
 # what CI runs.
-test: lint typecheck $(CHECKOV) $(CHROMIUM)
+test: lint typecheck $(CHECKOV) $(CHROMIUM) $(REFERENCE)
 	$(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(REFERENCE)
 	$(PY) -m benchmarks
 
 # Thirty minutes of fleet traffic with random faults (make test runs a 90 s version of it).
@@ -57,4 +72,4 @@ soak: $(STAMP)
 	GOODPUT_SOAK_S=$(SOAK_S) $(PY) -m pytest -s -p no:cacheprovider tests/e2e/test_soak.py
 
 clean:
-	rm -rf $(VENV) .venv-checkov .cache demo-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-checkov $(REFERENCE_VENV) .cache demo-output .pytest_cache .mypy_cache .ruff_cache

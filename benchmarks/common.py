@@ -1,8 +1,11 @@
-"""Shared helpers: the machine, summary statistics, processes, the reference library's offline stand-ins."""
+"""Shared helpers: the machine, summary statistics, processes.
+
+The reference library runs in a venv of its own (``make .venv-reference``), driven through
+``tools.reference_runner``: the sections that measure it start its worker, and its offline
+stand-in for Cloud Logging lives there."""
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
 import statistics
@@ -10,13 +13,17 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+
+from tools.reference_runner import missing_reason, reference_version
 
 
 def machine() -> str:
     """One line saying what the figures were measured on."""
-    versions = ", ".join(f"{name} {metadata.version(name)}" for name in
-                         ("apache-beam", "duckdb", "ml-goodput-measurement", "protobuf"))
+    reference = "not installed" if missing_reason() else reference_version()
+    versions = ", ".join([f"apache-beam {metadata.version('apache-beam')}",
+                          f"duckdb {metadata.version('duckdb')}",
+                          f"ml-goodput-measurement {reference} (.venv-reference)",
+                          f"protobuf {metadata.version('protobuf')}"])
     return (f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
             f"Python {sys.version.split()[0]}; {versions}")
 
@@ -50,31 +57,3 @@ def stop(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-class InMemoryCloudLogging:
-    """The reference's Cloud Logging writer and reader over a list, for offline runs of its code.
-
-    ``read_cloud_logging_entries`` returns the entries after the cursor, as the real reader does
-    with its ``last_entry_info`` cursor.
-    """
-
-    def __init__(self, job_name: str = "run") -> None:
-        self.job_name = job_name
-        self.entries: list[dict[str, Any]] = []
-        self.job_start_time = None
-
-    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
-        self.entries.append(entry)
-
-    def flush(self) -> None:
-        """Writes are synchronous."""
-
-    def read_cloud_logging_entries(self, start_time: Any = None, end_time: Any = None,
-                                   last_entry_info: Any = None) -> tuple[list[Any], tuple[Any, Any]]:
-        done = int(last_entry_info[1]) + 1 if last_entry_info and last_entry_info[1] else 0
-        new = self.entries[done:]
-        if not new:
-            return [], (None, None)
-        stamp = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
-        return list(new), (stamp, str(len(self.entries) - 1))

@@ -5,7 +5,8 @@ The run is the replay section's: a job start, accelerator init, preparation, a d
 into an in-memory stand-in for Cloud Logging and through this project's emitter. Ours is sent as
 a live job sends it: the emitter publishes a partial batch once its oldest event has waited
 ``max_latency_s`` (its default settings), so each message holds the events of that span. All
-timings run in one thread pinned to one core.
+timings run in one thread pinned to one core; the reference's run in its own venv
+(``tools.reference_runner``), that process pinned, and are timed there.
 
 * Reference: the monitor's cumulative worker polls every 30 s (``upload_interval`` has no
   default; 30 s is our snapshot interval) and its step-deviation worker at its default interval;
@@ -48,7 +49,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import inspect
 import itertools
 import math
 import random
@@ -60,12 +60,13 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import InMemoryCloudLogging, summary
+from benchmarks.common import summary
 from benchmarks.engine import _on_one_core
 from benchmarks.replay import _write_run
 from emitter.settings import EmitterSettings
 from emitter.transports import PubSubTransport
 from goodput_schemas.wire import Message, Record, encode_batch
+from tools.reference_runner import ReferenceRunner
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 100_000
@@ -181,31 +182,33 @@ def _reference_polls(entries: list[dict[str, Any]]) -> tuple[list[int], list[int
     return cumulative, deviation
 
 
-def _reference_seconds(entries: list[dict[str, Any]]) -> list[float]:
+def _reference_seconds(reference: ReferenceRunner, entries: list[dict[str, Any]]) -> list[float]:
     """Per size: one new entry then the cumulative query, one more then the step deviation,
     each on its own warm calculator; cumulative timings first, then step deviation."""
-    from ml_goodput_measurement.src import goodput
-
-    log = InMemoryCloudLogging("bench-run")
+    log = reference.log(job_name="bench-run")
+    written = 0
     cumulative, deviation = [], []
+
+    def write(until: int) -> None:
+        nonlocal written
+        reference.append(log, entries[written:until])
+        written = until
+
     with tempfile.TemporaryDirectory() as cache:
-        goodput_worker = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log,
-                                                   cache_dir=str(Path(cache) / "cumulative"))
-        deviation_worker = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log,
-                                                     cache_dir=str(Path(cache) / "deviation"))
+        goodput_worker, deviation_worker = (
+            reference.calculator(log, Path(cache) / name, job_name="bench-run", logger_name="goodput_bench")
+            for name in ("cumulative", "deviation"))
         for size in REFERENCE_SIZES:
-            log.entries += entries[len(log.entries):size - 2 * REFERENCE_REPEATS]
-            goodput_worker.get_job_goodput(include_badput_breakdown=True)  # catch up, untimed
-            deviation_worker.get_step_deviation()
+            write(size - 2 * REFERENCE_REPEATS)
+            reference.call(goodput_worker, "get_job_goodput", include_badput_breakdown=True)  # catch up
+            reference.call(deviation_worker, "get_step_deviation")
             for _ in range(REFERENCE_REPEATS):
-                log.entries.append(entries[len(log.entries)])
-                started = time.perf_counter()
-                goodput_worker.get_job_goodput(include_badput_breakdown=True)
-                cumulative.append(time.perf_counter() - started)
-                log.entries.append(entries[len(log.entries)])
-                started = time.perf_counter()
-                deviation_worker.get_step_deviation()
-                deviation.append(time.perf_counter() - started)
+                write(written + 1)
+                cumulative.append(reference.call_timed(goodput_worker, "get_job_goodput",
+                                                       include_badput_breakdown=True)[1])
+                write(written + 1)
+                deviation.append(reference.call_timed(deviation_worker, "get_step_deviation")[1])
+        reference.release(log, goodput_worker, deviation_worker)
     return cumulative + deviation
 
 
@@ -321,8 +324,11 @@ def _row(label: str, values: list[str]) -> str:
 
 
 def run() -> str:
-    from ml_goodput_measurement.src import monitoring
+    with ReferenceRunner() as runner:
+        return _run(runner)
 
+
+def _run(runner: ReferenceRunner) -> str:
     from pipeline.beam.options import GoodputOptions
     from pipeline.core import state_coder
     from pipeline.core.rows import snapshot_rows
@@ -330,23 +336,26 @@ def run() -> str:
 
     options = GoodputOptions([])
     interval_s, windows_s = float(options.snapshot_interval_s), tuple(options.windows)
-    deviation_s = float(inspect.signature(monitoring.GoodputMonitor).parameters[
-        "step_deviation_interval_seconds"].default)
+    deviation_s = float(next(p["default"] for p in runner.parameters("monitoring.GoodputMonitor.__init__")
+                             if p["name"] == "step_deviation_interval_seconds"))
     machine_type = _terraform_default("machine_type")
     vcpus = int(machine_type.rsplit("-", 1)[1])  # predefined GCE types end in their vCPU count
     max_workers = int(_terraform_default("max_workers"))
 
-    # Each side is measured with only its own data on the heap: full collections scan it all.
+    # Each side is measured with only its own data on the heap: full collections scan it all. The
+    # reference's heap is its worker's; this process drops the entries before measuring ours.
     with tempfile.TemporaryDirectory() as scratch:
-        log = InMemoryCloudLogging("bench-run")
         path = Path(scratch) / "run.jsonl"
-        _write_run(path, STEPS, log)
-        entries = [e for e in log.entries if "job_end_time" not in e]  # a job still running
-        reference = _on_one_core(functools.partial(_reference_seconds, entries))
-        running_entries, all_entries = len(entries), len(log.entries)
+        log = _write_run(path, STEPS, runner)
+        assert log is not None
+        written = runner.entries(log)
+        runner.release(log)
+        entries = [e for e in written if "job_end_time" not in e]  # a job still running
+        reference = _on_one_core(functools.partial(_reference_seconds, runner, entries), pid=runner.pid)
+        running_entries, all_entries = len(entries), len(written)
         cumulative_sizes, deviation_sizes = _reference_polls(entries)
-        entry_times = [_entry_time(e) for e in log.entries]
-        del log, entries
+        entry_times = [_entry_time(e) for e in written]
+        del written, entries
         attempt_id, records = _records_of(path)
     messages = _live_messages("bench-run", attempt_id, records)
     engine_passes = _on_one_core(lambda: _engine_seconds(messages))

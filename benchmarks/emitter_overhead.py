@@ -1,6 +1,7 @@
 """Per-call cost of ``record_step_start_time``: this emitter against the reference recorder.
 
-Both run here, in one process, on their real code paths. The reference's recorder
+Both run on their real code paths, each in a process of its own: ours here, the reference's in
+its own venv (``tools.reference_runner``), its calls timed there. The reference's recorder
 (``ml_goodput_measurement.src.goodput.GoodputRecorder``) writes through its
 ``CloudLoggingHandler`` and ``BackgroundThreadTransport`` (batches of 100, a background thread)
 to an offline Cloud Logging client (anonymous credentials, HTTP API) whose ``write_entries`` is
@@ -9,11 +10,11 @@ background thread. Each call passes an explicit tz-aware time, as a training loo
 backfilling would. After the run, every call's entry must have reached its sink (the reference's
 counter; our recorder's count of sent events), or the benchmark fails.
 
-Both recorders are built before anything is timed, so both are timed with the same heap; each
-recorder's bursts, then each one's single calls, run as a phase of their own that starts with a
-full garbage collection. A phase's figures thus include the full (generation 2) collections its
-own allocations trigger, and none that the other recorder's garbage made due; the table counts
-them, since one costs tens of milliseconds with the reference's libraries loaded.
+Both recorders are built before anything is timed; each recorder's bursts, then each one's
+single calls, run as a phase of their own that starts with a full garbage collection of its
+process. A phase's figures thus include the full (generation 2) collections its own allocations
+trigger; the table counts them, since one costs tens of milliseconds with the reference's
+libraries loaded.
 
 Bursts: 20,000 calls back to back while the background thread works; the mean per call, seven
 times. Single calls: 20,000 calls timed one by one with ``perf_counter_ns``, in groups of 1,000
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import gc
 import logging
 import statistics
@@ -39,9 +41,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from benchmarks.common import percentile, summary
+from tools.reference_runner import ReferenceRunner
 
 BURST = 20_000
 BURSTS = 7
@@ -54,41 +56,39 @@ PUBLISH_REPEATS = 3
 TOPIC = "projects/goodput-bench/topics/events"
 
 Record = Callable[[int, datetime.datetime], None]
+#: (first step, count, time) -> the seconds of the whole loop of calls.
+Burst = Callable[[int, int, datetime.datetime], float]
+#: (first step, count, time) -> the seconds of each call.
+Singles = Callable[[int, int, datetime.datetime], list[float]]
 
 
 @dataclasses.dataclass
 class _Subject:
-    """One recorder under test and what was measured of it."""
+    """One recorder under test, in this process or in the reference's worker, and what was
+    measured of it."""
 
-    record: Record
+    burst: Burst
+    each: Singles
     flush: Callable[[], Any]
     delivered: Callable[[], int]
+    full_collections_so_far: Callable[[bool], int]  # in the recorder's process, after one if asked
     calls: int = 0
     bursts: list[float] = dataclasses.field(default_factory=list)  # mean seconds per call
     singles: list[float] = dataclasses.field(default_factory=list)  # seconds per call
     full_collections: int = 0  # generation-2 collections during the bursts
 
     def run_bursts(self, when: datetime.datetime) -> None:
-        gc.collect()
-        full_before = gc.get_stats()[2]["collections"]
-        record = self.record
+        full_before = self.full_collections_so_far(True)
         for _ in range(BURSTS):
-            started = time.perf_counter()
-            for step in range(self.calls, self.calls + BURST):
-                record(step, when)
-            self.bursts.append((time.perf_counter() - started) / BURST)
+            self.bursts.append(self.burst(self.calls, BURST, when) / BURST)
             self.calls += BURST
             self.flush()
-        self.full_collections = gc.get_stats()[2]["collections"] - full_before
+        self.full_collections = self.full_collections_so_far(False) - full_before
 
     def run_singles(self, when: datetime.datetime) -> None:
-        gc.collect()
-        record, clock, singles = self.record, time.perf_counter_ns, self.singles
+        self.full_collections_so_far(True)
         for _ in range(SINGLES // GROUP):
-            for step in range(self.calls, self.calls + GROUP):
-                started = clock()
-                record(step, when)
-                singles.append((clock() - started) / 1e9)
+            self.singles += self.each(self.calls, GROUP, when)
             self.calls += GROUP
             self.flush()
 
@@ -98,38 +98,57 @@ class _Subject:
             raise RuntimeError(f"{name}: {delivered:,} of {self.calls:,} entries reached the sink")
 
 
+def _burst(record: Record, first: int, count: int, when: datetime.datetime) -> float:
+    started = time.perf_counter()
+    for step in range(first, first + count):
+        record(step, when)
+    return time.perf_counter() - started
+
+
+def _each(record: Record, first: int, count: int, when: datetime.datetime) -> list[float]:
+    clock, singles = time.perf_counter_ns, []
+    for step in range(first, first + count):
+        started = clock()
+        record(step, when)
+        singles.append((clock() - started) / 1e9)
+    return singles
+
+
+def _full_collections_so_far(collect_first: bool) -> int:
+    if collect_first:
+        gc.collect()
+    collections: int = gc.get_stats()[2]["collections"]
+    return collections
+
+
 def _ours(directory: Path) -> tuple[_Subject, Callable[[], Any]]:
     from emitter import EmitterSettings, GoodputRecorder
 
     recorder = GoodputRecorder("bench", logging_enabled=True, destination=f"file:{directory}/ours.jsonl",
                                settings=EmitterSettings(spool_dir=directory / "spool",
                                                         heartbeat_interval_s=None))
-    return _Subject(recorder.record_step_start_time, recorder.flush,
-                    lambda: recorder.stats.sent), recorder.close
+    record = recorder.record_step_start_time
+    return _Subject(functools.partial(_burst, record), functools.partial(_each, record), recorder.flush,
+                    lambda: recorder.stats.sent, _full_collections_so_far), recorder.close
 
 
-def _reference() -> _Subject:
-    import google.cloud.logging
-    from google.auth.credentials import AnonymousCredentials
-    from ml_goodput_measurement.src import goodput
+def _reference(runner: ReferenceRunner) -> _Subject:
+    """The reference's recorder in its worker, on its Cloud Logging path to a counting client
+    (``worker.Worker.logging_client_recorder``); the same loops as ``_burst`` and ``_each``
+    run there."""
+    made = runner.request("logging_client_recorder", job_name="bench", logger_name="goodput_bench")
+    recorder, api = made["recorder"], made["api"]
 
-    class CountingLoggingAPI:
-        """Stands in for the client's HTTP logging API: the batch commit counts its entries."""
+    def timed(first: int, count: int, when: datetime.datetime, each: bool) -> Any:
+        return runner.request("time_calls", target=recorder, method="record_step_start_time", first=first,
+                              count=count, args=[when], each=each)
 
-        def __init__(self) -> None:
-            self.entries = 0
+    def full_collections_so_far(collect_first: bool) -> int:
+        return int(runner.request("full_collections", collect_first=collect_first))
 
-        def write_entries(self, entries: list[Any], **_: Any) -> None:
-            self.entries += len(entries)
-
-    client = google.cloud.logging.Client(project="bench", credentials=AnonymousCredentials(),
-                                         _use_grpc=False)
-    api = CountingLoggingAPI()
-    client._logging_api = api  # what ``client.logging_api`` returns to the batch commit
-    # Only to hand the offline client to ``_CloudLogger``, which builds its own with no arguments.
-    with mock.patch("google.cloud.logging.Client", return_value=client):
-        recorder = goodput.GoodputRecorder("bench", "goodput_bench", True)
-    return _Subject(recorder.record_step_start_time, recorder.flush, lambda: api.entries)
+    return _Subject(functools.partial(timed, each=False), functools.partial(timed, each=True),
+                    lambda: runner.call(recorder, "flush"), lambda: int(runner.call(api, "count")),
+                    full_collections_so_far)
 
 
 def _publish_rates(directory: Path) -> list[float]:
@@ -173,9 +192,9 @@ def _verdict(ok: bool) -> str:
 def run() -> str:
     logging.getLogger().setLevel(logging.WARNING)
     when = datetime.datetime.now(datetime.timezone.utc)
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as directory, ReferenceRunner() as runner:
         ours, close_ours = _ours(Path(directory))
-        reference = _reference()
+        reference = _reference(runner)
         started = time.perf_counter()
         gc.collect()
         full_gc_ms, tracked = (time.perf_counter() - started) * 1e3, len(gc.get_objects())

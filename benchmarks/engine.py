@@ -15,7 +15,9 @@ seven passes over 200 messages.
 The baseline is the reference's own computation measured in the same run: a fresh
 ``GoodputCalculator`` reading the same 200,000 steps' log entries from an in-memory stand-in for
 Cloud Logging and computing goodput with the badput breakdown; its rate is entries per second of
-that one computation (which the reference repeats from scratch on every poll).
+that one computation (which the reference repeats from scratch on every poll). It runs in the
+reference's own venv (``tools.reference_runner``), that process pinned to one core, and is timed
+there.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from benchmarks.common import InMemoryCloudLogging, summary
+from benchmarks.common import summary
+from tools.reference_runner import ReferenceRunner
 
 MESSAGES = 200
 PER_MESSAGE = 1_000
@@ -110,37 +113,45 @@ def _state_bytes() -> tuple[int, float]:
     return empty, (len(state_coder.encode_state(state)) - empty) / steps
 
 
-def _reference_entries_per_second(steps: int) -> float:
-    from ml_goodput_measurement.src import goodput
-
-    log = InMemoryCloudLogging("bench-run")
-    recorder = goodput.GoodputRecorder("bench-run", "goodput_bench", True, cloud_logger=log)
+def _reference_log(reference: ReferenceRunner, steps: int) -> tuple[str, int]:
+    """A job start and ``steps`` step starts through the reference's recorder into a log of its
+    worker: the log's handle and its entries."""
     t = datetime.datetime(2026, 11, 1, tzinfo=datetime.timezone.utc)
-    recorder.record_job_start_time(t)
-    for step in range(steps):
-        recorder.record_step_start_time(step, t + datetime.timedelta(seconds=1.5 * step))
+    calls = [("record_job_start_time", (t,))]
+    calls += [("record_step_start_time", (step, t + datetime.timedelta(seconds=1.5 * step)))
+              for step in range(steps)]
+    log = reference.log(job_name="bench-run")
+    entries = reference.record(log, [calls], recorder="goodput.GoodputRecorder", job_name="bench-run",
+                               logger_name="goodput_bench")
+    return log, entries
+
+
+def _reference_entries_per_second(reference: ReferenceRunner, log: str, entries: int) -> float:
+    """Entries per second of one computation by a fresh calculator (empty cache) over ``log``."""
     with tempfile.TemporaryDirectory() as cache:
-        calculator = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log,
-                                               cache_dir=cache)
-        started = time.perf_counter()
-        calculator.get_job_goodput(include_badput_breakdown=True)
-        return len(log.entries) / (time.perf_counter() - started)
+        calculator = reference.calculator(log, cache, job_name="bench-run", logger_name="goodput_bench")
+        _, seconds = reference.call_timed(calculator, "get_job_goodput", include_badput_breakdown=True)
+        reference.release(calculator)
+    return entries / seconds
 
 
-def _on_one_core(measure: Callable[[], list[float]]) -> list[float]:
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {max(allowed)})
+def _on_one_core(measure: Callable[[], list[float]], pid: int = 0) -> list[float]:
+    """``measure()`` with process ``pid`` (0: this one; the reference's worker, say) on one core."""
+    allowed = os.sched_getaffinity(pid)
+    os.sched_setaffinity(pid, {max(allowed)})
     try:
         return measure()
     finally:
-        os.sched_setaffinity(0, allowed)
+        os.sched_setaffinity(pid, allowed)
 
 
 def run() -> str:
     steps = _on_one_core(lambda: _events_per_second(_step_messages()))
     mixed = _on_one_core(lambda: _events_per_second(_mixed_messages()))
-    reference = _on_one_core(lambda: [_reference_entries_per_second(MESSAGES * PER_MESSAGE)
-                                      for _ in range(3)])
+    with ReferenceRunner() as runner:
+        log, entries = _reference_log(runner, MESSAGES * PER_MESSAGE)
+        reference = _on_one_core(lambda: [_reference_entries_per_second(runner, log, entries)
+                                          for _ in range(3)], pid=runner.pid)
     empty, per_step = _state_bytes()
     best = statistics.median(steps)
     lines = [

@@ -2,7 +2,8 @@
 
 The same recorder calls (a job start, accelerator init, preparation, a data load, 100,000 steps of
 about 1.5 s, an eval every 5,000 steps, the job end) go through the reference's recorder into an
-in-memory stand-in for Cloud Logging, and through this project's emitter into a file.
+in-memory stand-in for Cloud Logging, and through this project's emitter into a file. The
+reference runs in its own venv (``tools.reference_runner``) and its calls are timed there.
 
 * Reference, full computation: a fresh ``GoodputCalculator`` (empty cache) answering
   ``get_job_goodput(include_badput_breakdown=True)``: one read of every entry, its JSONL cache
@@ -32,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import InMemoryCloudLogging, summary
+from benchmarks.common import summary
+from tools.reference_runner import Call, ReferenceRunner
 
 STEPS = 100_000
 REPEATS = 3
@@ -43,43 +45,49 @@ TARGET_INCREMENTAL_RATIO = 10_000
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _record(recorders: list, steps: int, seed: int = 1) -> datetime.datetime:  # type: ignore[type-arg]
+def _calls(steps: int, seed: int = 1) -> list[Call]:
+    """The run's recorder calls."""
     rng = random.Random(seed)
     t = datetime.datetime(2026, 11, 1, tzinfo=datetime.timezone.utc)
+    calls: list[Call] = []
 
-    def every(method: str, *args: object) -> None:
-        for recorder in recorders:
-            getattr(recorder, method)(*args)
+    def call(method: str, *args: object) -> None:
+        calls.append((method, args))
 
-    every("record_job_start_time", t)
+    call("record_job_start_time", t)
     for name, seconds in (("tpu_init", 30), ("training_preparation", 20), ("data_loading", 8)):
-        every(f"record_{name}_start_time", t)
+        call(f"record_{name}_start_time", t)
         t += datetime.timedelta(seconds=seconds)
-        every(f"record_{name}_end_time", t)
+        call(f"record_{name}_end_time", t)
     for step in range(steps):
-        every("record_step_start_time", step, t)
+        call("record_step_start_time", step, t)
         t += datetime.timedelta(seconds=1.5 * (1 + rng.uniform(-0.05, 0.05)) + (40 if step == 0 else 0))
         if step % 5000 == 2499:
-            every("record_custom_badput_event_start_time", t, "EVAL_STEP")
+            call("record_custom_badput_event_start_time", t, "EVAL_STEP")
             t += datetime.timedelta(seconds=10)
-            every("record_custom_badput_event_end_time", t, "EVAL_STEP")
-    every("record_job_end_time", t)
-    return t
+            call("record_custom_badput_event_end_time", t, "EVAL_STEP")
+    call("record_job_end_time", t)
+    return calls
 
 
-def _write_run(path: Path, steps: int, log: InMemoryCloudLogging | None) -> None:
-    from ml_goodput_measurement.src import goodput
-
+def _write_run(path: Path, steps: int, reference: ReferenceRunner | None) -> str | None:
+    """The run through our recorder into the file ``path`` and, given the reference's worker,
+    through the reference's recorder into a new log there: that log's handle."""
     from emitter import EmitterSettings, GoodputRecorder
 
+    calls = _calls(steps)
     ours = GoodputRecorder("bench-run", logging_enabled=True, destination=f"file:{path}",
                            settings=EmitterSettings(spool_dir=path.parent / "spool",
                                                     heartbeat_interval_s=None))
-    recorders = [ours]
-    if log is not None:
-        recorders.append(goodput.GoodputRecorder("bench-run", "goodput_bench", True, cloud_logger=log))
-    _record(recorders, steps)
+    for method, args in calls:
+        getattr(ours, method)(*args)
     ours.close()
+    if reference is None:
+        return None
+    log = reference.log(job_name="bench-run")
+    reference.record(log, [calls], recorder="goodput.GoodputRecorder", job_name="bench-run",
+                     logger_name="goodput_bench")
+    return log
 
 
 def _process(*args: str) -> float:
@@ -96,25 +104,28 @@ def _whole_process(events: Path, out: Path) -> float:
 
 
 def run() -> str:
-    from ml_goodput_measurement.src import goodput
+    with ReferenceRunner() as reference:
+        return _run(reference)
 
+
+def _run(reference: ReferenceRunner) -> str:
     from pipeline.core import engine
     from pipeline.core.events import Event, parse_batch, read_lines
 
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        log = InMemoryCloudLogging("bench-run")
         big, small = directory / "run100k.jsonl", directory / "run1.jsonl"
-        _write_run(big, STEPS, log)
+        log = _write_run(big, STEPS, reference)
+        assert log is not None
         _write_run(small, 1, None)
 
         reference_full = []
         for attempt in range(REPEATS):
-            calculator = goodput.GoodputCalculator("bench-run", "goodput_bench", cloud_logger=log,
-                                                   cache_dir=str(directory / f"cache{attempt}"))
-            started = time.perf_counter()
-            reference_goodput, _, _ = calculator.get_job_goodput(include_badput_breakdown=True)
-            reference_full.append(time.perf_counter() - started)
+            calculator = reference.calculator(log, directory / f"cache{attempt}", job_name="bench-run",
+                                              logger_name="goodput_bench")
+            (reference_goodput, _, _), seconds = reference.call_timed(
+                calculator, "get_job_goodput", include_badput_breakdown=True)
+            reference_full.append(seconds)
 
         whole, startup, interpreter, imports = [], [], [], []
         for _ in range(PROCESS_REPEATS):  # interleaved, so that drift hits all alike
@@ -143,11 +154,10 @@ def run() -> str:
         ours_update, reference_update, ratios = [], [], []
         step = 0
         for round_ in range(ROUNDS):
-            log.write_cloud_logging_entry({"job_name": "bench-run", "step_count": STEPS + round_,
-                                           "step_start_time": 2e9 + round_})
-            started = time.perf_counter()
-            calculator.get_job_goodput(include_badput_breakdown=True)
-            reference_update.append(time.perf_counter() - started)
+            reference.append(log, [{"job_name": "bench-run", "step_count": STEPS + round_,
+                                    "step_start_time": 2e9 + round_}])
+            _, seconds = reference.call_timed(calculator, "get_job_goodput", include_badput_breakdown=True)
+            reference_update.append(seconds)
             timings = []
             for _ in range(200):
                 step += 1

@@ -17,8 +17,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from emitter import goodput
-from emitter.goodput import BadputType
+from ml_goodput_measurement import goodput
+from ml_goodput_measurement.src.goodput_utils import BadputType
 from support import REPO
 from support.history import replay
 from support.reference import assert_same_as_reference, reference_result
@@ -80,6 +80,21 @@ def test_details_are_seconds_in_the_reference_shape(simulated: Path):
     assert details["ideal_step_time"] > 0
 
 
+def test_step_deviation_summarizes_to_the_snapshots(simulated: Path):
+    """get_step_deviation has a value for every step step_stats measured, and the reference's
+    summary of them is the snapshot's step_time_deviation_s."""
+    from ml_goodput_measurement import goodput_utils
+
+    deviations = goodput.GoodputCalculator("sim", duckdb_path=simulated).get_step_deviation()
+    with duckdb.connect(str(simulated), read_only=True) as connection:
+        (summary, measured), = connection.execute(
+            "SELECT g.step_time_deviation_s, s.steps_measured FROM latest_goodput g JOIN step_stats s "
+            "ON s.run_id = g.run_id AND s.snapshot_time = g.snapshot_time "
+            "WHERE g.run_id = 'sim' AND g.window_s = 0").fetchall()
+    assert len(deviations) == measured
+    assert goodput_utils.compute_step_deviation_from_baseline(deviations) == pytest.approx(summary, rel=1e-9)
+
+
 @pytest.mark.parametrize("build", [functools.partial(shape, "long_clean", 21),
                                    functools.partial(shape, "outage", 22)], ids=["clean", "restarted"])
 def test_goodput_matches_the_reference_calculator(build: Any, tmp_path: Path):
@@ -111,7 +126,7 @@ def test_the_source_comes_from_the_environment(simulated: Path, monkeypatch: pyt
 
 def test_importing_the_api_pulls_no_heavy_dependency():
     """A training image imports goodput and monitoring without duckdb, BigQuery or Beam."""
-    code = ("import sys; from emitter import goodput, monitoring; "
+    code = ("import sys; from ml_goodput_measurement import goodput, monitoring; "
             "heavy = [m for m in ('duckdb', 'apache_beam', 'google.cloud.bigquery', 'pipeline') "
             "if m in sys.modules]; assert not heavy, heavy")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -143,7 +158,7 @@ def test_interval_over_two_replays_of_a_run(tmp_path: Path):
 
 def test_elastic_calculator_always_reports_the_elastic_buckets(simulated: Path):
     """As the reference's elastic calculator: ELASTIC_* are in the breakdown, 0 when unused."""
-    from emitter import goodput_elastic
+    from ml_goodput_measurement import goodput_elastic
 
     _, breakdown, _ = goodput_elastic.ElasticGoodputCalculator("sim", duckdb_path=simulated).get_job_goodput(
         include_badput_breakdown=True)

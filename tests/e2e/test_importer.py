@@ -1,9 +1,10 @@
 """Importing the reference's Cloud Logging history (``pipeline.app.importer``).
 
-The reference recorder (ml-goodput-measurement 0.2.3), driven through its ``cloud_logger`` test
-hook, writes the payloads; they are wrapped as ``gcloud logging read --format=json`` would
-export them, imported, and replayed through the batch pipeline. Where the reference is right,
-the goodput must equal what the reference computes on those same entries."""
+The reference recorder (ml-goodput-measurement 0.2.3, in its own venv through
+``support.reference``), driven through its ``cloud_logger`` test hook, writes the payloads; they
+are wrapped as ``gcloud logging read --format=json`` would export them, imported, and replayed
+through the batch pipeline. Where the reference is right, the goodput must equal what the
+reference computes on those same entries."""
 
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ml_goodput_measurement.src import goodput as reference_goodput
 
-from benchmarks.common import InMemoryCloudLogging
-from emitter import goodput
+from ml_goodput_measurement import goodput
 from pipeline.app import importer
 from pipeline.core.events import parse_message, read_lines
 from support import REPO
@@ -28,16 +27,9 @@ from support.reference import (
     assert_same_as_reference,
     log_entries,
     reference_payloads,
+    reference_result_of,
 )
 from support.runs import shape
-
-
-def reference_goodput_of(payloads: list[dict[str, Any]], cache_dir: Path) -> tuple[Any, ...]:
-    """The reference's own get_job_goodput(include_badput_breakdown=True) on the payloads."""
-    log = InMemoryCloudLogging()
-    log.entries = list(payloads)
-    calculator = reference_goodput.GoodputCalculator("run", "log", cloud_logger=log, cache_dir=str(cache_dir))
-    return calculator.get_job_goodput(include_badput_breakdown=True)
 
 
 @pytest.mark.parametrize("build", [functools.partial(shape, "long_clean", 21),
@@ -52,7 +44,7 @@ def test_imported_history_gives_the_reference_numbers(build: Any, tmp_path: Path
     importer.write_messages(result.messages, tmp_path / "events.jsonl")
     replay([tmp_path / "events.jsonl"], tmp_path / "goodput.duckdb")
     ours = goodput.GoodputCalculator("run", duckdb_path=tmp_path / "goodput.duckdb").get_job_goodput(True)
-    assert_same_as_reference(ours, reference_goodput_of(payloads, tmp_path))
+    assert_same_as_reference(ours, reference_result_of(payloads, tmp_path))
 
 
 def test_importing_twice_gives_the_same_events_and_numbers(tmp_path: Path):

@@ -7,6 +7,7 @@ training jobs included. Building and installing takes the package index, as ``ma
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,12 +21,13 @@ from goodput_schemas import saved_queries
 from support import REPO
 
 DISTRIBUTIONS = {"fleet-goodput-schemas": "goodput_schemas", "fleet-goodput-emitter": "emitter",
-                 "fleet-goodput": "."}
+                 "fleet-goodput-measurement": "ml_goodput_measurement", "fleet-goodput": "."}
 
 
-def run(*command: str | Path, cwd: Path, timeout: float = 600) -> str:
+def run(*command: str | Path, cwd: Path, timeout: float = 600, env_destination: str | None = None) -> str:
+    env = None if env_destination is None else {**os.environ, "GOODPUT_DESTINATION": env_destination}
     done = subprocess.run([str(part) for part in command], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, env=env)
     assert done.returncode == 0, f"{command}: {done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -75,6 +77,54 @@ def test_the_emitter_alone_imports_the_emitter_and_no_pipeline(wheels, tmp_path)
               "print([name for name in ('pipeline', 'apache_beam') if importlib.util.find_spec(name)])\n")
     assert run(python, "-c", script, cwd=tmp_path).strip() == "[]"
     assert '"job_start"' in events.read_text()
+
+
+def test_training_code_written_for_the_reference_runs_unchanged(wheels, tmp_path):
+    """Only the drop-in installed: MaxText's and AXLearn's calls (``support/clients.py``, copied
+    out) import ``ml_goodput_measurement`` and run, recording to the destination in the
+    environment; nothing of the pipeline or Beam is loaded."""
+    python = new_environment(tmp_path / "venv", beside=Path(sysconfig.get_path("purelib")))
+    run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheels["fleet-goodput-measurement"],
+        wheels["fleet-goodput-emitter"], wheels["fleet-goodput-schemas"], cwd=tmp_path)
+    shutil.copy(REPO / "tests" / "support" / "clients.py", tmp_path / "clients.py")
+    events = tmp_path / "events.jsonl"
+    script = f"""
+import importlib.util, time
+import clients
+from ml_goodput_measurement import goodput_utils
+from ml_goodput_measurement.src.goodput import GoodputRecorder
+
+config = clients.maxtext_config("mt", {str(tmp_path / "tb")!r}, goodput_upload_interval_seconds=1)
+recorder = clients.maxtext_create_goodput_recorder(config)
+clients.maxtext_record_goodput(recorder, "record_job_start_time")
+with clients.maxtext_maybe_monitor_goodput(config):
+    with clients.maxtext_maybe_record_goodput(recorder, clients.GoodputEvent.TPU_INIT):
+        pass
+    for step in range(5):
+        clients.maxtext_record_goodput(recorder, "record_step_start_time", step)
+clients.maxtext_record_goodput(recorder, "record_job_end_time")
+assert recorder.close()
+
+axlearn = clients.AXLearnGoodputRecorder("axl", {str(tmp_path / "tb")!r}, upload_interval=1,
+                                         rolling_window_size=[3600])
+with axlearn.maybe_monitor_goodput(), axlearn.maybe_monitor_rolling_window_goodput():
+    with axlearn.record_event(clients.Event.JOB):
+        for step in range(5):
+            with axlearn.record_event(clients.Event.STEP, step):
+                pass
+assert axlearn._recorder.close()
+assert isinstance(recorder, GoodputRecorder) and goodput_utils.BadputType.OTHER.value == 11
+import ml_goodput_measurement, sys
+print(ml_goodput_measurement.__file__)
+print(importlib.util.find_spec("pipeline"),
+      [name for name in ("apache_beam", "pipeline") if name in sys.modules])
+"""
+    output = run(python, "-c", script, cwd=tmp_path, env_destination=f"file:{events}")
+    where, modules = output.strip().splitlines()[-2:]
+    assert str(tmp_path / "venv") in where
+    assert modules == "None []"  # the drop-in neither has the pipeline nor loads Beam
+    lines = events.read_text()
+    assert lines.count('"step_start"') == 10 and lines.count('"job_end"') == 2
 
 
 def test_goodput_demo_runs_from_the_installed_wheels(wheels, tmp_path):

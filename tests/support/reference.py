@@ -1,33 +1,52 @@
 """Runs the same recorder calls through the reference library and through this project.
 
-The reference (ml-goodput-measurement 0.2.3) records through its own ``GoodputRecorder`` into an
-in-memory stand-in for Cloud Logging, and computes with its own ``GoodputCalculator`` reading
-from that stand-in. This project records through the emitter and computes with the engine.
+The reference (ml-goodput-measurement 0.2.3) runs in a venv of its own, ``.venv-reference``,
+driven through ``tools.reference_runner``: it records through its own ``GoodputRecorder`` into
+an in-memory stand-in for Cloud Logging, and computes with its own ``GoodputCalculator`` reading
+from that stand-in. This project records through the emitter and computes with the engine. One
+worker serves the whole session; without the reference's venv (``make .venv-reference``) the
+tests that need it skip, saying so.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
+import functools
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ml_goodput_measurement.src import goodput, goodput_elastic, goodput_utils
-from ml_goodput_measurement.src import goodput as reference_goodput
-from ml_goodput_measurement.src.goodput_utils import BadputType
 
-from benchmarks.common import InMemoryCloudLogging
-from emitter import goodput as emitter_goodput
+from ml_goodput_measurement import goodput
 from pipeline.core import engine
 from pipeline.core.events import Event
 from pipeline.core.snapshot import CUSTOM_PREFIX, Snapshot
 from support.runs import Call, TraceBuilder, at, record_ours
+from tools.reference_runner import ReferenceRunner, missing_reason
 
 #: Where the reference is right, ours agrees within this many percentage points.
 TOLERANCE_PP = 0.01
+
+
+def reference() -> ReferenceRunner:
+    """The session's reference worker, started on first use. Skips the test when the reference's
+    venv is missing."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    return _worker()
+
+
+@functools.cache
+def _worker() -> ReferenceRunner:
+    runner = ReferenceRunner()
+    runner.start()
+    atexit.register(runner.close)
+    return runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,40 +65,54 @@ class Result:
         return 100.0 * self.badput_s.get(bucket, 0.0) / self.total_s
 
 
-def reference_log(attempts: Sequence[Sequence[Call]]) -> InMemoryCloudLogging:
-    """The log the reference recorder (one per attempt) and Orbax write for the calls."""
-    log = InMemoryCloudLogging()
-    for calls in attempts:
-        recorder = goodput_elastic.ElasticGoodputRecorder("run", "log", True, cloud_logger=log)
-        for method, args in calls:
-            if method in ORBAX:
-                log.write_cloud_logging_entry(orbax_entry(method, *args))
-            else:
-                getattr(recorder, method)(*args)
+def reference_calls(calls: Sequence[Call], job_name: str = "run") -> list[Call]:
+    """The calls as the reference worker takes them: Orbax's saves and restores become the entries
+    Orbax writes to the log itself."""
+    return [("write_cloud_logging_entry", ({**orbax_entry(method, *args), "job_name": job_name},))
+            if method in ORBAX else (method, args) for method, args in calls]
+
+
+def reference_log(attempts: Sequence[Sequence[Call]],
+                  recorder: str = "goodput_elastic.ElasticGoodputRecorder", job_name: str = "run") -> str:
+    """The worker's log that the reference recorder (one per attempt) and Orbax write for the
+    calls: its handle."""
+    runner = reference()
+    log = runner.log()
+    runner.record(log, [reference_calls(calls, job_name) for calls in attempts], recorder=recorder,
+                  job_name=job_name)
     return log
 
 
+@functools.cache
+def _badput_names() -> dict[int, str]:
+    return {value: name for name, value in reference().members("goodput_utils.BadputType")}
+
+
 def run_reference(attempts: Sequence[Sequence[Call]], cache_dir: Path, elastic: bool = False) -> Result:
+    runner = reference()
     log = reference_log(attempts)
-    calculator_class = goodput_elastic.ElasticGoodputCalculator if elastic else goodput.GoodputCalculator
-    calculator = calculator_class("run", "log", cloud_logger=log, cache_dir=str(cache_dir))
-    calculator.get_job_goodput(include_badput_breakdown=True)
-    details = calculator.get_job_goodput_details()
+    calculator = runner.calculator(log, cache_dir, elastic=elastic)
+    try:
+        runner.call(calculator, "get_job_goodput", include_badput_breakdown=True)
+        details = runner.call(calculator, "get_job_goodput_details")
+        step_info = runner.request("step_info", calculator=calculator)
+        deviations = step_info["step_deviations"] if step_info else {}
+        deviation = (runner.function("goodput_utils.compute_step_deviation_from_baseline", deviations)
+                     if deviations else None)
+    finally:
+        runner.release(log, calculator)
     badput: dict[str, float] = {}
     for bucket, value in details["badput_time"].items():
         if isinstance(value, dict):
             for sub, seconds in value.items():
                 badput[f"{CUSTOM_PREFIX}{sub}"] = seconds
-        else:
-            badput[BadputType(bucket).name if not isinstance(bucket, BadputType) else bucket.name] = value
+        else:  # enum members come back as their names; a value, as its member's name
+            badput[bucket if isinstance(bucket, str) else _badput_names()[bucket]] = value
     total = details["total_elapsed_time"]
     productive = details["goodput_time"][next(iter(details["goodput_time"]))]
-    step_info = calculator._goodput_cache.get_step_info()
-    deviations = step_info.step_deviations if step_info else {}
     return Result(total, 100.0 * productive / total, badput, details["max_productive_step"],
-                  details["disruption_count"],
-                  step_info.ideal_step_time if step_info else None,
-                  goodput_utils.compute_step_deviation_from_baseline(deviations) if deviations else None)
+                  details["disruption_count"], step_info["ideal_step_time"] if step_info else None,
+                  deviation)
 
 
 ORBAX = ("orbax_save", "orbax_restore")
@@ -126,20 +159,35 @@ def compare(builder: TraceBuilder, cache_dir: Path, elastic: bool = False
 
 
 def reference_result(attempts: Sequence[Sequence[Call]], cache_dir: Path) -> tuple[Any, ...]:
-    """The reference's own get_job_goodput(include_badput_breakdown=True) on the calls."""
-    calculator = reference_goodput.GoodputCalculator("run", "log", cloud_logger=reference_log(attempts),
-                                                     cache_dir=str(cache_dir))
-    return calculator.get_job_goodput(include_badput_breakdown=True)
+    """The reference's own get_job_goodput(include_badput_breakdown=True) on the calls, its
+    breakdown keyed by BadputType name."""
+    return _goodput_of(reference_log(attempts), cache_dir)
+
+
+def reference_result_of(payloads: Sequence[dict[str, Any]], cache_dir: Path) -> tuple[Any, ...]:
+    """The same, on log entries already written (payloads)."""
+    return _goodput_of(reference().log(payloads), cache_dir)
+
+
+def _goodput_of(log: str, cache_dir: Path) -> tuple[Any, ...]:
+    runner = reference()
+    calculator = runner.calculator(log, cache_dir)
+    try:
+        result: tuple[Any, ...] = runner.call(calculator, "get_job_goodput", include_badput_breakdown=True)
+    finally:
+        runner.release(log, calculator)
+    return result
 
 
 def assert_same_as_reference(ours: tuple[Any, ...], theirs: tuple[Any, ...]) -> None:
     """Goodput, every bucket (custom events by type) and the max productive step of our
-    ``get_job_goodput`` (``emitter.goodput``) agree with the reference's."""
+    ``get_job_goodput`` (``ml_goodput_measurement.goodput``) agree with the reference's (its
+    breakdown keyed by name)."""
     assert ours[0] == pytest.approx(theirs[0], abs=TOLERANCE_PP)
     assert ours[2] == theirs[2]
-    assert {b.name for b in ours[1]} == {b.name for b in theirs[1]}
+    assert {b.name for b in ours[1]} == set(theirs[1])
     for bucket, value in theirs[1].items():
-        mine = ours[1][emitter_goodput.BadputType[bucket.name]]
+        mine = ours[1][goodput.BadputType[bucket]]
         if isinstance(value, dict):
             assert isinstance(mine, dict) and mine.keys() == value.keys()
             for sub, pct in value.items():
@@ -166,19 +214,6 @@ TIME_KEY = {
 FIELD = {"step": "step_count", "badput_type": "custom_badput_event_type",
          "event_type": "elastic_wait_event_type", "active_slices": "active_slices",
          "total_slices": "total_slices", "available_slices": "available_slices"}
-
-
-class CapturingCloudLogger:
-    """Stands in for the reference's Cloud Logging writer and keeps its payloads."""
-
-    def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
-
-    def write_cloud_logging_entry(self, entry: dict[str, Any]) -> None:
-        self.entries.append(entry)
-
-    def flush(self) -> None:
-        """Writes are synchronous here."""
 
 
 def reference_trace(seed: int) -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
@@ -226,15 +261,12 @@ LOG_NAME = "projects/my-project/logs/goodput_run"
 
 def reference_payloads(attempts: Sequence[Sequence[Call]], job_name: str = "run") -> list[dict[str, Any]]:
     """The jsonPayloads the reference recorder (and Orbax) write for the calls, in order."""
-    sink = CapturingCloudLogger()
-    for calls in attempts:
-        recorder = goodput_elastic.ElasticGoodputRecorder(job_name, "log", True, cloud_logger=sink)
-        for method, args in calls:
-            if method in ORBAX:
-                sink.write_cloud_logging_entry({**orbax_entry(method, *args), "job_name": job_name})
-            else:
-                getattr(recorder, method)(*args)
-    return sink.entries
+    runner = reference()
+    log = reference_log(attempts, job_name=job_name)
+    try:
+        return runner.entries(log)
+    finally:
+        runner.release(log)
 
 
 def payload_time(payload: dict[str, Any]) -> float:

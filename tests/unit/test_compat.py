@@ -1,7 +1,9 @@
-"""The reference's read API over hand-made tables: ``emitter.goodput`` and ``emitter.monitoring``.
+"""The reference's read API over hand-made tables: ``ml_goodput_measurement``'s ``goodput``,
+``goodput_utils`` and ``monitoring``.
 
-The interval query is the difference of cumulative snapshots at the bounds; ``GoodputMonitor``
-starts nothing; the signatures and enums are the reference's."""
+The interval and exclusion queries are differences of cumulative snapshots at the bounds; step
+deviation comes from the raw step starts; ``GoodputMonitor`` writes the reference's TensorBoard
+scalars from the tables, or starts nothing; the signatures and enums are the reference's."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import logging
 import multiprocessing
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,10 +23,9 @@ from typing import Any
 import duckdb
 import pytest
 import sqlglot
-from ml_goodput_measurement.src import goodput as reference_goodput
 
-from emitter import goodput, monitoring
-from emitter.goodput import BadputType
+from ml_goodput_measurement import goodput, goodput_elastic, goodput_utils, monitoring, monitoring_elastic
+from ml_goodput_measurement.src.goodput_utils import BadputType
 from pipeline.sinks.duckdb import DuckDBSink
 
 UTC = datetime.timezone.utc
@@ -34,17 +36,17 @@ T = datetime.datetime(2026, 11, 1, 8, tzinfo=UTC)
 
 
 def snapshot(database: DuckDBSink, seconds: float, productive_s: float, total_s: float, disruptions: int,
-             max_step: int, badput_s: dict[str, float]) -> None:
-    """Writes one cumulative snapshot of run "hand" at T + seconds."""
+             max_step: int, badput_s: dict[str, float], run_id: str = "hand", **columns: Any) -> None:
+    """Writes one cumulative snapshot of a run (by default "hand") at T + seconds."""
     at = T + datetime.timedelta(seconds=seconds)
     database.write("goodput_snapshots", [{
-        "run_id": "hand", "snapshot_time": at, "window_s": 0, "window_start": T, "window_end": at,
+        "run_id": run_id, "snapshot_time": at, "window_s": 0, "window_start": T, "window_end": at,
         "goodput_pct": 100 * productive_s / total_s, "productive_time_s": productive_s,
         "total_time_s": total_s, "disruptions": disruptions, "max_productive_step": max_step,
         "last_step": max_step, "chip_count": 0, "productive_chip_s": 0.0, "total_chip_s": 0.0,
-        "ended": False}])
+        "ended": False, **columns}])
     database.write("badput_snapshots", [
-        {"run_id": "hand", "snapshot_time": at, "window_s": 0, "badput_source": source, "seconds": value,
+        {"run_id": run_id, "snapshot_time": at, "window_s": 0, "badput_source": source, "seconds": value,
          "pct": 100 * value / total_s} for source, value in badput_s.items()])
 
 
@@ -106,6 +108,201 @@ def test_interval_without_data_raises_value_error(hand: Path):
         calculator.get_job_goodput_interval(at(210), at(290))  # one snapshot for both bounds
     with pytest.raises(ValueError, match="timezone-aware"):
         calculator.get_job_goodput_interval(at(0).replace(tzinfo=None), at(250))
+
+
+def test_interval_metric_details_have_the_reference_shape(hand: Path):
+    """get_interval_metric_details: goodput under TOTAL, the breakdown, the interval's whole seconds."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    details = calculator.get_interval_metric_details(at(150), at(250.5))
+    assert details == {"interval_goodput": {goodput_utils.GoodputType.TOTAL: pytest.approx(70.0)},
+                       "interval_badput": calculator.get_job_goodput_interval(at(150), at(250.5))[1],
+                       "interval_size": 100}
+
+
+def test_interval_metric_details_of_an_empty_interval_are_empty(hand: Path,
+                                                                caplog: pytest.LogCaptureFixture):
+    """As the reference: nothing to measure gives empty dicts and the size, and a warning."""
+    details = goodput.GoodputCalculator("hand", duckdb_path=hand).get_interval_metric_details(at(-50), at(50))
+    assert details == {"interval_goodput": {}, "interval_badput": {}, "interval_size": 100}
+    assert any("no goodput snapshot" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_exclusions_take_the_excluded_snapshots_figures_out(hand: Path):
+    """Excluding [T+150, T+250] takes out what the snapshots at T+100 and T+200 differ by: 100 s."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    goodput_pct, breakdown, max_step, excluded_s = calculator.get_job_goodput_with_exclusions(
+        [(at(150), at(250))], include_badput_breakdown=True)
+    # Left: 130 of 200 s productive; TPU init 30 s, OTHER 20 - (10 - 20) = 30 s, EVAL 25 - 15 = 10 s.
+    assert (goodput_pct, max_step, excluded_s) == (pytest.approx(65.0), 130, 100.0)
+    assert breakdown[BadputType.TPU_INITIALIZATION] == pytest.approx(15.0)
+    assert breakdown[BadputType.OTHER] == pytest.approx(15.0)
+    assert breakdown[BadputType.CUSTOM_BADPUT_EVENTS] == {"EVAL": pytest.approx(5.0)}
+    assert breakdown[BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION] == 0.0
+
+
+def test_exclusions_are_merged_and_invalid_ones_skipped(hand: Path):
+    """Overlapping intervals count once; naive, reversed and future ones change nothing."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    merged = calculator.get_job_goodput_with_exclusions(
+        [(at(150), at(200)), (at(180), at(250)), (at(260), at(240)), (at(400), at(500)),
+         (at(0).replace(tzinfo=None), at(300).replace(tzinfo=None))])
+    assert merged == (pytest.approx(65.0), {}, 130, 100.0)
+    assert calculator.get_job_goodput_with_exclusions([]) == (
+        pytest.approx(calculator.get_job_goodput()[0]), {}, 130, 0.0)
+
+
+def test_excluding_everything_gives_zero_goodput(hand: Path):
+    """As the reference: nothing left gives (0.0, {}, max productive step, excluded seconds)."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    assert calculator.get_job_goodput_with_exclusions([(at(-10), at(400))], True) == (0.0, {}, 130, 300.0)
+
+
+def step_start(attempt: str, seq: int, seconds: float, step: int) -> dict[str, Any]:
+    return {"run_id": "hand", "attempt_id": attempt, "seq": seq, "event_time": at(seconds),
+            "kind": "step_start", "step": step, "body": None}
+
+
+@pytest.fixture
+def stepped(hand: Path) -> Path:
+    """The hand-made run with raw step starts: steps 0-4 (0 takes 5 s, then 2 s each), and a restart
+    that runs step 3 again in 3 s and step 4 in 2 s; one message delivered twice."""
+    database = DuckDBSink(hand)
+    database.write("events", [
+        step_start("a", 0, 10, 0), step_start("a", 1, 15, 1), step_start("a", 1, 15, 1),
+        step_start("a", 2, 17, 2), step_start("a", 3, 19, 3), step_start("a", 4, 21, 4),
+        {"run_id": "hand", "attempt_id": "b", "seq": 0, "event_time": at(30), "kind": "job_start",
+         "step": None, "body": "{}"},
+        step_start("b", 1, 40, 3), step_start("b", 2, 43, 4), step_start("b", 3, 45, 5)])
+    database.close()
+    return hand
+
+
+def test_step_deviation_is_per_step_against_the_ideal(stepped: Path):
+    """{step: |step time - ideal|}: the restart's step 3 replaces the first one's, in its place."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=stepped)
+    deviations = calculator.get_step_deviation(configured_ideal_step_time=2.0)
+    assert deviations == {0: 3.0, 1: 0.0, 2: 0.0, 3: 1.0, 4: 0.0} and list(deviations) == [0, 1, 2, 3, 4]
+    # No configured one and none in the snapshots: computed as the reference does (2 s here).
+    assert calculator.get_step_deviation() == deviations
+
+
+def test_step_deviation_uses_the_snapshots_ideal_step_time(stepped: Path):
+    """Without a configured ideal, the latest snapshot's (the pipeline's) is the baseline; the
+    details carry the same deviations."""
+    database = DuckDBSink(stepped)
+    snapshot(database, 400, 300, 400, 1, 140, {"OTHER": 100}, ideal_step_time_s=2.5)
+    database.close()
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=stepped)
+    expected = {0: 2.5, 1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5}
+    assert calculator.get_step_deviation() == expected
+    details = calculator.get_job_goodput_details()
+    assert details["step_time_deviation"] == expected and details["ideal_step_time"] == 2.5
+
+
+def test_step_deviation_without_step_starts_raises_value_error(hand: Path):
+    """As the reference: no step times is a ValueError."""
+    with pytest.raises(ValueError, match="No step times"):
+        goodput.GoodputCalculator("hand", duckdb_path=hand).get_step_deviation()
+
+
+@pytest.fixture
+def elastic(tmp_path: Path) -> Path:
+    """An elastic run's snapshots at T+100 s and T+200 s, with slice efficiencies."""
+    path = tmp_path / "elastic.duckdb"
+    database = DuckDBSink(path)
+    snapshot(database, 100, 50, 100, 0, 40, {"ELASTIC_SLICE_DOWN": 50}, run_id="elastic",
+             stepping_slice_efficiency=0.5, available_slice_efficiency=0.8)
+    snapshot(database, 200, 120, 200, 0, 90, {"ELASTIC_SLICE_DOWN": 80}, run_id="elastic",
+             stepping_slice_efficiency=0.6, available_slice_efficiency=0.9)
+    database.close()
+    return path
+
+
+def test_elastic_interval_details_weigh_the_slice_efficiencies(elastic: Path):
+    """Over [T+150, T+250] (really T+100 to T+200): stepping (0.6·200 - 0.5·100) / 100 = 0.7."""
+    calculator = goodput_elastic.ElasticGoodputCalculator("elastic", duckdb_path=elastic)
+    details = calculator.get_interval_metric_details(at(150), at(250))
+    assert details["interval_goodput"] == {goodput_utils.GoodputType.TOTAL: pytest.approx(70.0)}
+    assert details["interval_badput"][BadputType.ELASTIC_SLICE_DOWN] == pytest.approx(30.0)
+    assert details["stepping_slice_efficiency"] == pytest.approx(0.7)
+    assert details["available_slice_efficiency"] == pytest.approx(1.0)
+    cumulative = calculator.get_job_goodput_details()
+    assert (cumulative["stepping_slice_efficiency"], cumulative["available_slice_efficiency"]) == (0.6, 0.9)
+
+
+# -- goodput_utils ----------------------------------------------------------------------------------
+
+
+def test_goodput_utils_has_the_references_public_names():
+    """The reference's enums (names and values), result types and helpers are all there."""
+    members = {
+        goodput_utils.MetricType: [
+            ("GOODPUT_TIME", "goodput_time"), ("BADPUT_TIME", "badput_time"),
+            ("MAX_PRODUCTIVE_STEP", "max_productive_step"), ("TOTAL_ELAPSED_TIME", "total_elapsed_time"),
+            ("DISRUPTION_COUNT", "disruption_count"), ("STEP_TIME_DEVIATION", "step_time_deviation"),
+            ("IDEAL_STEP_TIME", "ideal_step_time"), ("TOTAL_EXCLUDED_TIME", "total_excluded_time")],
+        goodput_utils.IntervalMetricType: [("INTERVAL_GOODPUT", "interval_goodput"),
+                                           ("INTERVAL_BADPUT", "interval_badput"),
+                                           ("INTERVAL_SIZE", "interval_size")],
+        goodput_utils.GoodputType: [("TOTAL", 1)],
+        goodput_utils.BadputType: list(zip(
+            ["TPU_INITIALIZATION", "TRAINING_PREP", "PROGRAM_STARTUP", "DATA_LOADING_SYNC",
+             "DATA_LOADING_ASYNC", "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+             "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+             "WASTED_PROGRESS_FROM_DISRUPTION", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+             "CUSTOM_BADPUT_EVENTS", "OTHER", "ELASTIC_SLICE_DOWN", "ELASTIC_SCALE_UP",
+             "ELASTIC_REINITIALIZATION"], range(1, 15), strict=True)),
+        goodput_utils.MonitoringWindowType: [("CUMULATIVE", "cumulative"), ("INTERVAL", "interval")],
+    }
+    for enum_type, expected in members.items():
+        assert [(m.name, m.value) for m in enum_type] == expected
+    cumulative = [m.value for m in goodput_utils.MetricType]
+    interval = [m.value for m in goodput_utils.IntervalMetricType]
+    efficiencies = ["stepping_slice_efficiency", "available_slice_efficiency"]
+    keys = {
+        goodput_utils.WorkloadMetricDetails: cumulative,
+        goodput_utils.IntervalWorkloadMetricDetails: interval,
+        goodput_utils.ElasticWorkloadMetricDetails: cumulative + efficiencies,
+        goodput_utils.ElasticIntervalWorkloadMetricDetails: interval + efficiencies,
+    }
+    for typed_dict, names in keys.items():
+        assert list(typed_dict.__annotations__) == names
+    assert goodput_utils.GCPOptions() == goodput_utils.GCPOptions(None, None, "0", None, None, True, True)
+    assert goodput_utils.ACTIVITY_EXCLUSION_LIST == ["DATA_LOADING_ASYNC"]
+    assert monitoring.GCPOptions is goodput_utils.GCPOptions
+    assert goodput.BadputType is goodput_utils.BadputType and goodput.GoodputType is goodput_utils.GoodputType
+    for helper in ("compute_ideal_step_time", "compute_step_deviation_from_baseline", "compute_percentile",
+                   "get_anomalous_and_normal_step_times", "get_extra_time_from_anomalous_steps",
+                   "get_timestamp_from_log_entry"):
+        assert callable(getattr(goodput_utils, helper))
+
+
+def test_percentile_interpolates_between_ranks():
+    """The reference's percentile: linear between the closest ranks, 0.0 for nothing."""
+    assert goodput_utils.compute_percentile([4.0, 1.0, 3.0, 2.0], 90) == pytest.approx(3.7)
+    assert goodput_utils.compute_percentile([5.0], 50) == 5.0
+    assert goodput_utils.compute_percentile([], 90) == 0.0
+
+
+def test_ideal_step_time_drops_short_steps_and_high_outliers():
+    """Steps under 1 s are ignored; those above median + 3 MAD are left out of the mean."""
+    # Kept: 2, 2, 3, 2, 20; median 2, MAD 0, so 3 and 20 are outliers: the mean of 2, 2, 2.
+    assert goodput_utils.compute_ideal_step_time([0.5, 2.0, 2.0, 3.0, 2.0, 20.0]) == 2.0
+    assert goodput_utils.compute_ideal_step_time([1.0, 2.0, 3.0]) == 2.0  # MAD 1: nothing dropped
+    assert goodput_utils.compute_ideal_step_time([0.2, 0.3]) is None
+
+
+def test_step_deviation_from_baseline_follows_the_references_windows():
+    """Mean below 100 steps; p90 of the last 100; less the median of the 1,000 before, once there."""
+    few = {step: float(step % 3) for step in range(10)}
+    assert goodput_utils.compute_step_deviation_from_baseline(few) == pytest.approx(0.9)
+    recent = {step: float(step) for step in range(100)}  # p90 of 0..99 is 89.1
+    assert goodput_utils.compute_step_deviation_from_baseline(recent) == pytest.approx(89.1)
+    history = {step: 1.0 for step in range(1000)} | {1000 + step: float(step) for step in range(100)}
+    assert goodput_utils.compute_step_deviation_from_baseline(history) == pytest.approx(88.1)
+    assert goodput_utils.compute_step_deviation_from_baseline(
+        history, goodput_utils.MonitoringWindowType.INTERVAL) == pytest.approx(89.1)
+    assert goodput_utils.compute_step_deviation_from_baseline({}) == 0.0
 
 
 # -- BigQuery ---------------------------------------------------------------------------------------
@@ -211,17 +408,144 @@ def test_bigquery_dataset_is_read_with_parameterized_queries(hand: Path, bigquer
         goodput.GoodputCalculator("hand", bigquery_dataset="p.d`; DROP TABLE x; --")
 
 
+def test_bigquery_answers_the_new_methods_as_duckdb(stepped: Path, bigquery_client: Any):
+    """Step deviation, interval details and exclusions: the same from BigQuery as from DuckDB."""
+    client, requests = bigquery_client
+    remote = goodput.GoodputCalculator("hand", bigquery_dataset="goodput-local.goodput",
+                                       bigquery_client=client)
+    local = goodput.GoodputCalculator("hand", duckdb_path=stepped)
+    expected = {0: 3.0, 1: 0.0, 2: 0.0, 3: 1.0, 4: 0.0}
+    assert remote.get_step_deviation() == local.get_step_deviation() == expected
+    assert remote.get_interval_metric_details(at(150), at(250)) == local.get_interval_metric_details(
+        at(150), at(250))
+    exclusions = [(at(150), at(250))]
+    assert remote.get_job_goodput_with_exclusions(exclusions, True) == local.get_job_goodput_with_exclusions(
+        exclusions, True)
+    assert all("hand" not in request["query"] and request["queryParameters"] for request in requests)
+
+
 # -- the monitor ------------------------------------------------------------------------------------
 
 
-def test_monitor_calls_are_harmless_and_log_once(caplog: pytest.LogCaptureFixture, capsys: Any):
+MONITOR_LOGGER = "ml_goodput_measurement.src.monitoring"
+#: The reference's TensorBoard tags for the hand-made run's breakdown (every bucket, custom nested).
+BADPUT_TAGS = [f"badput/{name}" for name in (
+    "tpu_initialization", "training_prep", "data_loading_sync", "data_loading_async",
+    "unproductive_checkpoint_save_time", "unproductive_checkpoint_restore_time", "program_startup",
+    "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
+    "custom_badput_events/eval", "other")]
+
+
+def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalars TensorBoard reads from a directory: {tag: [(step, value)]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def uploader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("goodput-")]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Polls ``condition`` until it holds, for at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_monitor_writes_the_references_scalars_and_stops_promptly(stepped: Path, tmp_path: Path):
+    """Stopping both uploaders flushes goodput, every badput bucket and step deviation to
+    <tensorboard_dir>/goodput at once, and leaves no thread."""
+    monitor = monitoring.GoodputMonitor(
+        "hand", "goodput_hand", str(tmp_path / "tb"), 3600, monitoring_enabled=True,
+        include_badput_breakdown=True, include_step_deviation=True, step_deviation_interval_seconds=3600,
+        duckdb_path=stepped)
+    monitor.start_goodput_uploader()
+    monitor.start_step_deviation_uploader()
+    assert len(uploader_threads()) == 2 and all(t.daemon for t in uploader_threads())
+    started = time.monotonic()
+    monitor.stop_step_deviation_uploader()
+    monitor.stop_goodput_uploader()
+    assert time.monotonic() - started < 5 and uploader_threads() == []
+    written = scalars(tmp_path / "tb" / "goodput")
+    assert sorted(written) == sorted(["goodput/goodput", *BADPUT_TAGS, "step_deviation"])
+    assert written["goodput/goodput"] == [(130, pytest.approx(200 / 3))]
+    assert written["badput/custom_badput_events/eval"] == [(130, pytest.approx(25 / 3))]
+    assert written["badput/tpu_initialization"] == [(130, pytest.approx(10.0))]
+    assert written["step_deviation"] == [(0, 3.0), (1, 0.0), (2, 0.0), (3, 1.0), (4, 0.0)]
+
+
+def test_monitor_uploads_every_interval(stepped: Path, tmp_path: Path):
+    """A running uploader writes on its interval, without a stop; a stop that skips the final
+    flush returns at once."""
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), 0.05,
+                                        monitoring_enabled=True, duckdb_path=stepped)
+    monitor.start_goodput_uploader()
+    try:
+        assert wait_until(lambda: (tmp_path / "tb" / "goodput").is_dir()
+                          and "goodput/goodput" in scalars(tmp_path / "tb" / "goodput"))
+    finally:
+        started = time.monotonic()
+        monitor.stop_goodput_uploader(skip_final_flush=True)
+    assert time.monotonic() - started < 5 and uploader_threads() == []
+    assert scalars(tmp_path / "tb" / "goodput") == {"goodput/goodput": [(130, pytest.approx(200 / 3))]}
+
+
+def test_monitor_waits_quietly_for_a_runs_first_snapshot(hand: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    """A run with no snapshot yet is polled on: one INFO line, no error, nothing written."""
+    polled = threading.Semaphore(0)
+    original = goodput.GoodputCalculator.get_job_goodput
+
+    def counted(self: goodput.GoodputCalculator, *args: Any, **kwargs: Any) -> Any:
+        polled.release()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(goodput.GoodputCalculator, "get_job_goodput", counted)
+    monitor = monitoring.GoodputMonitor("not-yet", "goodput_not_yet", str(tmp_path / "tb"), 0.01,
+                                        monitoring_enabled=True, duckdb_path=hand)
+    with caplog.at_level(logging.DEBUG, logger=MONITOR_LOGGER):
+        monitor.start_goodput_uploader()
+        try:
+            assert all(polled.acquire(timeout=10) for _ in range(3))
+        finally:
+            monitor.stop_goodput_uploader(skip_final_flush=True)
+    records = [r for r in caplog.records
+               if r.name == MONITOR_LOGGER and "no goodput snapshot" in r.getMessage()]
+    assert len(records) >= 3 and [r.levelname for r in records if r.levelno > logging.DEBUG] == ["INFO"]
+    assert not (tmp_path / "tb").exists() and uploader_threads() == []
+
+
+def test_monitor_stop_without_start_writes_once(hand: Path, tmp_path: Path):
+    """As the reference: stopping an uploader that never ran does one bounded final write."""
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), 30,
+                                        monitoring_enabled=True, duckdb_path=hand)
+    monitor.stop_goodput_uploader()
+    assert scalars(tmp_path / "tb" / "goodput") == {"goodput/goodput": [(130, pytest.approx(200 / 3))]}
+    monitor.stop_step_deviation_uploader()  # include_step_deviation is off: nothing
+    assert uploader_threads() == []
+
+
+@pytest.mark.parametrize(("arguments", "why"), [
+    ({"tensorboard_dir": "", "monitoring_enabled": True}, "central"),
+    ({"tensorboard_dir": "/nonexistent/tb", "monitoring_enabled": False}, "disabled"),
+], ids=["no-tensorboard-dir", "disabled"])
+def test_monitor_without_tensorboard_dir_starts_nothing_and_logs_once(
+        arguments: dict[str, Any], why: str, caplog: pytest.LogCaptureFixture, capsys: Any):
     """Every start and stop returns at once, starts no process or thread, and one INFO line says why."""
     threads = threading.active_count()
     monitor = monitoring.GoodputMonitor(
-        job_name="run", logger_name="goodput_run", tensorboard_dir="/nonexistent/tb", upload_interval=30,
-        monitoring_enabled=True, include_badput_breakdown=True, include_step_deviation=True,
-        configured_ideal_step_time=1.5, gcp_options=monitoring.GCPOptions(project_id="p"))
-    with caplog.at_level(logging.INFO, logger="emitter.monitoring"):
+        job_name="run", logger_name="goodput_run", upload_interval=30, include_badput_breakdown=True,
+        include_step_deviation=True, configured_ideal_step_time=1.5,
+        gcp_options=monitoring.GCPOptions(project_id="p"), **arguments)
+    with caplog.at_level(logging.INFO, logger=MONITOR_LOGGER):
         monitor.start_goodput_uploader()
         monitor.start_step_deviation_uploader()
         monitor.start_rolling_window_goodput_uploader([60, 300])
@@ -229,38 +553,81 @@ def test_monitor_calls_are_harmless_and_log_once(caplog: pytest.LogCaptureFixtur
         monitor.stop_step_deviation_uploader(skip_final_flush=True)
         monitor.stop_goodput_uploader()
     assert threading.active_count() == threads and multiprocessing.active_children() == []
-    messages = [r for r in caplog.records if r.name == "emitter.monitoring"]
-    assert len(messages) == 1 and "central" in messages[0].getMessage()
+    messages = [r for r in caplog.records if r.name == MONITOR_LOGGER]
+    assert len(messages) == 1 and messages[0].levelname == "INFO" and why in messages[0].getMessage()
     assert capsys.readouterr() == ("", "")
     assert not Path("/nonexistent/tb").exists()
 
 
-def test_elastic_monitor_takes_the_reference_arguments(caplog: pytest.LogCaptureFixture):
-    """The elastic monitor accepts its reference signature and starts nothing either."""
-    monitor = monitoring.ElasticGoodputMonitor("run", "goodput_run", "/nonexistent/tb", 30,
-                                               monitoring_enabled=True, include_slice_efficiency=True)
-    with caplog.at_level(logging.INFO, logger="emitter.monitoring"):
+def test_monitor_without_tables_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                           monkeypatch: pytest.MonkeyPatch):
+    """With a tensorboard_dir but no tables to read, one WARNING says so and nothing starts."""
+    monkeypatch.delenv(goodput.DUCKDB_ENV, raising=False)
+    monkeypatch.delenv(goodput.BIGQUERY_DATASET_ENV, raising=False)
+    monitor = monitoring.GoodputMonitor("run", "goodput_run", str(tmp_path / "tb"), 30,
+                                        monitoring_enabled=True)
+    with caplog.at_level(logging.INFO, logger=MONITOR_LOGGER):
         monitor.start_goodput_uploader()
         monitor.stop_goodput_uploader()
+    messages = [r for r in caplog.records if r.name == MONITOR_LOGGER]
+    assert [r.levelname for r in messages] == ["WARNING"] and "duckdb_path" in messages[0].getMessage()
+    assert uploader_threads() == [] and not (tmp_path / "tb").exists()
+
+
+def test_rolling_window_uploader_writes_nothing_to_tensorboard(hand: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture):
+    """As the reference, rolling windows go to Cloud Monitoring only (the pipeline's): no thread."""
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), 30,
+                                        monitoring_enabled=True, duckdb_path=hand)
+    with caplog.at_level(logging.INFO, logger=MONITOR_LOGGER):
+        monitor.start_rolling_window_goodput_uploader([60, 300])
+        monitor.stop_rolling_window_goodput_uploader()
+    assert uploader_threads() == [] and not (tmp_path / "tb").exists()
+    assert monitor.rolling_windows_seconds == [60, 300]
+    assert any("Cloud Monitoring" in r.getMessage() for r in caplog.records if r.name == MONITOR_LOGGER)
+
+
+def test_elastic_monitor_writes_the_elastic_buckets(elastic: Path, tmp_path: Path):
+    """The elastic monitor reads through the elastic calculator: its buckets become badput scalars."""
+    monitor = monitoring_elastic.ElasticGoodputMonitor(
+        "elastic", "goodput_elastic", str(tmp_path / "tb"), 3600, monitoring_enabled=True,
+        include_badput_breakdown=True, include_slice_efficiency=True, duckdb_path=elastic)
     assert monitor.pathway_enabled and monitor.include_slice_efficiency
-    assert len([r for r in caplog.records if r.name == "emitter.monitoring"]) == 1
+    monitor.start_goodput_uploader()
+    monitor.stop_goodput_uploader()
+    written = scalars(tmp_path / "tb" / "goodput")
+    assert written["badput/elastic_slice_down"] == [(90, pytest.approx(40.0))]
+    assert {"badput/elastic_scale_up", "badput/elastic_reinitialization"} <= set(written)
 
 
 # -- the swap is one import -------------------------------------------------------------------------
 
 
 def parameters(function: Any) -> list[str]:
-    return [name for name in inspect.signature(function).parameters if name != "self"]
+    """The parameters a reference call can pass: ours may add keyword-only ones after them (where
+    to read the tables), which no reference call names."""
+    return [name for name, parameter in inspect.signature(function).parameters.items()
+            if name != "self" and parameter.kind is not inspect.Parameter.KEYWORD_ONLY]
 
 
 @pytest.mark.parametrize("dotted", [
     "goodput.GoodputCalculator.get_job_goodput",
     "goodput.GoodputCalculator.get_job_goodput_interval",
+    "goodput.GoodputCalculator.get_job_goodput_details",
+    "goodput.GoodputCalculator.get_step_deviation",
+    "goodput.GoodputCalculator.get_interval_metric_details",
+    "goodput.GoodputCalculator.get_job_goodput_with_exclusions",
+    "goodput.GoodputRecorder.__init__",
+    "goodput.GoodputRecorder.record_job_start_time",
+    "goodput.GoodputRecorder.record_job_end_time",
     "goodput.GoodputRecorder.record_step_start_time",
+    "goodput.GoodputRecorder.record_custom_badput_event_start_time",
     "goodput_elastic.ElasticGoodputRecorder.record_elastic_slice_counts",
     "monitoring.GoodputMonitor.__init__",
     "monitoring.GoodputMonitor.start_rolling_window_goodput_uploader",
     "monitoring.GoodputMonitor.stop_goodput_uploader",
+    "monitoring.GoodputMonitor.start_step_deviation_uploader",
+    "monitoring.GoodputMonitor.stop_step_deviation_uploader",
     "monitoring_elastic.ElasticGoodputMonitor.__init__",
     "goodput_utils.GCPOptions.__init__",
 ])
@@ -268,31 +635,37 @@ def test_signatures_are_the_references(dotted: str):
     """The entry points a user calls take the reference's parameters, in its order."""
     import importlib
 
-    def resolve(package: str) -> Any:
-        module, *attributes = dotted.split(".")
-        value: Any = importlib.import_module(f"{package}.{module}")
-        for attribute in attributes:
-            value = getattr(value, attribute)
-        return value
+    from support.reference import reference
 
-    assert parameters(resolve("emitter")) == parameters(resolve("ml_goodput_measurement.src"))
+    module, *attributes = dotted.split(".")
+    ours: Any = importlib.import_module(f"ml_goodput_measurement.src.{module}")
+    for attribute in attributes:
+        ours = getattr(ours, attribute)
+    signature = [p for p in reference().parameters(dotted) if p["name"] != "self"]
+    assert parameters(ours) == [p["name"] for p in signature if p["kind"] != "KEYWORD_ONLY"]
+    keywords = {name for name, p in inspect.signature(ours).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keywords >= {p["name"] for p in signature if p["kind"] == "KEYWORD_ONLY"}
 
 
 def test_calculator_takes_the_reference_constructor_arguments_first():
     """GoodputCalculator's positional parameters are the reference's; where to read comes after."""
-    theirs = parameters(reference_goodput.GoodputCalculator.__init__)
+    from support.reference import reference
+
+    theirs = [p["name"] for p in reference().parameters("goodput.GoodputCalculator.__init__")
+              if p["name"] != "self"]
     assert parameters(goodput.GoodputCalculator.__init__)[:len(theirs)] == theirs
 
 
-def test_enums_have_the_references_names_and_values():
-    """BadputType and GoodputType: the same members with the same values."""
-    from ml_goodput_measurement.src import goodput_utils as reference_utils
+@pytest.mark.parametrize("name", ["BadputType", "GoodputType", "MetricType", "IntervalMetricType",
+                                  "MonitoringWindowType"])
+def test_enums_have_the_references_names_and_values(name: str):
+    """goodput_utils' enums: the same members with the same values."""
+    from support.reference import reference
 
-    from emitter import goodput_utils
-
-    for ours, theirs in ((goodput_utils.BadputType, reference_utils.BadputType),
-                         (goodput_utils.GoodputType, reference_utils.GoodputType)):
-        assert [(m.name, m.value) for m in ours] == [(m.name, m.value) for m in theirs]
+    ours = getattr(goodput_utils, name)
+    theirs = reference().members(f"goodput_utils.{name}")
+    assert [(m.name, m.value) for m in ours] == [(member, value) for member, value in theirs]
 
 
 def test_reads_a_file_this_process_is_writing(tmp_path: Path):

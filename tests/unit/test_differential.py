@@ -11,9 +11,7 @@ import datetime
 from pathlib import Path
 
 import pytest
-from ml_goodput_measurement.src import goodput
 
-from benchmarks.common import InMemoryCloudLogging
 from pipeline.core import engine
 from pipeline.core.snapshot import (
     CHECKPOINT_RESTORE,
@@ -27,7 +25,7 @@ from pipeline.core.snapshot import (
     TRAINING_PREP,
     WASTED_PROGRESS,
 )
-from support.reference import TOLERANCE_PP, Result, compare
+from support.reference import TOLERANCE_PP, Result, compare, reference, reference_log
 from support.runs import T0, TraceBuilder, micros, record_ours
 
 
@@ -311,14 +309,10 @@ def test_exclusion_intervals_match(tmp_path: Path):
     run.end()
     excluded = [(T0 + datetime.timedelta(seconds=5), T0 + datetime.timedelta(seconds=12)),
                 (T0 + datetime.timedelta(seconds=400), T0 + datetime.timedelta(seconds=430))]
-    log = InMemoryCloudLogging()
-    for calls in run.attempts:
-        recorder = goodput.GoodputRecorder("run", "log", True, cloud_logger=log)
-        for method, args in calls:
-            getattr(recorder, method)(*args)
-    calculator = goodput.GoodputCalculator("run", "log", cloud_logger=log, cache_dir=str(tmp_path))
-    goodput_pct, breakdown, _, excluded_s = calculator.get_job_goodput_with_exclusions(
-        excluded, include_badput_breakdown=True)
+    calculator = reference().calculator(reference_log(run.attempts, recorder="goodput.GoodputRecorder"),
+                                        tmp_path)
+    goodput_pct, breakdown, _, excluded_s = reference().call(
+        calculator, "get_job_goodput_with_exclusions", excluded, include_badput_breakdown=True)
     state = engine.RunState("run")
     state.add_all(record_ours(run.attempts))
     as_of = run.as_of_us()
@@ -334,5 +328,5 @@ def test_exclusion_intervals_match(tmp_path: Path):
             for sub, value in pct.items():
                 ours = figures.badput_pct(CUSTOM_PREFIX + sub)
                 assert ours == pytest.approx(value, abs=TOLERANCE_PP)
-        elif bucket.name not in ("OTHER", "DATA_LOADING_ASYNC"):
-            assert figures.badput_pct(bucket.name) == pytest.approx(pct, abs=TOLERANCE_PP), bucket
+        elif bucket not in ("OTHER", "DATA_LOADING_ASYNC"):  # the reference's buckets by name
+            assert figures.badput_pct(bucket) == pytest.approx(pct, abs=TOLERANCE_PP), bucket

@@ -11,6 +11,8 @@ import tomllib
 from support import REPO
 
 PIPELINE = REPO / "pipeline"
+PROJECTS = [REPO / folder / "pyproject.toml"
+            for folder in (".", "emitter", "goodput_schemas", "ml_goodput_measurement")]
 #: Besides its subpackages, what the top of ``pipeline/`` may hold.
 ENTRY_POINTS = {"__init__.py", "__main__.py", "py.typed"}
 
@@ -77,10 +79,9 @@ def test_the_unit_tier_imports_nothing_of_beam_however_deep():
 
 
 def test_every_distribution_builds_its_package_from_the_folder_of_that_name():
-    """Three distributions, each the package in its own folder: no package is renamed on install."""
+    """Four distributions, each the package in its own folder: no package is renamed on install."""
     found = {}
-    for project in (REPO / "pyproject.toml", REPO / "emitter" / "pyproject.toml",
-                    REPO / "goodput_schemas" / "pyproject.toml"):
+    for project in PROJECTS:
         config = tomllib.loads(project.read_text())
         setuptools = config["tool"]["setuptools"]
         packages = setuptools["packages"]
@@ -90,14 +91,13 @@ def test_every_distribution_builds_its_package_from_the_folder_of_that_name():
             assert (project.parent / folder).resolve() == (REPO / package).resolve(), (project, package)
         found[config["project"]["name"]] = packages
     assert found == {"fleet-goodput": ["pipeline", "pipeline.*"], "fleet-goodput-emitter": ["emitter"],
-                     "fleet-goodput-schemas": ["goodput_schemas"]}
+                     "fleet-goodput-schemas": ["goodput_schemas"],
+                     "fleet-goodput-measurement": ["ml_goodput_measurement", "ml_goodput_measurement.src"]}
 
 
 def test_the_distributions_share_one_version():
-    """The three distributions, and the version the emitter reports, move together."""
+    """The distributions, and the version the emitter reports, move together."""
     from emitter import __version__
 
-    versions = {tomllib.loads(path.read_text())["project"]["version"]
-                for path in (REPO / "pyproject.toml", REPO / "emitter" / "pyproject.toml",
-                             REPO / "goodput_schemas" / "pyproject.toml")}
+    versions = {tomllib.loads(path.read_text())["project"]["version"] for path in PROJECTS}
     assert versions == {__version__}

@@ -1,7 +1,8 @@
 """Every call of the reference recorder, replayed through ours, gives the same facts as events.
 
-The reference (ml-goodput-measurement 0.2.3) is driven through its own recorder classes with its
-test hook, ``cloud_logger``, capturing the Cloud Logging payloads it would write. The same calls
+The reference (ml-goodput-measurement 0.2.3, in its own venv through ``support.reference``) is
+driven through its own recorder classes with its test hook, ``cloud_logger``, capturing the Cloud
+Logging payloads it would write. The same calls
 go through our recorder to a file. Each reference payload must have exactly one event of ours
 with the same kind, time and values; the events must be schema-valid, in order, none lost, and
 one attempt per recorder instance.
@@ -13,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ml_goodput_measurement.src import goodput_elastic
 
 from emitter import ElasticGoodputRecorder
 from pipeline.core.events import parse_message, read_lines
-from support.reference import FIELD, TIME_KEY, CapturingCloudLogger, reference_trace
+from support.reference import FIELD, TIME_KEY, reference_payloads, reference_trace
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -27,17 +27,13 @@ def test_reference_calls_replay_to_matching_events(seed: int, tmp_path: Path, ma
     reference_entries: list[list[dict[str, Any]]] = []
     attempt_ids = []
     for calls in reference_trace(seed):
-        sink = CapturingCloudLogger()
-        theirs = goodput_elastic.ElasticGoodputRecorder(
-            "run-7", "goodput_run-7", logging_enabled=True, cloud_logger=sink)
         ours = ElasticGoodputRecorder("run-7", "goodput_run-7", logging_enabled=True,
                                       destination=f"file:{events_file}", settings=make_settings())
         for method, args in calls:
-            getattr(theirs, method)(*args)
             getattr(ours, method)(*args)
         assert ours.close()
         assert ours.stats.dropped == 0
-        reference_entries.append(sink.entries)
+        reference_entries.append(reference_payloads([calls], job_name="run-7"))  # a recorder of its own
         attempt_ids.append(ours.attempt_id)
 
     events = []

@@ -16,7 +16,7 @@ from support import REPO
 
 # -- SQL is never built from user data ---------------------------------------------------------------
 
-SCANNED = ("pipeline", "emitter", "benchmarks")
+SCANNED = ("pipeline", "emitter", "ml_goodput_measurement", "benchmarks")
 SQL_WORDS = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|FROM|WHERE|VALUES|VIEW|TABLE)\b")
 SQL_CALLS = frozenset({"execute", "executemany", "query", "query_and_wait", "sql", "raw_sql", "parse_one",
                        "parse"})
@@ -38,7 +38,7 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
     "pipeline/app/fleet_sql.py": {"later": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "earlier": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "_UNIT_US[unit]": "an integer constant"},
-    "emitter/goodput.py": {"sql.format(**self._tables)":
+    "ml_goodput_measurement/src/goodput.py": {"sql.format(**self._tables)":
                            "table references: names from _TABLES, project and dataset matched by _DATASET"},
 }
 

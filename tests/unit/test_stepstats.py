@@ -1,16 +1,18 @@
-"""Incremental step statistics equal the reference's formulas computed from scratch."""
+"""Incremental step statistics equal the reference's formulas computed from scratch (the
+reference's own functions, in its venv through ``support.reference``)."""
 
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ml_goodput_measurement.src import goodput_utils
 
 from pipeline.core.stepstats import StepStatistics, kth_distances
+from support.reference import reference as reference_worker
 
 durations = st.floats(0.01, 100, allow_nan=False)
 
@@ -26,16 +28,21 @@ def test_incremental_statistics_equal_the_reference_from_scratch(updates, minimu
         stats.set(step, duration)
         reference[step] = duration
     assert stats.durations == reference
-    expected_ideal = goodput_utils.compute_ideal_step_time(
-        [v for v in reference.values() if v >= minimum]) if minimum >= 1.0 else _ideal(reference, minimum)
+    expected_ideal = reference_function("compute_ideal_step_time", [
+        v for v in reference.values() if v >= minimum]) if minimum >= 1.0 else _ideal(reference, minimum)
     ideal = stats.ideal(minimum)
     if expected_ideal is None:
         assert ideal is None
         return
     assert ideal == pytest.approx(float(expected_ideal), rel=1e-12)
     deviations = {s: abs(v - ideal) for s, v in reference.items()}
-    expected = goodput_utils.compute_step_deviation_from_baseline(deviations)
+    expected = reference_function("compute_step_deviation_from_baseline", deviations)
     assert stats.deviation(ideal) == pytest.approx(float(expected), rel=1e-9, abs=1e-12)
+
+
+def reference_function(name: str, *args: object) -> Any:
+    """The reference's ``goodput_utils.NAME(*args)``."""
+    return reference_worker().function(f"goodput_utils.{name}", *args)
 
 
 def _ideal(values: dict[int, float], minimum: float) -> float | None:

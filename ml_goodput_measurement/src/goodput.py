@@ -1,9 +1,8 @@
 """The reference's ``goodput`` module, answered from the pipeline's tables instead of Cloud Logging.
 
-Switching from ``ml-goodput-measurement`` is one import::
+Training code keeps the reference's import and calls::
 
-    from ml_goodput_measurement import goodput      # before
-    from emitter import goodput                     # after
+    from ml_goodput_measurement import goodput
 
     recorder = goodput.GoodputRecorder(job_name, logger_name, logging_enabled=True)
     calculator = goodput.GoodputCalculator(job_name, logger_name, duckdb_path="goodput.duckdb")
@@ -12,7 +11,8 @@ Switching from ``ml-goodput-measurement`` is one import::
 ``GoodputCalculator`` reads the latest snapshot the pipeline wrote for the run (``job_name`` is
 the run id) from a DuckDB file or a BigQuery dataset, chosen by a constructor argument or, so an
 unchanged constructor call works, by ``$GOODPUT_DUCKDB`` or ``$GOODPUT_BIGQUERY_DATASET``. It
-never reads Cloud Logging and never recomputes: one small query per call. ``duckdb`` and
+never reads Cloud Logging and never recomputes: a few small parameterized queries per call, each
+bounded to one run. ``duckdb`` and
 ``google-cloud-bigquery`` are imported only when a calculator first queries, so a training image
 that only records pulls neither (a reader installs the one it uses).
 
@@ -22,21 +22,43 @@ Return values have the reference's shapes and types. Badput breakdowns are keyed
 which match the reference wherever it is right (``docs/differences.md`` lists where it is not);
 in particular goodput plus every bucket but ``DATA_LOADING_ASYNC`` is 100 %. A bucket the
 reference has no member for is added to ``OTHER`` in the breakdown; the tables keep it by name.
+
+What each method reads:
+
+* ``get_job_goodput``, ``get_job_goodput_details``: the run's latest cumulative snapshot
+  (``latest_goodput``, ``badput_snapshots``).
+* ``get_job_goodput_interval``, ``get_interval_metric_details``: the cumulative snapshots at or
+  before the interval's bounds (``goodput_snapshots``, ``badput_snapshots``), subtracted.
+* ``get_job_goodput_with_exclusions``: the latest snapshot less the figures of the snapshots at
+  the exclusion intervals' bounds, subtracted likewise.
+* ``get_step_deviation`` (and the details' ``step_time_deviation``): the run's raw ``step_start``
+  events (``events``), against the latest snapshot's ideal step time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
+import itertools
 import logging
 import os
 import re
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 from emitter.recorder import ElasticGoodputRecorder, GoodputRecorder
+from ml_goodput_measurement.src.goodput_utils import (
+    BadputType,
+    ElasticIntervalWorkloadMetricDetails,
+    ElasticWorkloadMetricDetails,
+    GoodputType,
+    IntervalMetricType,
+    IntervalWorkloadMetricDetails,
+    MetricType,
+    WorkloadMetricDetails,
+    compute_ideal_step_time,
+)
 
 _LOG = logging.getLogger(__name__)
 UTC = datetime.timezone.utc
@@ -46,33 +68,10 @@ DUCKDB_ENV = "GOODPUT_DUCKDB"
 BIGQUERY_DATASET_ENV = "GOODPUT_BIGQUERY_DATASET"
 
 
-class BadputType(enum.Enum):
-    """The reference's badput buckets (``goodput_utils.BadputType``): same names and values."""
-
-    TPU_INITIALIZATION = 1
-    TRAINING_PREP = 2
-    PROGRAM_STARTUP = 3
-    DATA_LOADING_SYNC = 4
-    DATA_LOADING_ASYNC = 5
-    UNPRODUCTIVE_CHECKPOINT_SAVE_TIME = 6
-    UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME = 7
-    WASTED_PROGRESS_FROM_DISRUPTION = 8
-    INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION = 9
-    CUSTOM_BADPUT_EVENTS = 10
-    OTHER = 11
-    ELASTIC_SLICE_DOWN = 12
-    ELASTIC_SCALE_UP = 13
-    ELASTIC_REINITIALIZATION = 14
-
-
-class GoodputType(enum.Enum):
-    """The reference's goodput types: productive time is not broken down."""
-
-    TOTAL = 1
-
-
 #: A badput breakdown: a value per bucket; custom events as {TYPE: value}.
 BadputBreakdown = dict[BadputType, "float | dict[str, float]"]
+#: The reference's name for a breakdown.
+UnproductiveTimeDict = BadputBreakdown
 
 _CUSTOM_PREFIX = "CUSTOM_BADPUT_EVENTS."
 # The buckets the reference's base calculator always reports, in its order.
@@ -92,8 +91,8 @@ _BY_NAME = {member.name: member for member in BadputType}
 # text put into the SQL is a table reference, checked against a strict pattern first.
 
 _LATEST_CUMULATIVE = """
-SELECT snapshot_time, goodput_pct, productive_time_s, total_time_s, disruptions,
-       max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
+SELECT snapshot_time, window_start, window_end, goodput_pct, productive_time_s, total_time_s,
+       disruptions, max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
        available_slice_efficiency
 FROM {latest_goodput}
 WHERE run_id = @run_id AND window_s = 0
@@ -101,8 +100,8 @@ ORDER BY snapshot_time DESC
 LIMIT 1
 """
 _CUMULATIVE_AT_OR_BEFORE = """
-SELECT snapshot_time, goodput_pct, productive_time_s, total_time_s, disruptions,
-       max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
+SELECT snapshot_time, window_start, window_end, goodput_pct, productive_time_s, total_time_s,
+       disruptions, max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
        available_slice_efficiency
 FROM {goodput_snapshots}
 WHERE run_id = @run_id AND window_s = 0 AND snapshot_time <= @bound
@@ -114,7 +113,20 @@ SELECT badput_source, seconds
 FROM {badput_snapshots}
 WHERE run_id = @run_id AND window_s = 0 AND snapshot_time = @snapshot_time
 """
-_TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots")
+_LATEST_IDEAL_STEP_TIME = """
+SELECT ideal_step_time_s
+FROM {latest_goodput}
+WHERE run_id = @run_id AND window_s = 0
+ORDER BY snapshot_time DESC
+LIMIT 1
+"""
+# Every step start of the run: a redelivered message repeats its rows, which DISTINCT drops.
+_STEP_STARTS = """
+SELECT DISTINCT attempt_id, seq, step, event_time
+FROM {events}
+WHERE run_id = @run_id AND kind = @kind
+"""
+_TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots", "events")
 _PARAMETER = re.compile(r"@([a-z_]+)")
 
 
@@ -141,7 +153,7 @@ class _DuckDBSource:
             import duckdb
         except ImportError as error:  # the emitter does not depend on it: only readers need it
             raise ImportError("GoodputCalculator(duckdb_path=...) needs duckdb: "
-                              "pip install 'fleet-goodput-emitter[read]'") from error
+                              "pip install fleet-goodput-measurement") from error
 
         values = {name: _naive_utc(value) for name, value in parameters.items()}
         sql = _PARAMETER.sub(r"$\1", sql)
@@ -190,7 +202,7 @@ class _BigQuerySource:
             from google.cloud import bigquery
         except ImportError as error:  # the emitter does not depend on it: only readers need it
             raise ImportError("GoodputCalculator(bigquery_dataset=...) needs google-cloud-bigquery: "
-                              "pip install 'fleet-goodput-emitter[read]'") from error
+                              "pip install fleet-goodput-measurement") from error
 
         if self._client is None:
             self._client = bigquery.Client(project=self.project)
@@ -241,7 +253,7 @@ class _Snapshot:
 
     time: datetime.datetime
     productive_s: float
-    total_s: float
+    total_s: float  # elapsed, less excluded time
     disruptions: int
     max_productive_step: int
     last_step: int | None
@@ -249,6 +261,24 @@ class _Snapshot:
     badput_s: dict[str, float]
     stepping_slice_efficiency: float | None = None
     available_slice_efficiency: float | None = None
+    span_s: float = 0.0  # window_end - window_start: what the slice efficiencies are weighted over
+
+    @classmethod
+    def before_run(cls, at: datetime.datetime) -> _Snapshot:
+        """The figures before the run's first snapshot: nothing measured yet."""
+        return cls(at, 0.0, 0.0, 0, 0, None, None, {})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interval:
+    """Goodput and badput between two cumulative snapshots (``first`` may be ``before_run``)."""
+
+    first: _Snapshot
+    last: _Snapshot
+    goodput_pct: float
+    breakdown: BadputBreakdown
+    total_s: float
+    disruptions: int
 
 
 class GoodputCalculator:
@@ -256,7 +286,8 @@ class GoodputCalculator:
 
     Args:
         job_name: The run (the recorder's ``job_name``).
-        logger_name: Accepted for the reference's signature; not used (nothing reads a log).
+        logger_name: Accepted for the reference's signature; not used (nothing reads a log), so
+            unlike the reference's it may be left out.
         cloud_logger: Accepted for the reference's signature; not used.
         using_pathways: Accepted for the reference's signature; it has no effect there either.
         max_logs_retention_period: Accepted for the reference's signature; not used.
@@ -284,7 +315,7 @@ class GoodputCalculator:
         using_pathways: bool = False,
         max_logs_retention_period: datetime.timedelta | None = None,
         gcs_path: str | None = None,
-        cache_dir: str | None = None,
+        cache_dir: str = "/tmp",
         *,
         duckdb_path: str | os.PathLike[str] | None = None,
         bigquery_dataset: str | None = None,
@@ -308,6 +339,9 @@ class GoodputCalculator:
         self._last: _Snapshot | None = None
 
     # -- the reference's API ---------------------------------------------------------------------
+
+    def sync_to_gcs(self) -> None:
+        """Does nothing: there is no cache to sync (the tables are the record)."""
 
     def get_job_goodput(
         self,
@@ -356,42 +390,131 @@ class GoodputCalculator:
             ValueError: No snapshot at or before ``interval_end``, or no elapsed time between the
                 two snapshots.
         """
-        start = _moment(interval_start, "interval_start")
-        end = _moment(interval_end, "interval_end")
-        if start >= end:
-            raise ValueError(f"interval_start {start} must be before interval_end {end}")
-        last = self._at_or_before(end)
-        if last is None:
-            raise ValueError(f"no goodput snapshot of run {self.job_name!r} at or before {end}")
-        # None: the run started inside the interval and counts from its start.
-        first = self._at_or_before(start) or _Snapshot(start, 0.0, 0.0, 0, 0, None, None, {})
-        total = last.total_s - first.total_s
-        if total <= 0:
-            raise ValueError(f"run {self.job_name!r} has no elapsed time between its snapshots at "
-                             f"{first.time} and {last.time}")
-        productive = min(max(0.0, last.productive_s - first.productive_s), total)
-        badput = {source: last.badput_s.get(source, 0.0) - first.badput_s.get(source, 0.0)
-                  for source in last.badput_s.keys() | first.badput_s.keys()}
-        badput = {source: seconds if 0.0 <= seconds <= total else 0.0 for source, seconds in badput.items()}
-        return (100.0 * productive / total, self._breakdown(badput, total, percent=True),
-                last.max_productive_step, total, max(0, last.disruptions - first.disruptions))
+        interval = self._interval(interval_start, interval_end)
+        return (interval.goodput_pct, interval.breakdown, interval.last.max_productive_step,
+                interval.total_s, interval.disruptions)
 
-    def get_job_goodput_details(self) -> dict[str, Any]:
+    def get_interval_metric_details(
+        self, interval_start: datetime.datetime, interval_end: datetime.datetime
+    ) -> IntervalWorkloadMetricDetails:
+        """The reference's ``IntervalWorkloadMetricDetails`` of an interval, in percent.
+
+        ``get_job_goodput_interval``'s goodput (under ``GoodputType.TOTAL``) and breakdown, and the
+        interval's length in whole seconds. As the reference: an interval with nothing to
+        measure gives empty goodput and badput (logged), not an error.
+        """
+        return self._interval_details(interval_start, interval_end)[0]
+
+    def get_job_goodput_with_exclusions(
+        self,
+        exclusion_intervals: Sequence[tuple[datetime.datetime, datetime.datetime]],
+        include_badput_breakdown: bool = False,
+        configured_ideal_step_time: float | None = None,
+    ) -> tuple[float, BadputBreakdown, int, float]:
+        """The run's cumulative goodput with the time of ``exclusion_intervals`` left out.
+
+        The intervals are merged; one that is empty, reversed or not timezone-aware is skipped
+        with a warning, as the reference skips it (the reference also skips an aware one that is
+        not in UTC; here it is converted). What an interval held is the difference of the run's
+        cumulative snapshots at or before its bounds, as in ``get_job_goodput_interval``; it is
+        taken out of the elapsed time, of productive time and of every bucket. So each bound is
+        early by at most one snapshot interval: the tables keep figures per snapshot, not the
+        timeline. An exact answer needs the timeline: run the pipeline with
+        ``--exclude=START/END`` (its ``total_time_s`` is then elapsed less excluded time).
+
+        Args:
+            exclusion_intervals: ``(start, end)`` pairs of timezone-aware datetimes.
+            include_badput_breakdown: Whether to return the badput breakdown; ``{}`` otherwise.
+            configured_ideal_step_time: Accepted for the reference's signature (there it only
+                updates its cached step information).
+
+        Returns:
+            (goodput %, badput % by ``BadputType``, max productive step, excluded seconds), as
+            the reference; (0.0, {}, max productive step, excluded seconds) when everything is
+            excluded.
+
+        Raises:
+            ValueError: The tables hold no snapshot of the run, or its elapsed time is zero.
+        """
+        del configured_ideal_step_time
+        latest = self._latest()
+        excluded = 0.0
+        productive = latest.productive_s
+        badput = dict(latest.badput_s)
+        for start, end in _merged(exclusion_intervals):
+            if start >= latest.time:
+                continue  # nothing measured there yet
+            first = self._at_or_before(start) or _Snapshot.before_run(start)
+            last = latest if end >= latest.time else (self._at_or_before(end) or _Snapshot.before_run(end))
+            excluded += max(0.0, last.total_s - first.total_s)
+            productive -= last.productive_s - first.productive_s
+            for source in last.badput_s.keys() | first.badput_s.keys():
+                badput[source] = badput.get(source, 0.0) - (
+                    last.badput_s.get(source, 0.0) - first.badput_s.get(source, 0.0))
+        total = max(0.0, latest.total_s - excluded)
+        if total == 0.0:
+            return 0.0, {}, latest.max_productive_step, excluded
+        productive = min(max(0.0, productive), total)
+        badput = {source: seconds if 0.0 <= seconds <= total else 0.0 for source, seconds in badput.items()}
+        breakdown = self._breakdown(badput, total, percent=True) if include_badput_breakdown else {}
+        return 100.0 * productive / total, breakdown, latest.max_productive_step, excluded
+
+    def get_step_deviation(self, configured_ideal_step_time: float | None = None) -> dict[int, float]:
+        """``{step: |step time - ideal step time|}`` in seconds, for every measured step.
+
+        A step's time runs from its start to the next step's start in the same attempt, for
+        consecutive step numbers; where a restarted attempt runs a step again, its time replaces
+        the earlier one (in the earlier one's place), as the reference's. The step starts come
+        from the raw ``events`` table (the pipeline leaves it empty with ``--no_raw_events``;
+        the snapshots keep only the summary, ``step_time_deviation_s``). One query returns every
+        step start of the run, so the cost grows with the run's length, as the reference's
+        re-read of its log does.
+
+        Args:
+            configured_ideal_step_time: The ideal step time to compare with. Without it, the
+                latest snapshot's (the recorder's configured one, else the pipeline's estimate),
+                else ``goodput_utils.compute_ideal_step_time`` over these step times.
+
+        Raises:
+            ValueError: No step times, or no ideal step time.
+        """
+        step_times = self._step_times()
+        if not step_times:
+            raise ValueError(f"No step times available for run {self.job_name!r}: no consecutive step "
+                             "starts in the events table (is the pipeline run with --no_raw_events?)")
+        ideal = configured_ideal_step_time
+        if ideal is None:
+            rows = self._query(_LATEST_IDEAL_STEP_TIME, {"run_id": self.job_name})
+            ideal = _optional(rows[0]["ideal_step_time_s"]) if rows else None
+        if ideal is None:
+            ideal = compute_ideal_step_time(list(step_times.values()))
+        if not ideal:
+            raise ValueError(f"No ideal step time available for run {self.job_name!r}")
+        return {step: abs(seconds - ideal) for step, seconds in step_times.items()}
+
+    def get_job_goodput_details(self) -> WorkloadMetricDetails:
         """The reference's ``WorkloadMetricDetails`` of the latest snapshot, in seconds.
 
-        ``step_time_deviation`` is ``{}``: the tables keep the deviation's summary
-        (``goodput_snapshots.step_time_deviation_s``), not one value per step.
+        ``step_time_deviation`` is ``get_step_deviation()`` against the snapshot's ideal step time
+        (``{}`` when it cannot be had, as the reference's). ``total_excluded_time`` is 0.0, as the
+        reference hard-codes it.
         """
         snapshot = self._latest()
+        deviations: dict[int, float] = {}
+        if snapshot.ideal_step_time_s:
+            try:
+                deviations = self.get_step_deviation(snapshot.ideal_step_time_s)
+            except ValueError as error:  # as the reference: the rest without step information
+                _LOG.info("no step time deviation for run %r: %s", self.job_name, error)
         return {
-            "goodput_time": {GoodputType.TOTAL: snapshot.productive_s},
-            "badput_time": self._breakdown(snapshot.badput_s, snapshot.total_s, percent=False),
-            "max_productive_step": snapshot.max_productive_step,
-            "total_elapsed_time": snapshot.total_s,
-            "disruption_count": snapshot.disruptions,
-            "step_time_deviation": {},
-            "ideal_step_time": snapshot.ideal_step_time_s or 0.0,
-            "total_excluded_time": 0.0,
+            MetricType.GOODPUT_TIME.value: {GoodputType.TOTAL: snapshot.productive_s},
+            MetricType.BADPUT_TIME.value: self._breakdown(snapshot.badput_s, snapshot.total_s, percent=False),
+            MetricType.MAX_PRODUCTIVE_STEP.value: snapshot.max_productive_step,
+            MetricType.TOTAL_ELAPSED_TIME.value: snapshot.total_s,
+            MetricType.DISRUPTION_COUNT.value: snapshot.disruptions,
+            MetricType.STEP_TIME_DEVIATION.value: deviations,
+            MetricType.IDEAL_STEP_TIME.value: snapshot.ideal_step_time_s or 0.0,
+            MetricType.TOTAL_EXCLUDED_TIME.value: 0.0,
         }
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -411,18 +534,72 @@ class GoodputCalculator:
         rows = self._query(_CUMULATIVE_AT_OR_BEFORE, {"run_id": self.job_name, "bound": bound})
         return self._snapshot(rows[0]) if rows else None
 
+    def _interval(self, interval_start: datetime.datetime, interval_end: datetime.datetime) -> _Interval:
+        start = _moment(interval_start, "interval_start")
+        end = _moment(interval_end, "interval_end")
+        if start >= end:
+            raise ValueError(f"interval_start {start} must be before interval_end {end}")
+        last = self._at_or_before(end)
+        if last is None:
+            raise ValueError(f"no goodput snapshot of run {self.job_name!r} at or before {end}")
+        # None: the run started inside the interval and counts from its start.
+        first = self._at_or_before(start) or _Snapshot.before_run(start)
+        total = last.total_s - first.total_s
+        if total <= 0:
+            raise ValueError(f"run {self.job_name!r} has no elapsed time between its snapshots at "
+                             f"{first.time} and {last.time}")
+        productive = min(max(0.0, last.productive_s - first.productive_s), total)
+        badput = {source: last.badput_s.get(source, 0.0) - first.badput_s.get(source, 0.0)
+                  for source in last.badput_s.keys() | first.badput_s.keys()}
+        badput = {source: seconds if 0.0 <= seconds <= total else 0.0 for source, seconds in badput.items()}
+        return _Interval(first, last, 100.0 * productive / total,
+                         self._breakdown(badput, total, percent=True), total,
+                         max(0, last.disruptions - first.disruptions))
+
+    def _interval_details(
+        self, interval_start: datetime.datetime, interval_end: datetime.datetime
+    ) -> tuple[IntervalWorkloadMetricDetails, _Interval | None]:
+        size = int((interval_end - interval_start).total_seconds())
+        try:
+            interval = self._interval(interval_start, interval_end)
+        except ValueError as error:
+            _LOG.warning("Failed to get interval metric details: %s", error)
+            return {IntervalMetricType.INTERVAL_GOODPUT.value: {},
+                    IntervalMetricType.INTERVAL_BADPUT.value: {},
+                    IntervalMetricType.INTERVAL_SIZE.value: size}, None
+        return {IntervalMetricType.INTERVAL_GOODPUT.value: {GoodputType.TOTAL: interval.goodput_pct},
+                IntervalMetricType.INTERVAL_BADPUT.value: interval.breakdown,
+                IntervalMetricType.INTERVAL_SIZE.value: size}, interval
+
+    def _step_times(self) -> dict[int, float]:
+        """Seconds per step, from the run's step starts (see ``get_step_deviation``)."""
+        attempts: dict[str, list[tuple[datetime.datetime, int]]] = {}
+        for row in self._query(_STEP_STARTS, {"run_id": self.job_name, "kind": "step_start"}):
+            if row["step"] is not None:
+                attempts.setdefault(str(row["attempt_id"]), []).append(
+                    (_aware_utc(row["event_time"]), int(row["step"])))
+        step_times: dict[int, float] = {}
+        # Attempts in the order they started; each one's steps in time order, as the pipeline's.
+        for steps in sorted((sorted(steps) for steps in attempts.values()), key=lambda steps: steps[0]):
+            for (start, step), (following, next_step) in itertools.pairwise(steps):
+                if next_step == step + 1:
+                    step_times[step] = (following - start).total_seconds()
+        return step_times
+
     def _snapshot(self, row: Mapping[str, Any]) -> _Snapshot:
         at = _aware_utc(row["snapshot_time"])
         badput: dict[str, float] = {}
         for bucket in self._query(_BADPUT_OF_SNAPSHOT, {"run_id": self.job_name, "snapshot_time": at}):
             badput[str(bucket["badput_source"])] = float(bucket["seconds"])  # a re-run's rows repeat
+        span = (_aware_utc(row["window_end"]) - _aware_utc(row["window_start"])).total_seconds() \
+            if row.get("window_start") is not None and row.get("window_end") is not None else 0.0
         return _Snapshot(
             time=at, productive_s=float(row["productive_time_s"]), total_s=float(row["total_time_s"]),
             disruptions=int(row["disruptions"]), max_productive_step=int(row["max_productive_step"]),
             last_step=None if row["last_step"] is None else int(row["last_step"]),
             ideal_step_time_s=_optional(row["ideal_step_time_s"]),
             badput_s=badput, stepping_slice_efficiency=_optional(row.get("stepping_slice_efficiency")),
-            available_slice_efficiency=_optional(row.get("available_slice_efficiency")))
+            available_slice_efficiency=_optional(row.get("available_slice_efficiency")), span_s=span)
 
     def _query(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self._source.rows(sql.format(**self._tables), parameters)
@@ -452,6 +629,38 @@ class GoodputCalculator:
         return breakdown
 
 
+def _merged(
+    intervals: Iterable[tuple[datetime.datetime, datetime.datetime]],
+) -> list[tuple[datetime.datetime, datetime.datetime]]:
+    """Exclusion intervals in UTC, sorted and merged; invalid ones skipped with a warning."""
+    valid = []
+    for start, end in intervals:
+        if start.tzinfo is None or end.tzinfo is None:
+            _LOG.warning("Skipping interval [%s, %s]: not timezone-aware (UTC)", start, end)
+        elif start >= end:
+            _LOG.warning("Skipping interval [%s, %s]: start is not before end", start, end)
+        else:
+            valid.append((start.astimezone(UTC), end.astimezone(UTC)))
+    merged: list[tuple[datetime.datetime, datetime.datetime]] = []
+    for start, end in sorted(valid):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _efficiency_between(first: _Snapshot, last: _Snapshot, name: str) -> float | None:
+    """A slice efficiency over the stretch between two cumulative snapshots: each is weighted
+    over its run so far, so the stretch's is the difference of the weighted sums."""
+    value: float | None = getattr(last, name)
+    span = last.span_s - first.span_s
+    if value is None or span <= 0:
+        return None
+    before: float = getattr(first, name) or 0.0
+    return min(1.0, max(0.0, (value * last.span_s - before * first.span_s) / span))
+
+
 class ElasticGoodputCalculator(GoodputCalculator):
     """The reference's ``ElasticGoodputCalculator``: the breakdown always holds the elastic buckets,
     and the details the time-weighted slice efficiencies (fractions) when the run recorded slice
@@ -459,12 +668,28 @@ class ElasticGoodputCalculator(GoodputCalculator):
 
     _ELASTIC = True
 
-    def get_job_goodput_details(self) -> dict[str, Any]:
-        details = super().get_job_goodput_details()
+    def get_job_goodput_details(self) -> ElasticWorkloadMetricDetails:
+        # The same dict, which may gain the elastic keys.
+        details = cast(ElasticWorkloadMetricDetails, super().get_job_goodput_details())
         snapshot = self._last
         if snapshot is not None and snapshot.stepping_slice_efficiency is not None:
             details["stepping_slice_efficiency"] = snapshot.stepping_slice_efficiency
-            details["available_slice_efficiency"] = snapshot.available_slice_efficiency
+            if snapshot.available_slice_efficiency is not None:
+                details["available_slice_efficiency"] = snapshot.available_slice_efficiency
+        return details
+
+    def get_interval_metric_details(
+        self, interval_start: datetime.datetime, interval_end: datetime.datetime
+    ) -> ElasticIntervalWorkloadMetricDetails:
+        """As the base calculator's, plus the slice efficiencies over the interval when the run
+        recorded slice counts: the difference of the cumulative ones at the two snapshots."""
+        base, interval = self._interval_details(interval_start, interval_end)
+        details = cast(ElasticIntervalWorkloadMetricDetails, base)
+        if interval is not None:
+            for name in ("stepping_slice_efficiency", "available_slice_efficiency"):
+                value = _efficiency_between(interval.first, interval.last, name)
+                if value is not None:
+                    details[name] = value
         return details
 
 
@@ -475,4 +700,9 @@ __all__ = [
     "GoodputCalculator",
     "GoodputRecorder",
     "GoodputType",
+    "IntervalMetricType",
+    "IntervalWorkloadMetricDetails",
+    "MetricType",
+    "UnproductiveTimeDict",
+    "WorkloadMetricDetails",
 ]
