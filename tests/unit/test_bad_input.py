@@ -244,7 +244,8 @@ def test_bytes_and_text_give_the_same_result(document: Any, compact: bool):
         data = text.encode()
     except UnicodeEncodeError:
         return  # not UTF-8: has no text form
-    assert parse_batch(data, "m") == parse_batch(text, "m")
+    # By repr, which is exact for floats and equal for two NaNs (a diverged run's loss).
+    assert repr(parse_batch(data, "m")) == repr(parse_batch(text, "m"))
 
 
 @settings(max_examples=60, deadline=None)
