@@ -222,6 +222,7 @@ class GoodputRecorder:
                 self.destination = resolved
         self._transport = _Shared(transport)
         self._retired: list[_Retired] = []
+        self._closed_stats = EmitterStats()  # of earlier attempts closed and forgotten
         self._worker = self._new_worker()
         if capture is not None:
             capture.attach(self)
@@ -276,6 +277,10 @@ class GoodputRecorder:
         """Hands the current attempt's events to a thread that delivers them (within the close
         timeout, the rest to the spool) and records from now on under a new attempt."""
         assert self._worker is not None
+        # Attempts closed already leave only their counters, so many restarts hold little.
+        done = [retired for retired in self._retired if retired.done()]
+        self._closed_stats = _summed([self._closed_stats, *(retired.worker.stats for retired in done)])
+        self._retired = [retired for retired in self._retired if retired not in done]
         self._retired.append(_Retired(self._worker, self.settings.close_timeout_s))
         self._worker = self._new_worker()
 
@@ -540,9 +545,8 @@ class GoodputRecorder:
         events and send errors."""
         if self._worker is None:
             return EmitterStats()
-        parts = [retired.worker.stats for retired in self._retired] + [self._worker.stats]
-        return EmitterStats(**{field.name: sum(getattr(part, field.name) for part in parts)
-                               for field in dataclasses.fields(EmitterStats)})
+        return _summed([self._closed_stats, *(retired.worker.stats for retired in self._retired),
+                        self._worker.stats])
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every event recorded so far is delivered; False if ``timeout`` ran out."""
@@ -589,7 +593,7 @@ class GoodputRecorder:
         if self._worker is None or self._closed:
             return
         self._close_lock = threading.Lock()
-        self._retired = []  # the parent delivers its own attempts
+        self._retired, self._closed_stats = [], EmitterStats()  # the parent delivers its own
         self.attempt_id = uuid.uuid4().hex
         self._worker.after_fork(self.attempt_id, self._now_ns())
         self._in_job = self._job_started = False
@@ -617,6 +621,14 @@ class _Retired:
         """Whether it delivered everything, waiting until ``deadline`` at most."""
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not self._thread.is_alive() and self._delivered
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
+def _summed(parts: list[EmitterStats]) -> EmitterStats:
+    return EmitterStats(**{field.name: sum(getattr(part, field.name) for part in parts)
+                           for field in dataclasses.fields(EmitterStats)})
 
 
 class _Shared:

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from emitter import ElasticGoodputRecorder, EmitterSettings
 from emitter.testing import capture_events
-from goodput_schemas.wire import Record, encode_batch
+from goodput_schemas.wire import Message, Record, encode_batch
 from pipeline.core import engine
-from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch
+from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch, parse_message
 from pipeline.core.snapshot import Snapshot, WindowFigures
 
 S = 1_000_000
@@ -33,9 +33,6 @@ def at(seconds: float) -> datetime.datetime:
 
 
 def record_ours(attempts: Sequence[Sequence[Call]]) -> list[Event]:
-    from pipeline.core.events import parse_message
-
-    events: list[Event] = []
     settings = EmitterSettings(heartbeat_interval_s=None)
     with capture_events() as captured:
         for calls in attempts:
@@ -53,6 +50,12 @@ def record_ours(attempts: Sequence[Sequence[Call]]) -> list[Event]:
                     getattr(recorder, method)(*args)
             recorder.close()
         messages = captured.messages
+    return events_of(messages)
+
+
+def events_of(messages: Iterable[Message]) -> list[Event]:
+    """The events of delivered messages, every one of them valid."""
+    events: list[Event] = []
     for message in messages:
         parsed, dead = parse_message(message.data)
         assert not dead, dead

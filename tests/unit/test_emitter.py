@@ -220,6 +220,20 @@ def test_a_second_job_start_on_one_recorder_starts_a_new_attempt():
     assert recorder.stats.recorded == recorder.stats.sent == 5
 
 
+def test_many_restarts_on_one_recorder_keep_their_counts_and_little_else():
+    """Attempts already delivered leave only their counters behind."""
+    with capture_events() as captured:
+        recorder = GoodputRecorder("run-1", "goodput_run-1", True)
+        for restart in range(30):
+            recorder.record_job_start_time(at(10 * restart))
+            recorder.record_step_start_time(restart, at(10 * restart + 1))
+            assert recorder.flush(timeout=10)
+        assert len(recorder._retired) <= 2
+        assert recorder.close()
+    assert len({event.attempt_id for event in captured.events}) == 30
+    assert recorder.stats.recorded == recorder.stats.sent == 60
+
+
 def test_destination_comes_from_the_environment(monkeypatch, events_file, make_settings):
     """$GOODPUT_DESTINATION is used when no destination is passed."""
     monkeypatch.setenv("GOODPUT_DESTINATION", f"file:{events_file}")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pipeline.app import importer
-from pipeline.core.events import Event, parse_message
+from pipeline.core.events import Event
 from support.reference import (
     FIELD,
     LOG_NAME,
@@ -18,16 +18,11 @@ from support.reference import (
     reference_payloads,
     reference_trace,
 )
-from support.runs import shape
+from support.runs import events_of, shape
 
 
 def imported_events(result: importer.ImportResult) -> list[Event]:
-    events: list[Event] = []
-    for message in result.messages:
-        parsed, dead = parse_message(message.data)
-        assert not dead, dead
-        events.extend(parsed)
-    return events
+    return events_of(result.messages)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from emitter.testing import CapturedEvents, capture_events
-from ml_goodput_measurement import goodput, monitoring
-from pipeline.core.events import Event, parse_message
+from ml_goodput_measurement import goodput
+from pipeline.core.events import Event
 from pipeline.core.snapshot import (
     ELASTIC_REINITIALIZATION,
     ELASTIC_SLICE_DOWN,
@@ -28,7 +28,7 @@ from pipeline.core.snapshot import (
 )
 from support import clients
 from support.reference import Result, run_ours, run_reference
-from support.runs import Call
+from support.runs import Call, events_of
 
 #: Where the reference is right, ours agrees within this many percentage points.
 TOLERANCE_PP = 0.05
@@ -37,12 +37,7 @@ STEP_S = 0.01
 
 
 def recorded(captured: CapturedEvents) -> list[Event]:
-    events: list[Event] = []
-    for message in captured.messages:
-        parsed, dead = parse_message(message.data)
-        assert not dead, dead
-        events.extend(parsed)
-    return events
+    return events_of(captured.messages)
 
 
 def _moment(time_us: int) -> datetime.datetime:
@@ -159,9 +154,12 @@ def test_an_axlearn_crash_with_its_end_in_a_finally_is_a_disruption(captured, tm
 
 
 def test_an_axlearn_job_logs_once_that_the_monitor_has_no_tables(caplog, captured, tmp_path):
-    """Its monitors, started and stopped as AXLearn does, never raise into the job."""
-    with caplog.at_level(logging.INFO):
+    """Its two monitors, started and stopped as AXLearn does, never raise into the job: each
+    says once that it has no tables to read, and the job records on."""
+    with caplog.at_level(logging.INFO, logger="ml_goodput_measurement"):
         axlearn_attempt(tmp_path, (0, 3), crash=False)
+    told = [r for r in caplog.records if "writes no TensorBoard scalars" in r.getMessage()]
+    assert len(told) == 2
     assert [e.kind for e in recorded(captured)][:2] == ["job_start", "tpu_init_start"]
 
 
@@ -235,13 +233,3 @@ def test_the_references_restart_on_one_recorder_is_a_restart(captured, tmp_path)
     assert ours.disruptions == 1 and ours.pct(INFRASTRUCTURE_RECOVERY) > 10
     assert_equal_buckets(theirs, ours, [INFRASTRUCTURE_RECOVERY, WASTED_PROGRESS])
 
-
-def test_the_monitor_takes_every_keyword_maxtext_passes():
-    options = monitoring.GCPOptions(enable_gcp_goodput_metrics=False,
-                                    enable_gcp_step_deviation_metrics=False)
-    monitor = monitoring.GoodputMonitor(
-        job_name="run", logger_name="goodput_run", tensorboard_dir="", upload_interval=30,
-        monitoring_enabled=True, pathway_enabled=False, include_badput_breakdown=True,
-        include_step_deviation=True, step_deviation_interval_seconds=10, gcp_options=options)
-    monitor.start_goodput_uploader()
-    monitor.stop_goodput_uploader()
