@@ -25,9 +25,20 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from goodput_schemas import saved_queries
+from pipeline.app.checks import UsageError, check_ours, read_only
+
+#: What every report this command writes has near its start: a file without it is not one to overwrite.
+_REPORT_MARK = b"<title>Fleet goodput report"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake in one line: what is wrong, and where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _first_line(sql: str) -> str:
@@ -78,20 +89,22 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
         print("goodput query: --duckdb FILE is required to run a query (or --sql to print it)",
               file=sys.stderr)
         return 2
-    if not Path(args.duckdb).is_file():
-        print(f"goodput query: no such file: {args.duckdb}", file=sys.stderr)
-        return 2
     import duckdb
 
     from pipeline.app.fleet_sql import run_saved
 
-    with duckdb.connect(args.duckdb, read_only=True) as connection:
-        try:
-            columns, rows = run_saved(args.name, connection)
-        except duckdb.CatalogException as error:
-            print(f"goodput query: {args.duckdb} lacks a table the query needs ({error}); write it "
-                  "with python -m pipeline --duckdb first", file=sys.stderr)
-            return 1
+    try:
+        with read_only(args.duckdb) as connection:
+            check_ours(connection, args.duckdb, "--duckdb")
+            try:
+                columns, rows = run_saved(args.name, connection)
+            except (duckdb.CatalogException, duckdb.BinderException) as error:
+                raise UsageError(f"{args.duckdb} lacks a table or column the query needs "
+                                 f"({_first_line_of(error)}); write it with python -m pipeline "
+                                 "--duckdb first") from None
+    except UsageError as error:
+        print(f"goodput query: {error}", file=sys.stderr)
+        return 2
     if args.format == "csv":
         writer = csv.writer(out)
         writer.writerow(columns)
@@ -104,13 +117,49 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _first_line_of(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _check_report_output(output: Path, duckdb_path: Path) -> None:
+    """Where a report may go: a new file, or an earlier report (never the database, nor any
+    other file that happens to be there)."""
+    if output.is_dir():
+        raise UsageError(f"--output={output} is a directory: name a file, e.g. {output / 'report.html'}")
+    if not output.exists():
+        return
+    if output.resolve() == duckdb_path.resolve():
+        raise UsageError(f"--output={output} is the --duckdb file: name another file, e.g. report.html")
+    try:
+        with output.open("rb") as existing:
+            head = existing.read(1024)
+    except OSError as error:
+        raise UsageError(f"cannot read --output={output}: {error.strerror}") from None
+    if _REPORT_MARK not in head:
+        raise UsageError(f"--output={output} exists and is not a report this command wrote: it was "
+                         "left untouched; name another file")
+
+
 def _report(args: argparse.Namespace, out: TextIO) -> int:
+    import duckdb
+
     from pipeline.app.report import write_report
 
-    if not Path(args.duckdb).is_file():
-        print(f"goodput report: no such file: {args.duckdb}", file=sys.stderr)
+    try:
+        with read_only(args.duckdb) as connection:
+            check_ours(connection, args.duckdb, "--duckdb")
+        _check_report_output(Path(args.output), Path(args.duckdb))
+        try:
+            write_report(Path(args.duckdb), Path(args.output))
+        except (duckdb.CatalogException, duckdb.BinderException) as error:
+            raise UsageError(f"{args.duckdb} lacks a table or column the report needs "
+                             f"({_first_line_of(error)}); write it with python -m pipeline --duckdb "
+                             "first") from None
+        except OSError as error:
+            raise UsageError(f"cannot write --output={args.output}: {error.strerror}") from None
+    except UsageError as error:
+        print(f"goodput report: {error}", file=sys.stderr)
         return 2
-    write_report(Path(args.duckdb), Path(args.output))
     out.write(f"wrote {args.output}\n")
     return 0
 
@@ -138,8 +187,19 @@ def _emulator(args: argparse.Namespace, out: TextIO) -> int:
     return code
 
 
+def _port(text: str) -> int:
+    """A TCP port number (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: a number from 0 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, got {port}")
+    return port
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="goodput", description="Fleet goodput on a workstation: the demo, batch replays, HTML reports, "
                                     "fleet queries, imports of the reference's history, local emulators.")
     commands = top.add_subparsers(dest="command", required=True)
@@ -178,7 +238,7 @@ def parser() -> argparse.ArgumentParser:
     query.set_defaults(handler=_query)
     emulator = commands.add_parser("emulator", help="run a local stand-in of a Google Cloud service")
     emulator.add_argument("service", choices=tuple(_EMULATORS), help="the service")
-    emulator.add_argument("--port", type=int, default=None,
+    emulator.add_argument("--port", type=_port, default=None,
                           help="port (default: " + ", ".join(f"{k} {v}" for k, v in _EMULATORS.items()) + ")")
     emulator.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
     emulator.set_defaults(handler=_emulator)

@@ -535,12 +535,32 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
     return Batch(batch_run_id, attempt_id, step_seqs, step_times, steps, tuple(others)), dead
 
 
+#: What a gzip file begins with; no JSON text does (it is not whitespace), so the test is unambiguous.
+GZIP_MAGIC = b"\x1f\x8b"
+#: The UTF-8 byte order mark that some editors put at the start of a text file.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def event_file_lines(path: str) -> Iterator[bytes]:
+    """The lines of an emitter file: decompressed if it is gzip-compressed, and without a UTF-8
+    byte order mark at its start."""
+    import gzip
+
+    with open(path, "rb") as handle:
+        compressed = handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        handle.seek(0)
+        lines = iter(gzip.GzipFile(fileobj=handle, mode="rb") if compressed else handle)
+        first = next(lines, None)
+        if first is not None:
+            yield first.removeprefix(UTF8_BOM)
+            yield from lines
+
+
 def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
     """("file:line", message) for every non-empty line of an emitter file: its messages, each with
     where it came from (the ``source`` of ``parse_batch``)."""
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip(b"\r\n")
-            if line.strip():
-                yield f"{path}:{number}", line
+    for number, line in enumerate(event_file_lines(path), start=1):
+        line = line.rstrip(b"\r\n")
+        if line.strip():
+            yield f"{path}:{number}", line
 

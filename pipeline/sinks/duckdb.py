@@ -55,6 +55,48 @@ def _columns() -> dict[str, list[tuple[str, str]]]:
             for name in table_names()}
 
 
+# Everything a database holds beside its tables, views and columns (nothing, in ours).
+_OTHER_OBJECTS_SQL = (
+    "SELECT 'schema', schema_name FROM duckdb_schemas() WHERE database_name = current_database() "
+    "AND NOT internal AND schema_name <> 'main' "
+    "UNION ALL SELECT 'sequence', sequence_name FROM duckdb_sequences() "
+    "WHERE database_name = current_database() "
+    "UNION ALL SELECT 'macro', function_name FROM duckdb_functions() "
+    "WHERE database_name = current_database() AND NOT internal "
+    "UNION ALL SELECT 'type', type_name FROM duckdb_types() "
+    "WHERE database_name = current_database() AND NOT internal")
+_TABLES_SQL = ("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+               "AND schema_name = 'main'")
+_VIEWS_SQL = ("SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "
+              "AND schema_name = 'main' AND NOT internal")
+_COLUMNS_SQL = ("SELECT table_name, column_name, data_type FROM duckdb_columns() "
+                "WHERE database_name = current_database() AND schema_name = 'main' ORDER BY column_index")
+
+
+def not_ours(connection: duckdb.DuckDBPyConnection) -> str | None:
+    """Why the database open on ``connection`` is not one this pipeline writes, or None when it is.
+
+    Ours holds nothing, or only output tables and views of ours, each table with some of its
+    schema's columns, of their types: a file an older version wrote lacks the columns added
+    since, which the sink adds. Anything else is someone else's, and is not to be written to."""
+    for kind, name in connection.execute(_OTHER_OBJECTS_SQL).fetchall():
+        return f"it holds the {kind} {name!r}, which this pipeline does not make"
+    tables = {name for name, in connection.execute(_TABLES_SQL).fetchall()}
+    for name in sorted(tables - set(table_names())):
+        return f"it holds the table {name!r}, which this pipeline does not write"
+    for name in sorted({name for name, in connection.execute(_VIEWS_SQL).fetchall()} - set(views("main"))):
+        return f"it holds the view {name!r}, which this pipeline does not make"
+    columns = _columns()
+    for table, column, kind in connection.execute(_COLUMNS_SQL).fetchall():
+        if table not in tables:
+            continue  # a view's
+        wanted = dict(columns[table]).get(column)
+        if wanted is None:
+            return f"its table {table!r} has a column {column!r}, which this pipeline does not write"
+        if wanted != kind:
+            return f"the column {column!r} of its table {table!r} is {kind}, not {wanted}"
+    return None
+
 
 class DuckDBSink:
     """Appends rows to the output tables of one DuckDB file."""
@@ -72,6 +114,10 @@ class DuckDBSink:
             (name, column) for name, columns in _columns().items() for column, _ in columns}
         wanted |= {(name, None) for name in views("main")}
         if not found >= wanted:
+            problem = not_ours(self._connection)  # before the first write to a file
+            if problem is not None:
+                self._connection.close()
+                raise ValueError(f"{self.path} is not a DuckDB file this pipeline wrote: {problem}")
             self._make_tables(wanted - found)
         self._columns = _columns()
 

@@ -1,0 +1,186 @@
+"""What the command lines check in the files they are given, before anything is read or written.
+
+A mistake is a ``UsageError`` whose message is one line saying what is wrong and what to do; the
+commands print it after their name and exit with code 2. DuckDB files are only ever opened
+read-only here, so a file that is refused is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import stat
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.events import GZIP_MAGIC
+
+#: How long a DuckDB file another process is writing is waited for (it holds the file for one
+#: bundle at a time).
+LOCK_WAIT_S = 5.0
+
+# Formats an emitter file is sometimes mistaken for, by their first bytes: what they are, and how
+# to make an emitter file of them. gzip is not here: it is read as it is.
+_NOT_EVENTS = (
+    (b"BZh", "bzip2-compressed", "decompress it first (bunzip2 -k)"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz -k)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (unzstd)"),
+    (b"PK\x03\x04", "a zip archive", "unzip the emitter file first"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text", "convert it to UTF-8 first: iconv -f UTF-32 -t UTF-8"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text", "convert it to UTF-8 first: iconv -f UTF-32 -t UTF-8"),
+    (b"\xff\xfe", "UTF-16 text", "convert it to UTF-8 first: iconv -f UTF-16 -t UTF-8"),
+    (b"\xfe\xff", "UTF-16 text", "convert it to UTF-8 first: iconv -f UTF-16 -t UTF-8"),
+)
+_DUCKDB_MAGIC = b"DUCK"  # at byte 8 of a DuckDB file
+_EVENTS_COLUMNS = frozenset({"run_id", "attempt_id", "seq", "event_time", "kind", "step", "body"})
+
+
+class UsageError(Exception):
+    """A mistake in a command line; the message says what is wrong and what to do, in one line."""
+
+
+def _not_a_file(mode: int) -> str | None:
+    """What a path that is not a regular file is, in words."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (a named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+
+def _existing(path: str, option: str) -> os.stat_result:
+    """The status of an input file that must exist and be a regular, readable file."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {option}={path}") from None
+    except OSError as error:
+        raise UsageError(f"cannot read {option}={path}: {error.strerror}") from None
+    what = _not_a_file(status.st_mode)
+    if what is not None:
+        if what != "a directory":
+            hint = "the pipeline reads a file, maybe more than once: write it to a file first"
+        elif option == "--duckdb":
+            hint = f"name a file, e.g. {option}={os.path.join(path, 'goodput.duckdb')}"
+        else:
+            hint = f"give each file in it as {option}=FILE"
+        raise UsageError(f"{option}={path} is {what}, not a file: {hint}")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"cannot read {option}={path}: permission denied")
+    return status
+
+
+def check_events_file(path: str, option: str = "--events") -> None:
+    """An emitter file: a regular, readable file of JSON lines, plain or gzip-compressed (which
+    is read through whole here, so that a damaged one is refused before the replay starts)."""
+    _existing(path, option)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError as error:
+        raise UsageError(f"cannot read {option}={path}: {error.strerror}") from None
+    if head[8:12] == _DUCKDB_MAGIC:
+        raise UsageError(f"{option}={path} is a DuckDB file: replay its raw events table with "
+                         f"--from_duckdb={path}")
+    for magic, what, hint in _NOT_EVENTS:
+        if head.startswith(magic):
+            raise UsageError(f"{option}={path} is {what}: {hint}")
+    if head.startswith(GZIP_MAGIC):
+        try:
+            with gzip.open(path, "rb") as compressed:
+                while compressed.read(1 << 20):
+                    pass
+        except EOFError:
+            raise UsageError(f"{option}={path} is a gzip file cut short (a copy that did not "
+                             f"finish?): nothing was read; gzip -t {path} shows it") from None
+        except (OSError, zlib.error) as error:
+            raise UsageError(f"{option}={path} is a damaged gzip file ({error}): nothing was read; "
+                             f"gzip -t {path} shows it") from None
+
+
+@contextlib.contextmanager
+def read_only(path: str, option: str = "--duckdb") -> Iterator[Any]:
+    """A read-only connection to an existing DuckDB file, waiting a little while another process
+    writes it; a path that is not a DuckDB file is a ``UsageError``."""
+    import duckdb
+
+    status = _existing(path, option)
+    if status.st_size == 0:
+        raise UsageError(f"{option}={path} is an empty file, not a DuckDB file: remove it, or name "
+                         "another file")
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            connection = duckdb.connect(path, read_only=True)
+            break
+        except duckdb.IOException as error:
+            if "lock" in str(error) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            if "not a valid DuckDB database file" in str(error):
+                raise UsageError(f"{option}={path} is not a DuckDB file: name a DuckDB file this "
+                                 "pipeline wrote") from None
+            if "lock" in str(error):
+                raise UsageError(f"{option}={path} is held by another process for longer than "
+                                 f"{LOCK_WAIT_S:g} s: try again once it is done") from None
+            raise UsageError(f"cannot open {option}={path}: {error}") from None
+        except duckdb.Error as error:
+            raise UsageError(f"cannot open {option}={path}: {error}") from None
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def check_ours(connection: Any, path: str, option: str, output: bool = False) -> None:
+    """A DuckDB file this pipeline wrote (``pipeline.sinks.duckdb.not_ours``), or one with nothing
+    in it; ``output`` when it is to be written."""
+    from pipeline.sinks.duckdb import not_ours
+
+    problem = not_ours(connection)
+    if problem is not None:
+        hint = ("it was left untouched: name a new file or one this pipeline wrote" if output
+                else "name a file this pipeline wrote with --duckdb")
+        raise UsageError(f"{option}={path} is not a DuckDB file this pipeline wrote ({problem}); {hint}")
+
+
+def check_duckdb_output(path: str, option: str = "--duckdb") -> None:
+    """The DuckDB file a pipeline is to write: a new file in a directory that can be written, or
+    an existing file this pipeline wrote (an older version's too: the sink adds the columns it
+    lacks), which is checked read-only before anything is written to it."""
+    if not os.path.lexists(path):
+        ancestor = Path(path).absolute().parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise UsageError(f"cannot create {option}={path}: {ancestor} is not a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise UsageError(f"cannot create {option}={path}: no permission to write in {ancestor}")
+        return
+    with read_only(path, option) as connection:
+        check_ours(connection, path, option, output=True)
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"cannot write {option}={path}: permission denied")
+
+
+def check_duckdb_input(path: str, option: str = "--from_duckdb") -> None:
+    """A DuckDB file a backfill reads: one this pipeline wrote, with its raw events table."""
+    with read_only(path, option) as connection:
+        check_ours(connection, path, option)
+        columns = {column for column, in connection.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = 'main' AND table_name = 'events'").fetchall()}
+    if not columns:
+        raise UsageError(f"{option}={path} has no raw events table: nothing to replay")
+    if not columns >= _EVENTS_COLUMNS:
+        raise UsageError(f"{option}={path}: its events table lacks the columns "
+                         f"{', '.join(sorted(_EVENTS_COLUMNS - columns))}, without which the events "
+                         "cannot be replayed")
