@@ -2,7 +2,7 @@
 
 Each is started from the command line (``python -m pipeline.emulators.NAME --port P``, or
 ``goodput emulator NAME``) or in-process as a context manager; the helpers here are their shared
-command-line parts.
+command-line parts and the request-size rule of Google's front end, which every API sits behind.
 """
 
 from __future__ import annotations
@@ -11,7 +11,40 @@ import argparse
 import logging
 import signal
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+#: The largest request Google's front end passes on to an API, in bytes (10 MiB). A larger one is
+#: answered INVALID_ARGUMENT (HTTP 400) "Request payload size exceeds the limit: 10485760 bytes."
+#: before the service sees it: reported from Pub/Sub over gRPC and REST and from BigQuery's insertAll.
+FRONT_END_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+#: gRPC server options of the stand-ins: a port in use is an error, not a shared port; and no
+#: receive limit of gRPC's own (4 MiB by default, answered RESOURCE_EXHAUSTED, which clients retry
+#: as a quota error), so every size is judged by the service's rules instead.
+GRPC_SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", -1)]
+
+
+def payload_too_large(limit: int) -> str:
+    """The front end's words for a request over ``limit`` bytes."""
+    return f"Request payload size exceeds the limit: {limit} bytes."
+
+
+class Sized(NamedTuple):
+    """A gRPC request with the size it had on the wire; ``request`` is None when the size is
+    over the front end's limit (such a request is refused unread)."""
+
+    size: int
+    request: Any
+
+
+def sized(deserialize: Callable[[bytes], Any],
+          limit: int = FRONT_END_MAX_REQUEST_BYTES) -> Callable[[bytes], Sized]:
+    """A request deserializer that keeps the request's size on the wire beside it."""
+
+    def read(raw: bytes) -> Sized:
+        return Sized(len(raw), deserialize(raw) if len(raw) <= limit else None)
+
+    return read
 
 
 class Stoppable(Protocol):

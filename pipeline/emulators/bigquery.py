@@ -13,7 +13,7 @@ Started with ``python -m pipeline.emulators.bigquery --port 9050``, or in-proces
 table must exist; every row is checked against the table's schema (unknown fields, missing
 required fields, values of the wrong type); without ``skipInvalidRows`` one invalid row stops the
 whole request (the others get the reason ``stopped``), with it the valid rows are kept; at most
-50,000 rows and 10 MB per request; STRING values must be valid UTF-8; a row's ``insertId``
+50,000 rows and 10 MiB per request; STRING values must be valid UTF-8; a row's ``insertId``
 deduplicates it for a minute. Rows are kept in memory for assertions. Queries (``jobs``) are not
 served: fleet SQL runs on DuckDB.
 
@@ -38,11 +38,18 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pipeline.emulators import emulator_parser, log_to_console, serve_until_signalled
+from pipeline.emulators import (
+    FRONT_END_MAX_REQUEST_BYTES,
+    emulator_parser,
+    log_to_console,
+    payload_too_large,
+    serve_until_signalled,
+)
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS = 50_000
-MAX_REQUEST_BYTES = 10 * 1024 * 1024
+#: insertAll's "HTTP request size limit: 10 MB" is enforced by the front end at 10 MiB.
+MAX_REQUEST_BYTES = FRONT_END_MAX_REQUEST_BYTES
 DEDUP_S = 60.0
 _PATH = re.compile(r"^/bigquery/v2/projects/(?P<project>[^/]+)/datasets(?:/(?P<dataset>[^/]+)"
                    r"(?P<tables>/tables(?:/(?P<table>[^/]+)(?P<insert>/insertAll)?)?)?)?$")
@@ -285,8 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_REQUEST_BYTES:
             self.rfile.read(length)
-            raise ApiError(HTTPStatus.BAD_REQUEST, "badRequest",
-                           f"Request payload size exceeds the limit: {MAX_REQUEST_BYTES} bytes.")
+            raise ApiError(HTTPStatus.BAD_REQUEST, "badRequest", payload_too_large(MAX_REQUEST_BYTES))
         raw = self.rfile.read(length) if length else b""
         try:
             request = json.loads(raw) if raw else {}

@@ -14,7 +14,8 @@ Implemented: topics and subscriptions (create, get, list, delete), Publish, Pull
 Acknowledge, ModifyAckDeadline; ack deadlines with redelivery when they pass; ordering keys (a
 key's messages are delivered in publish order, one batch at a time: the next waits until the
 outstanding ones are acknowledged); dead-letter policies (after ``max_delivery_attempts``
-deliveries a message moves to the dead-letter topic). Not implemented (a call answers
+deliveries a message moves to the dead-letter topic); the service's limits on a publish, refused
+with its status codes and words (see ``check_publish``). Not implemented (a call answers
 UNIMPLEMENTED): schemas, snapshots, seek, push and export subscriptions, filters.
 
 Faults are injected through the broker: ``duplicate_next(n)`` delivers the next n messages
@@ -42,11 +43,32 @@ import grpc
 from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as types
 
-from pipeline.emulators import emulator_parser, log_to_console, serve_until_signalled
+from pipeline.emulators import (
+    FRONT_END_MAX_REQUEST_BYTES,
+    GRPC_SERVER_OPTIONS,
+    Sized,
+    emulator_parser,
+    log_to_console,
+    payload_too_large,
+    serve_until_signalled,
+    sized,
+)
 
 _LOG = logging.getLogger(__name__)
 _DEFAULT_ACK_DEADLINE_S = 10
 _MAX_ACK_DEADLINE_S = 600
+# The service's limits on a publish (https://cloud.google.com/pubsub/quotas#resource_limits).
+#: The serialized PublishRequest: topic name, messages with their data, attributes and ordering
+#: keys. The documented "message size (the data field): 10 MB" is within it.
+MAX_PUBLISH_REQUEST_BYTES = 10_000_000
+MAX_MESSAGES_PER_PUBLISH = 1000
+MAX_ATTRIBUTES = 100
+MAX_ATTRIBUTE_KEY_BYTES = 256
+MAX_ATTRIBUTE_VALUE_BYTES = 1024
+MAX_ORDERING_KEY_BYTES = 1024
+#: Acknowledge and ModifyAckDeadline requests pass the front end only up to 512 KiB.
+MAX_ACK_REQUEST_BYTES = 512 * 1024
+_QUOTAS = "Refer to https://cloud.google.com/pubsub/quotas for more information."
 
 
 @dataclasses.dataclass
@@ -186,16 +208,11 @@ class PubSubBroker:
     # -- messages ---------------------------------------------------------------------------
 
     def publish(self, topic_name: str, messages: list[types.PubsubMessage]) -> list[str]:
-        if not messages:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Publish needs at least one message")
+        """The ids of ``messages``, published together (all or none), as one Publish request."""
+        check_publish(topic_name, messages)
         with self._lock:
             self._topic(topic_name)
-            ids = []
-            for message in messages:
-                if not message.data and not message.attributes:
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                 "A message needs data or attributes")
-                ids.append(self._deliver(topic_name, message))
+            ids = [self._deliver(topic_name, message) for message in messages]
             self._lock.notify_all()
             return ids
 
@@ -308,6 +325,56 @@ class PubSubBroker:
             self._lock.notify_all()
 
 
+def check_publish(topic_name: str, messages: list[types.PubsubMessage]) -> None:
+    """Refuses a Publish request that breaks the service's limits, as the service does.
+
+    The status codes are the service's, and so are the words where they have been seen from it
+    (request size, message count, attribute key and value sizes, mixed ordering keys); for the
+    number of attributes and the ordering key's size they are this emulator's own.
+    """
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    if not messages:
+        raise _Abort(invalid, "Publish needs at least one message")
+    if len(messages) > MAX_MESSAGES_PER_PUBLISH:
+        raise _Abort(invalid, f"The value for message_count is too large. You passed {len(messages)} "
+                              f"in the request, but the maximum value is {MAX_MESSAGES_PER_PUBLISH}.")
+    plain = [types.PubsubMessage.pb(message) for message in messages]  # fast to read
+    size = _field_bytes(len(topic_name.encode())) + sum(_field_bytes(m.ByteSize()) for m in plain)
+    if size > MAX_PUBLISH_REQUEST_BYTES:
+        raise _Abort(invalid, f"The value for request_size is too large. You passed {size} in the "
+                              f"request, but the maximum value is {MAX_PUBLISH_REQUEST_BYTES}.")
+    for message in plain:
+        if not message.data and not message.attributes:
+            raise _Abort(invalid, "A message needs data or attributes")
+        if len(message.attributes) > MAX_ATTRIBUTES:
+            raise _Abort(invalid, f"A message in the request has {len(message.attributes)} attributes, "
+                                  f"but the maximum allowed is {MAX_ATTRIBUTES}. {_QUOTAS}")
+        for key, value in message.attributes.items():
+            # Sizes are in UTF-8 bytes, though the service's words say "characters"; it does
+            # not repeat a key that is too long.
+            if len(key.encode()) > MAX_ATTRIBUTE_KEY_BYTES:
+                raise _Abort(invalid, f'The attribute "" in the request has a key that is too long. The '
+                                      f"length is {len(key.encode())} characters, but the maximum allowed "
+                                      f"is {MAX_ATTRIBUTE_KEY_BYTES}. {_QUOTAS}")
+            if len(value.encode()) > MAX_ATTRIBUTE_VALUE_BYTES:
+                raise _Abort(invalid, f'The attribute "{key}" in the request has a value that is too '
+                                      f"long. The length is {len(value.encode())} characters, but the "
+                                      f"maximum allowed is {MAX_ATTRIBUTE_VALUE_BYTES}. {_QUOTAS}")
+        if len(message.ordering_key.encode()) > MAX_ORDERING_KEY_BYTES:
+            raise _Abort(invalid, f"An ordering key in the request is {len(message.ordering_key.encode())} "
+                                  f"bytes, but the maximum allowed is {MAX_ORDERING_KEY_BYTES}. {_QUOTAS}")
+    if len({message.ordering_key for message in plain}) > 1:
+        raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                     "In a single publish request, all messages must have no ordering key or they "
+                     "must all have the same ordering key. [code=539b]")
+
+
+def _field_bytes(length: int) -> int:
+    """Serialized bytes of a length-delimited protobuf field (number < 16) of ``length`` bytes:
+    its tag, its length as a varint, its content."""
+    return 1 + max(1, (length.bit_length() + 6) // 7) + length
+
+
 def _check_name(name: str, kind: str) -> None:
     project, separator, resource = name.partition(kind)
     if not project.startswith("projects/") or not separator or not resource or "/" in resource:
@@ -318,10 +385,13 @@ def _check_name(name: str, kind: str) -> None:
 
 
 def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.GenericRpcHandler]:
-    def unary(call: Callable[[Any], Any], request_type: Any, response_type: Any | None) -> Any:
-        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+    def unary(call: Callable[[Any], Any], request_type: Any, response_type: Any | None,
+              max_request_bytes: int = FRONT_END_MAX_REQUEST_BYTES) -> Any:
+        def handle(request: Sized, context: grpc.ServicerContext) -> Any:
+            if request.request is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, payload_too_large(max_request_bytes))
             try:
-                result = call(request)
+                result = call(request.request)
             except _Abort as error:
                 context.abort(error.code, str(error))
             return empty_pb2.Empty() if response_type is None else result
@@ -329,7 +399,8 @@ def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.Gene
         serializer = (empty_pb2.Empty.SerializeToString if response_type is None
                       else response_type.serialize)
         return grpc.unary_unary_rpc_method_handler(
-            handle, request_deserializer=request_type.deserialize, response_serializer=serializer)
+            handle, request_deserializer=sized(request_type.deserialize, max_request_bytes),
+            response_serializer=serializer)
 
     publisher = {
         "CreateTopic": unary(broker.create_topic, types.Topic, types.Topic),
@@ -358,10 +429,10 @@ def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.Gene
             r.subscription, r.max_messages, 0.0 if r.return_immediately else 1.0)),
             types.PullRequest, types.PullResponse),
         "Acknowledge": unary(lambda r: broker.acknowledge(r.subscription, list(r.ack_ids)),
-                             types.AcknowledgeRequest, None),
+                             types.AcknowledgeRequest, None, MAX_ACK_REQUEST_BYTES),
         "ModifyAckDeadline": unary(
             lambda r: broker.modify_ack_deadline(r.subscription, list(r.ack_ids), r.ack_deadline_seconds),
-            types.ModifyAckDeadlineRequest, None),
+            types.ModifyAckDeadlineRequest, None, MAX_ACK_REQUEST_BYTES),
         "StreamingPull": grpc.stream_stream_rpc_method_handler(
             lambda requests, context: _streaming_pull(broker, stopping, requests, context),
             request_deserializer=types.StreamingPullRequest.deserialize,
@@ -435,7 +506,7 @@ class PubSubEmulator:
         self._stopping = threading.Event()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pubsub-emulator"),
-            options=[("grpc.so_reuseport", 0)])  # a port in use is an error, not a shared port
+            options=GRPC_SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers(_handlers(self.broker, self._stopping))
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:

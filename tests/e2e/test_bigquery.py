@@ -5,6 +5,7 @@ replay writing the same rows to BigQuery as to DuckDB."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -96,6 +97,29 @@ def test_insert_all_limits_retries_and_insert_ids(client, emulator):
     assert emulator.store.insert_requests - before == 3
     assert client.insert_rows_json(table, [row], row_ids=["a"]) == []  # a duplicate of "a"
     assert len(dead_letter(emulator)) == 2
+
+
+def test_insert_all_takes_a_request_of_exactly_ten_mebibytes(client, emulator):
+    """An insertAll body of 10,485,760 bytes is served; one byte more is refused whole with the
+    front end's 400 "Request payload size exceeds the limit: 10485760 bytes."."""
+    path = f"/projects/{PROJECT}/datasets/{DATASET}/tables/dead_letter/insertAll"
+
+    def body(size: int) -> str:  # ten rows of about 1 MB: each under BigQuery's 10 MB per row
+        rows = [{"json": {"received_time": "2026-11-01T08:00:00Z", "reason": "r", "payload": "x" * 1_000_000}}
+                for _ in range(10)]
+        rows[-1]["json"]["payload"] += "x" * (size - len(json.dumps({"rows": rows})))
+        return json.dumps({"rows": rows})
+
+    def insert(size: int) -> Any:
+        return client._connection.api_request(method="POST", path=path, data=body(size),
+                                              content_type="application/json")
+
+    assert "insertErrors" not in insert(10 * 1024 * 1024)
+    assert len(dead_letter(emulator)) == 10
+    with pytest.raises(exceptions.BadRequest) as refused:
+        insert(10 * 1024 * 1024 + 1)
+    assert refused.value.message.endswith(": Request payload size exceeds the limit: 10485760 bytes.")
+    assert len(dead_letter(emulator)) == 10
 
 
 def test_writer_routes_rejected_rows_to_dead_letter(client, emulator):

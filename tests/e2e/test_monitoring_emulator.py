@@ -247,6 +247,27 @@ def test_metric_label_limits(client, emulator):
     assert emulator.store.points(CUSTOM)[0][0] == widest
 
 
+def test_a_valid_request_larger_than_gRPCs_default_receive_size_is_written(client, emulator):
+    """200 series with 30 labels of 1,024 bytes each, over 4 MiB in all: the service takes it, and
+    so does the stand-in (not gRPC's RESOURCE_EXHAUSTED, which a sink retries as a quota error)."""
+    many = [series(labels={"i": f"{i:0>1024}", **{f"l{k}": "v" * 1024 for k in range(29)}})
+            for i in range(200)]
+    size = monitoring_v3.CreateTimeSeriesRequest.pb(
+        monitoring_v3.CreateTimeSeriesRequest(name=PROJECT, time_series=many)).ByteSize()
+    assert size > 4 * 1024 * 1024
+    write(client, *many)
+    assert len(emulator.store.points(CUSTOM)) == 200
+
+
+def test_a_request_over_ten_mebibytes_is_refused_by_the_front_end(client, emulator):
+    """A request over 10 MiB is INVALID_ARGUMENT in the front end's words, and nothing is written."""
+    too_long = series(labels={"big": "v" * (10 * 1024 * 1024)})
+    message, summary = refused(client, too_long)
+    assert message == "Request payload size exceeds the limit: 10485760 bytes."
+    assert summary is None
+    assert emulator.store.points(CUSTOM) == []
+
+
 def test_partial_failure_keeps_the_valid_series_and_names_the_others(client, emulator):
     batch = [series(labels={"i": str(i)}) for i in range(10)]
     batch[3] = series(labels={"i": "3"}, end=NOW - 26 * 3600)

@@ -12,14 +12,23 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.publisher.exceptions import MessageTooLargeError
+from google.pubsub_v1.services import publisher as publisher_gapic
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.types import pubsub as types
 
-from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
+from pipeline.emulators.pubsub import (
+    MAX_ACK_REQUEST_BYTES,
+    MAX_PUBLISH_REQUEST_BYTES,
+    PubSubBroker,
+    PubSubEmulator,
+)
 
 PROJECT = "projects/local"
 TOPIC = f"{PROJECT}/topics/events"
@@ -246,6 +255,154 @@ def test_fail_pulls_next_fails_one_subscriptions_pulls_with_the_code(local, monk
     received = subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=10)
     assert [m.message.data for m in received.received_messages] == [b"x"]
     subscriber.close()
+
+
+# -- the service's limits ---------------------------------------------------------------------
+# Google's emulator enforces none of these (it took 10,485,761-byte requests and 1,025-byte
+# attribute values, and timed out on 12 MB); the tests below hold this emulator to the service.
+
+
+def _message_making_a_request_of(size: int, **fields: str) -> types.PubsubMessage:
+    """A message whose Publish request to TOPIC, alone, serializes to exactly ``size`` bytes."""
+    length = size
+    while True:
+        message = types.PubsubMessage(data=b"x" * length, **fields)
+        actual = types.PublishRequest.pb(types.PublishRequest(topic=TOPIC, messages=[message])).ByteSize()
+        if actual == size:
+            return message
+        length += size - actual
+
+
+@pytest.fixture
+def api(local: PubSubEmulator) -> Iterator[publisher_gapic.PublisherClient]:
+    """The generated Publisher client that the batching one wraps: it sends a request as it is
+    given, with no checks of its own."""
+    channel = grpc.insecure_channel(local.host)
+    yield publisher_gapic.PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+    channel.close()
+
+
+def _publish(api: publisher_gapic.PublisherClient, *messages: types.PubsubMessage) -> list[str]:
+    return list(api.publish(topic=TOPIC, messages=list(messages), retry=None, timeout=30).message_ids)
+
+
+def test_a_publish_request_of_exactly_ten_megabytes_is_delivered_whole(local, monkeypatch):
+    """A message making a 10,000,000-byte Publish request goes through the batching client and
+    arrives with every byte of its data."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.host)
+    message = _message_making_a_request_of(MAX_PUBLISH_REQUEST_BYTES, ordering_key="run-1")
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True))
+    message_id = publisher.publish(TOPIC, message.data, ordering_key="run-1").result(timeout=30)
+    publisher.stop()
+    (received,) = local.broker.pull(SUBSCRIPTION, 10)
+    assert received.message.message_id == message_id
+    assert received.message.data == message.data
+
+
+def test_one_byte_over_the_limit_the_batching_client_refuses_before_sending(local, monkeypatch):
+    """A message making a 10,000,001-byte request: the batching client raises
+    MessageTooLargeError at the call and nothing is published."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.host)
+    message = _message_making_a_request_of(MAX_PUBLISH_REQUEST_BYTES + 1)
+    publisher = pubsub_v1.PublisherClient()
+    with pytest.raises(MessageTooLargeError):
+        publisher.publish(TOPIC, message.data)
+    publisher.stop()
+    assert local.broker.unacknowledged(SUBSCRIPTION) == 0
+
+
+def test_one_byte_over_the_limit_the_service_refuses_with_invalid_argument(api, local):
+    """A 10,000,001-byte Publish request sent as it is: INVALID_ARGUMENT in the service's words,
+    and nothing is published."""
+    with pytest.raises(exceptions.InvalidArgument) as refused:
+        _publish(api, _message_making_a_request_of(MAX_PUBLISH_REQUEST_BYTES + 1))
+    assert refused.value.message == ("The value for request_size is too large. You passed 10000001 in "
+                                     "the request, but the maximum value is 10000000.")
+    assert local.broker.unacknowledged(SUBSCRIPTION) == 0
+
+
+def test_a_request_over_gRPCs_default_receive_size_is_published(api, local):
+    """A request of 4 MiB and a byte, over gRPC's default limit but within the service's, is
+    published (not refused RESOURCE_EXHAUSTED, which the clients would retry as a quota error)."""
+    message = _message_making_a_request_of(4 * 1024 * 1024 + 1)
+    _publish(api, message)
+    (received,) = local.broker.pull(SUBSCRIPTION, 10)
+    assert received.message.data == message.data
+
+
+def test_a_request_of_exactly_ten_mebibytes_meets_the_services_rule(api):
+    """A request of 10 MiB passes the front end and is refused by the service's own rule."""
+    with pytest.raises(exceptions.InvalidArgument, match=r"request_size is too large\. You passed 10485760 "):
+        _publish(api, _message_making_a_request_of(10 * 1024 * 1024))
+
+
+def test_a_request_over_ten_mebibytes_is_refused_by_the_front_end(api):
+    """A request of 10 MiB and a byte: INVALID_ARGUMENT with the front end's words."""
+    with pytest.raises(exceptions.InvalidArgument) as refused:
+        _publish(api, _message_making_a_request_of(10 * 1024 * 1024 + 1))
+    assert refused.value.message == "Request payload size exceeds the limit: 10485760 bytes."
+
+
+def test_an_acknowledge_request_over_half_a_mebibyte_is_refused_by_the_front_end(local, monkeypatch):
+    """Acknowledge takes at most 512 KiB: a larger request is INVALID_ARGUMENT, a smaller one is
+    served (unknown ack ids are ignored)."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.host)
+    subscriber = pubsub_v1.SubscriberClient()
+    ack_id = "x" * MAX_ACK_REQUEST_BYTES
+    while (size := len(types.AcknowledgeRequest.serialize(types.AcknowledgeRequest(
+            subscription=SUBSCRIPTION, ack_ids=[ack_id])))) != MAX_ACK_REQUEST_BYTES:
+        ack_id = ack_id[:MAX_ACK_REQUEST_BYTES - size]
+    subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[ack_id])
+    with pytest.raises(exceptions.InvalidArgument, match="exceeds the limit: 524288 bytes"):
+        subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[ack_id + "x"])
+    subscriber.close()
+
+
+def _messages(count: int = 1, **fields: Any) -> list[types.PubsubMessage]:
+    return [types.PubsubMessage(data=b"x", **fields) for _ in range(count)]
+
+
+def _attributes(count: int) -> dict[str, str]:
+    return {f"k{index}": "v" for index in range(count)}
+
+
+# Each limit: the largest request the service takes, and the smallest it refuses with its answer.
+LIMITS = {
+    "messages per request": (_messages(1000), _messages(1001), exceptions.InvalidArgument,
+                             "The value for message_count is too large. You passed 1001 in the "
+                             "request, but the maximum value is 1000."),
+    "attributes per message": (_messages(attributes=_attributes(100)),
+                               _messages(attributes=_attributes(101)), exceptions.InvalidArgument,
+                               "has 101 attributes, but the maximum allowed is 100"),
+    "attribute key bytes": (_messages(attributes={"é" * 128: "v"}),
+                            _messages(attributes={"é" * 128 + "k": "v"}), exceptions.InvalidArgument,
+                            'The attribute "" in the request has a key that is too long. The length '
+                            "is 257 characters, but the maximum allowed is 256."),
+    "attribute value bytes": (_messages(attributes={"k": "v" * 1024}),
+                              _messages(attributes={"k": "é" * 512 + "v"}), exceptions.InvalidArgument,
+                              'The attribute "k" in the request has a value that is too long. The '
+                              "length is 1025 characters, but the maximum allowed is 1024."),
+    "ordering key bytes": (_messages(ordering_key="o" * 1024), _messages(ordering_key="o" * 1025),
+                           exceptions.InvalidArgument, "is 1025 bytes, but the maximum allowed is 1024"),
+    "one ordering key per request": (
+        _messages(2, ordering_key="run-1"), [*_messages(ordering_key="run-1"), *_messages()],
+        exceptions.FailedPrecondition, "all messages must have no ordering key or they must all "
+                                       "have the same ordering key"),
+}
+
+
+@pytest.mark.parametrize("limit", LIMITS)
+def test_per_request_and_per_message_limits_are_the_services(api, local, limit):
+    """At the limit a request is published; one past it is refused whole, with the service's
+    status code."""
+    taken, refused, error, words = LIMITS[limit]
+    assert len(_publish(api, *taken)) == len(taken)
+    before = local.broker.unacknowledged(SUBSCRIPTION)
+    with pytest.raises(error) as raised:
+        _publish(api, *refused)
+    assert words in raised.value.message
+    assert local.broker.unacknowledged(SUBSCRIPTION) == before
 
 
 def test_command_line_help():
