@@ -3,12 +3,19 @@
 Every ``record_*`` method of the reference's ``GoodputRecorder`` and ``ElasticGoodputRecorder``
 is here with the same name and arguments. Instead of writing Cloud Logging entries, each call
 appends one event to an in-memory queue and returns in microseconds; a background thread sends
-batches to the destination (see ``emitter.worker``). Caller mistakes raise ``ValueError`` at the
-call: a naive datetime, a negative step, a wrong type, and anything the pipeline would refuse (the
-limits of ``goodput_schemas.limits``: a time outside 2000..2200, a name with control characters
-or over ``MAX_TEXT_LENGTH`` characters, more than ``MAX_LABELS`` labels), so that nothing a job
-records ends up in the ``dead_letter`` table. Transport and disk problems never raise: they are
-logged and counted in ``stats``; so does a missing destination (see ``emitter.discovery``).
+batches to the destination (see ``emitter.worker``).
+
+No call ever raises into the training job, whatever its arguments (a training loop must not die
+of its metrics): what the reference accepts is recorded as the reference records it (a step
+``5.0`` or ``"5"`` is step 5, a naive datetime is local time, a ``None`` badput type is
+``"unknown"``), and what cannot be recorded (anything the pipeline would refuse: a negative step,
+a time outside 2000..2200, a name with control characters or over ``MAX_TEXT_LENGTH``
+characters, more than ``MAX_LABELS`` labels) records nothing, is logged once per method and is
+counted in ``stats.invalid_calls``, so that nothing a job records ends up in the ``dead_letter``
+table. ``strict=True`` raises ``ValueError`` instead, for tests. Transport and disk problems never
+raise either: they are logged and counted in ``stats``; so is a missing destination (see
+``emitter.discovery``). No call blocks past its timeout, from a signal handler or an ``atexit``
+hook either, whatever the destination does.
 
 One recorder instance is one attempt of the run (a new process start, a new attempt id), until it
 records a second job start: as in the reference's own tests, that starts a new attempt.
@@ -19,6 +26,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime
+import functools
 import logging
 import math
 import operator
@@ -30,7 +38,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from emitter import testing
 from emitter.discovery import DiscoveredTransport
@@ -55,6 +63,8 @@ _LOG = logging.getLogger("emitter")
 _UTC = datetime.timezone.utc
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 _MICROSECOND = datetime.timedelta(microseconds=1)
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 def _time_us(value: object, name: str) -> int:
@@ -62,12 +72,11 @@ def _time_us(value: object, name: str) -> int:
         time_us = (value - _EPOCH) // _MICROSECOND  # the common case, without utcoffset()
     elif not isinstance(value, datetime.datetime):
         raise ValueError(
-            f"{name} must be a timezone-aware datetime.datetime or None, got {type(value).__name__}"
+            f"{name} must be a datetime.datetime or None, got {type(value).__name__}"
         )
     elif value.utcoffset() is None:
-        raise ValueError(
-            f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value!r}"
-        )
+        # As the reference's ``.timestamp()``: a naive datetime is the host's local time.
+        time_us = (value.astimezone(_UTC) - _EPOCH) // _MICROSECOND
     else:
         time_us = (value - _EPOCH) // _MICROSECOND
     if not MIN_TIME_US <= time_us < MAX_TIME_US:
@@ -76,15 +85,43 @@ def _time_us(value: object, name: str) -> int:
 
 
 def _count(value: object, name: str) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got bool")
+    """A count as the reference takes it, ``int(value)``: ``5.0`` and ``"5"`` are 5."""
     try:
         number = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
+        if not isinstance(value, (float, str, bytes)) and not hasattr(value, "__int__"):
+            raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
+        try:
+            number = int(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{name} must be an integer, got {value!r:.80}") from None
     if not 0 <= number <= MAX_INT64:
         raise ValueError(f"{name} must be >= 0 and at most 2**63-1, got {number}")
     return number
+
+
+def _badput_type(value: object, name: str) -> str:
+    """A custom badput or elastic event type: ``None`` is the reference's default, ``unknown``."""
+    if value is None:
+        return "unknown"
+    return _text(value if isinstance(value, str) else str(value), name)
+
+
+def _guarded(method: _Method) -> _Method:
+    """Makes a public method of the recorder never raise: what it cannot record is logged (once
+    per method) and counted, unless the recorder is strict."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self: GoodputRecorder, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            if self._strict:
+                raise
+            return self._invalid_call(name, error)
+
+    return guarded  # type: ignore[return-value]
 
 
 def _text(value: object, name: str, free_form: bool = False) -> str:
@@ -152,9 +189,13 @@ class GoodputRecorder:
             Unix epoch (``time.time_ns``, the default). Event times follow it wherever it
             jumps; batching, retries and heartbeats are paced by the monotonic clock, so a jump
             neither stalls nor hurries them. For tests of a host whose clock misbehaves.
+        strict: Raise ``ValueError`` for an argument that cannot be recorded, here and at every
+            call, instead of logging and counting it (for tests; never in a training job).
 
     Raises:
-        ValueError: An argument the reference does not have is invalid.
+        ValueError: Only with ``strict=True``: an argument cannot be recorded. Otherwise a
+            ``job_name`` the pipeline would refuse disables recording (logged), and invalid run
+            metadata or settings are left out (logged).
     """
 
     def __init__(
@@ -176,29 +217,36 @@ class GoodputRecorder:
         background_batch_size: int | None = None,
         background_max_latency_s: float | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
+        strict: bool = False,
     ) -> None:
-        if not isinstance(job_name, str):
-            raise ValueError(f"job_name must be a str, got {type(job_name).__name__}")
-        problem = id_problem("job_name", job_name)
-        if problem is not None:
-            raise ValueError(problem)
-        self.job_name = job_name
-        self.logger_name = logger_name
-        self._metadata = self._job_start_body(
-            configured_ideal_step_time, run_group, accelerator_type, chip_count, labels, location
-        )
-        settings = _with_reference_keywords(
-            settings or EmitterSettings(),
-            background_grace_period_s, background_batch_size, background_max_latency_s,
-        )
-        self.settings = settings
-        self._now_ns = wall_clock_ns or time.time_ns
+        self._strict = bool(strict)
         self._worker: BatchWorker | None = None
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # a signal handler may close while close() runs
         self._explicit_time = False
         self._in_job = False
         self._job_started = False
+        self._invalid: dict[str, int] = {}
+        self.job_name = job_name
+        self.logger_name = logger_name
+        self._now_ns = wall_clock_ns if callable(wall_clock_ns) else time.time_ns
+        problem = (id_problem("job_name", job_name) if isinstance(job_name, str)
+                   else f"job_name must be a str, got {type(job_name).__name__}")
+        if problem is not None:
+            if self._strict:
+                raise ValueError(problem)
+            _LOG.error("goodput recording is disabled: %s", problem)
+            logging_enabled = False
+        self._metadata = self._lenient(
+            lambda: self._job_start_body(configured_ideal_step_time, run_group, accelerator_type,
+                                         chip_count, labels, location),
+            {"emitter_version": __version__}, "run metadata")
+        settings = self._lenient(
+            lambda: _with_reference_keywords(
+                settings if isinstance(settings, EmitterSettings) else EmitterSettings(),
+                background_grace_period_s, background_batch_size, background_max_latency_s),
+            EmitterSettings(), "settings")
+        self.settings = settings
         if not logging_enabled:
             _LOG.debug("goodput recording is disabled in this process (logging_enabled=False)")
             return
@@ -229,6 +277,26 @@ class GoodputRecorder:
         atexit.register(self._exit_hook)
         reference = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork_in_child(reference))
+
+    def _lenient(self, build: Callable[[], _T], fallback: _T, what: str) -> _T:
+        """``build()``; its fallback, logged, if it raises and the recorder is not strict."""
+        try:
+            return build()
+        except Exception as error:
+            if self._strict:
+                raise
+            _LOG.error("goodput recorder for %r: invalid %s, using %r instead: %s",
+                       self.job_name, what, fallback, error)
+            return fallback
+
+    def _invalid_call(self, method: str, error: Exception) -> Any:
+        """Counts and logs (once per method) a call that recorded nothing; what it returns."""
+        count = self._invalid.get(method, 0)
+        self._invalid[method] = count + 1
+        if not count:
+            _LOG.error("goodput recorder for %r: %s recorded nothing: %s (logged once; "
+                       "counted in stats.invalid_calls)", self.job_name, method, error)
+        return False if method in ("flush", "close") else None
 
     @staticmethod
     def _job_start_body(
@@ -309,6 +377,7 @@ class GoodputRecorder:
 
     # -- the reference's API ----------------------------------------------------------------
 
+    @_guarded
     def record_job_start_time(self, start_time: datetime.datetime | None = None) -> None:
         """Records the start of this attempt, with the run's metadata.
 
@@ -316,11 +385,14 @@ class GoodputRecorder:
         """
         if self._worker is None:
             return
+        if start_time is not None:
+            _time_us(start_time, "start_time")  # a call that cannot be recorded starts nothing
         if self._job_started and not self._closed:
             self._start_new_attempt()
         self._record("job_start", start_time, "start_time", dict(self._metadata))
         self._job_started = self._in_job = True
 
+    @_guarded
     def record_job_end_time(
         self, end_time: datetime.datetime | None = None, *, failed: bool | None = None
     ) -> None:
@@ -343,6 +415,7 @@ class GoodputRecorder:
         self._record("job_end", end_time, "end_time", body)
         self._in_job = False
 
+    @_guarded
     def record_step_start_time(self, step: int, start_time: datetime.datetime | None = None) -> None:
         """Records the start of training step ``step``."""
         if self._worker is None:
@@ -351,16 +424,19 @@ class GoodputRecorder:
             step = _count(step, "step")
         self._record("step_start", start_time, "start_time", {"step": step})
 
+    @_guarded
     def record_tpu_init_start_time(self, start_time: datetime.datetime | None = None) -> None:
         """Records the start of accelerator initialization."""
         if self._worker is not None:
             self._record("tpu_init_start", start_time, "start_time", {})
 
+    @_guarded
     def record_tpu_init_end_time(self, end_time: datetime.datetime | None = None) -> None:
         """Records the end of accelerator initialization."""
         if self._worker is not None:
             self._record("tpu_init_end", end_time, "end_time", {})
 
+    @_guarded
     def record_training_preparation_start_time(
         self, start_time: datetime.datetime | None = None
     ) -> None:
@@ -368,6 +444,7 @@ class GoodputRecorder:
         if self._worker is not None:
             self._record("training_prep_start", start_time, "start_time", {})
 
+    @_guarded
     def record_training_preparation_end_time(
         self, end_time: datetime.datetime | None = None
     ) -> None:
@@ -375,16 +452,19 @@ class GoodputRecorder:
         if self._worker is not None:
             self._record("training_prep_end", end_time, "end_time", {})
 
+    @_guarded
     def record_data_loading_start_time(self, start_time: datetime.datetime | None = None) -> None:
         """Records the start of a data-loading span."""
         if self._worker is not None:
             self._record("data_loading_start", start_time, "start_time", {})
 
+    @_guarded
     def record_data_loading_end_time(self, end_time: datetime.datetime | None = None) -> None:
         """Records the end of a data-loading span."""
         if self._worker is not None:
             self._record("data_loading_end", end_time, "end_time", {})
 
+    @_guarded
     def record_custom_badput_event_start_time(
         self,
         start_time: datetime.datetime | None = None,
@@ -392,9 +472,11 @@ class GoodputRecorder:
     ) -> None:
         """Records the start of a user-defined badput event (e.g. an eval step)."""
         if self._worker is not None:
-            body = {"badput_type": _text(custom_badput_event_type, "custom_badput_event_type")}
+            body = {"badput_type": _badput_type(custom_badput_event_type,
+                                                "custom_badput_event_type")}
             self._record("custom_badput_start", start_time, "start_time", body)
 
+    @_guarded
     def record_custom_badput_event_end_time(
         self,
         end_time: datetime.datetime | None = None,
@@ -402,14 +484,17 @@ class GoodputRecorder:
     ) -> None:
         """Records the end of a user-defined badput event."""
         if self._worker is not None:
-            body = {"badput_type": _text(custom_badput_event_type, "custom_badput_event_type")}
+            body = {"badput_type": _badput_type(custom_badput_event_type,
+                                                "custom_badput_event_type")}
             self._record("custom_badput_end", end_time, "end_time", body)
 
+    @_guarded
     def record_checkpoint_progress(self, step: int, checkpoint_start_time: object) -> None:
         """Does nothing, as in the reference; use ``record_checkpoint_save`` instead."""
 
     # -- the elastic recorder's API ---------------------------------------------------------
 
+    @_guarded
     def record_elastic_slice_counts(
         self,
         active_slices: int,
@@ -426,27 +511,31 @@ class GoodputRecorder:
             }
             self._record("elastic_slice_counts", timestamp, "timestamp", body)
 
+    @_guarded
     def record_elastic_wait_start_time(
         self, event_type: str, start_time: datetime.datetime | None = None
     ) -> None:
         """Records the start of an elastic wait (slice down or scale up)."""
         if self._worker is not None:
-            body = {"event_type": _text(event_type, "event_type")}
+            body = {"event_type": _badput_type(event_type, "event_type")}
             self._record("elastic_wait_start", start_time, "start_time", body)
 
+    @_guarded
     def record_elastic_wait_end_time(
         self, event_type: str, end_time: datetime.datetime | None = None
     ) -> None:
         """Records the end of an elastic wait."""
         if self._worker is not None:
-            body = {"event_type": _text(event_type, "event_type")}
+            body = {"event_type": _badput_type(event_type, "event_type")}
             self._record("elastic_wait_end", end_time, "end_time", body)
 
+    @_guarded
     def record_elastic_reinit_start_time(self, start_time: datetime.datetime | None = None) -> None:
         """Records the start of an elastic re-initialization."""
         if self._worker is not None:
             self._record("elastic_reinit_start", start_time, "start_time", {})
 
+    @_guarded
     def record_elastic_reinit_end_time(self, end_time: datetime.datetime | None = None) -> None:
         """Records the end of an elastic re-initialization."""
         if self._worker is not None:
@@ -454,6 +543,7 @@ class GoodputRecorder:
 
     # -- beyond the reference ---------------------------------------------------------------
 
+    @_guarded
     def record_checkpoint_save(
         self,
         step: int,
@@ -475,6 +565,7 @@ class GoodputRecorder:
                     "persistent": bool(persistent)}
             self._record("checkpoint_save", start_time, "start_time", body, clock_hint=False)
 
+    @_guarded
     def record_checkpoint_restore(
         self,
         step: int,
@@ -487,11 +578,13 @@ class GoodputRecorder:
                     "blocking_s": self._blocking_s(start_time, end_time, "checkpoint restore")}
             self._record("checkpoint_restore", start_time, "start_time", body, clock_hint=False)
 
+    @_guarded
     def record_heartbeat(self, time_: datetime.datetime | None = None) -> None:
         """Records that the job is alive (automatic while idle on the real clock)."""
         if self._worker is not None:
             self._record("heartbeat", time_, "time_", {})
 
+    @_guarded
     def record_model_metrics(
         self,
         step: int,
@@ -543,11 +636,13 @@ class GoodputRecorder:
     def stats(self) -> EmitterStats:
         """Counters of this recorder, over all its attempts: recorded, sent, spilled, dropped
         events and send errors."""
+        invalid = EmitterStats(invalid_calls=sum(self._invalid.values()))
         if self._worker is None:
-            return EmitterStats()
+            return invalid
         return _summed([self._closed_stats, *(retired.worker.stats for retired in self._retired),
-                        self._worker.stats])
+                        self._worker.stats, invalid])
 
+    @_guarded
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every event recorded so far is delivered; False if ``timeout`` ran out."""
         if self._worker is None:
@@ -556,6 +651,7 @@ class GoodputRecorder:
         delivered = self._worker.flush(timeout)
         return all([retired.wait(deadline) for retired in self._retired]) and delivered
 
+    @_guarded
     def close(self, timeout: float | None = None) -> bool:
         """Delivers what it can within ``timeout`` and stops; idempotent.
 
@@ -573,7 +669,7 @@ class GoodputRecorder:
         deadline = time.monotonic() + limit
         delivered = self._worker.close(limit)
         delivered = all([retired.wait(deadline) for retired in self._retired]) and delivered
-        self._transport.close_inner()
+        self._transport.close_inner(max(0.0, deadline - time.monotonic()))
         stats = self.stats
         if stats.dropped:
             _LOG.warning("goodput recorder for %r lost %d of %d events", self.job_name,
@@ -592,7 +688,7 @@ class GoodputRecorder:
     def _after_fork(self) -> None:
         if self._worker is None or self._closed:
             return
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()
         self._retired, self._closed_stats = [], EmitterStats()  # the parent delivers its own
         self.attempt_id = uuid.uuid4().hex
         self._worker.after_fork(self.attempt_id, self._now_ns())
@@ -650,7 +746,21 @@ class _Shared:
     def close(self) -> None:
         """A worker is done with it; the recorder closes it with ``close_inner``."""
 
-    def close_inner(self) -> None:
+    def close_inner(self, timeout: float) -> None:
+        """Closes the transport, waiting ``timeout`` at most: a send stuck on its destination (a
+        FIFO nobody reads, a hung mount) may hold it, and must not hold up the job's exit."""
+        try:
+            closer = threading.Thread(target=self._close_inner, name="goodput-emitter-close",
+                                      daemon=True)
+            closer.start()
+        except RuntimeError:  # no new threads at interpreter shutdown: the process is ending
+            return
+        closer.join(timeout)
+        if closer.is_alive():
+            _LOG.warning("goodput emitter: %r did not close within %.1f s (a send is stuck on "
+                         "it); leaving it", self.inner, timeout)
+
+    def _close_inner(self) -> None:
         try:
             self.inner.close()
         except Exception as error:  # noqa: BLE001 - a transport must not break close()

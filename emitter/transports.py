@@ -2,20 +2,32 @@
 
 A transport is called only from the emitter's background thread. ``send`` either delivers the
 message or raises; the worker retries with backoff and spools, so a transport never needs its
-own retry loop or buffering.
+own retry loop or buffering. A transport raises ``MessageRefused`` for a message its destination
+will never take (too large for it): the worker drops and counts its events instead of retrying.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import logging
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from goodput_schemas.wire import Message
+
+_LOG = logging.getLogger("emitter")
+_TAIL_CHUNK = 64 * 1024
+
+
+class MessageRefused(Exception):
+    """The destination refuses this message for good (e.g. it is too large for it)."""
 
 
 class Transport(Protocol):
@@ -34,26 +46,69 @@ class Transport(Protocol):
 class FileTransport:
     """Appends each message's JSON encoding as one line to a local file.
 
-    The line is written with a single ``write`` on a file opened in append mode, so several
-    processes may share one file without interleaving lines.
+    A line is written whole or not at all: on a regular file each write holds an exclusive
+    ``flock`` (several processes may share one file), a short write (a full disk) is cut off
+    again before the send fails and is retried, and a torn tail that a killed writer left is
+    cut off before the next line is appended, so it can never swallow that line. A FIFO or a
+    device gets each line whole, written on until it is; opening a FIFO nobody reads fails at
+    once (and is retried) instead of hanging.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._regular = True
 
     def send(self, message: Message) -> None:
         with self._lock:
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+                             | os.O_CLOEXEC, 0o644)
+                self._regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                if self._regular:  # read too: a torn tail is found by reading it
+                    os.close(fd)
+                    fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+                else:
+                    os.set_blocking(fd, True)
+                self._fd = fd
             line = message.data + b"\n"
-            written = os.write(self._fd, line)
+            if self._regular:
+                self._append(self._fd, line)
+            else:
+                written = 0
+                while written < len(line):
+                    written += os.write(self._fd, line[written:])
+
+    def _append(self, fd: int, line: bytes) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            end = self._repair_tail(fd, os.fstat(fd).st_size)
+            written = os.write(fd, line)
             if written != len(line):
-                # A short write leaves a partial line; the reader dead-letters it, and the
-                # whole message is sent again, so nothing is lost.
-                raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+                os.ftruncate(fd, end)
+                raise OSError(errno.ENOSPC, f"short write to {self.path} ({written} of "
+                                            f"{len(line)} bytes), cut off again")
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _repair_tail(self, fd: int, end: int) -> int:
+        """Cuts off a last line with no end (its writer was killed mid-write); the new end."""
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+            return end
+        cut, position = 0, end
+        while position > 0:
+            start = max(0, position - _TAIL_CHUNK)
+            newline = os.pread(fd, position - start, start).rfind(b"\n")
+            if newline >= 0:
+                cut = start + newline + 1
+                break
+            position = start
+        os.ftruncate(fd, cut)
+        _LOG.warning("goodput emitter: %s ended in a torn line of %d bytes (a writer was cut off "
+                     "mid-line); cut it off", self.path, end - cut)
+        return cut
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -142,6 +197,12 @@ class PubSubTransport:
             # Retries end by the deadline; the attempt then in flight within timeout_s more.
             future.result(timeout=2 * self.timeout_s + 2.0)
             delivered = True
+        except exceptions.InvalidArgument as error:
+            raise MessageRefused(str(error)) from error
+        except ValueError as error:
+            if type(error).__name__ == "MessageTooLargeError":  # the client's own check
+                raise MessageRefused(str(error)) from error
+            raise
         finally:
             with self._lock:
                 self._sending = False

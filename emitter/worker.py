@@ -5,7 +5,14 @@ to a deque and returns; it never waits for the thread and never raises. When the
 it appends the event to the on-disk spool instead, and keeps doing so until the thread has
 drained the spool, so events stay in order and nothing is lost while the spool has room. When
 the spool refuses events too (a full or read-only disk), the queue keeps the newest events and
-drops the oldest, counted; the next event that overflows tries the spool again.
+drops the oldest, counted; the next event that overflows tries the spool again. An attempt's
+``job_start`` (it carries the run's metadata) is never spilled nor dropped: it stays in memory
+until it is sent, and is the last event the worker gives up.
+
+A signal handler may call into the emitter while the code it interrupted holds the lock (a
+SIGTERM handler that records the job's end and closes the recorder): the lock is re-entrant,
+every wait releases it, and sequence numbers are drawn from an atomic counter, so the handler
+neither deadlocks nor gives its event the number of the one it interrupted.
 
 The thread sends, in order: segments left in the spool by earlier attempts of the run, then the
 queue, then this attempt's own spooled events. A failed send is retried with exponential backoff
@@ -19,8 +26,10 @@ hurries batching, retries or heartbeats.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -30,10 +39,19 @@ from typing import Any
 
 from emitter.settings import EmitterSettings
 from emitter.spool import Spool
-from emitter.transports import Transport
+from emitter.transports import MessageRefused, Transport
+from goodput_schemas.limits import MAX_MESSAGE_BYTES
 from goodput_schemas.wire import Message, Record, encode_batches
 
 _LOG = logging.getLogger("emitter")
+
+#: Kinds never spilled nor dropped to make room: an attempt's start carries its metadata (chips,
+#: accelerator, run group), without which the pipeline cannot weigh or place the attempt.
+PROTECTED_KINDS = frozenset({"job_start"})
+
+#: Room left in a message for what a destination adds to its data (Pub/Sub's topic, attributes
+#: and ordering key count against its 10 MB request limit).
+MESSAGE_HEADROOM_BYTES = 16 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,26 +68,34 @@ class EmitterStats:
             ``0 .. recorded - 1``.
         sent: Events of this attempt delivered by the transport, each counted once.
         spilled: Events written to the on-disk spool because the in-memory queue was full.
-        dropped: Events of this attempt lost: memory and spool were both full or the spool
-            refused them (the oldest go first), or a call came after ``close()`` (such a call
-            is not in ``recorded``).
+        dropped: Events of this attempt lost, for any reason: memory and spool were both full
+            or the spool refused them (the oldest go first, the attempt's ``job_start`` last),
+            the destination refused their message for good (``dropped_refused``), or a call
+            came after ``close()`` (such a call is not in ``recorded``).
+        dropped_refused: Of ``dropped``, events whose message the destination refused for good
+            (too large for it): they are never retried.
         send_errors: Failed transport sends (each retried with backoff).
         messages_sent: Messages delivered (this attempt's and the backlog's).
         queued: Events held in memory at the moment, never more than ``max_queue_events``.
         backlog_sent: Events left in the spool by earlier attempts of the run (a crash, a
             ``close()`` that ran out of time), delivered by this attempt.
-        backlog_dropped: Events of earlier attempts dropped from a full spool to make room.
+        backlog_dropped: Events of earlier attempts dropped from a full spool to make room, or
+            refused for good by the destination.
+        invalid_calls: ``record_*`` calls that recorded nothing because an argument could not
+            be recorded (each logged, once per method); not in ``recorded``.
     """
 
     recorded: int = 0
     sent: int = 0
     spilled: int = 0
     dropped: int = 0
+    dropped_refused: int = 0
     send_errors: int = 0
     messages_sent: int = 0
     queued: int = 0
     backlog_sent: int = 0
     backlog_dropped: int = 0
+    invalid_calls: int = 0
 
 
 class BatchWorker:
@@ -95,13 +121,16 @@ class BatchWorker:
         self._init_runtime_state()
 
     def _init_runtime_state(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant, and no plain Lock or Event on the caller's side: see the module docstring.
+        self._lock = threading.RLock()
         self._queue: collections.deque[Record] = collections.deque()
         self._spilling = False
-        self._next_seq = 0
+        self._seqs = itertools.count()
+        self._next_seq = 0  # how many numbers were drawn
         self._finished = 0  # own events sent or dropped; flush waits on it
         self._finished_changed = threading.Condition(self._lock)
-        self._wake = threading.Event()
+        self._wakeup = threading.Condition(self._lock)
+        self._wake_pending = False
         self._closing = threading.Event()
         self._inflight: list[Record] = []  # a batch taken from the queue, being sent
         self._oldest_at = 0.0  # when the oldest queued event was queued
@@ -118,20 +147,26 @@ class BatchWorker:
     def put(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
         """Queues one event; O(1), never blocks on I/O of the transport, never raises."""
         with self._lock:
-            seq = self._next_seq
-            self._next_seq = seq + 1
+            seq = next(self._seqs)  # one atomic step: a signal handler may run between any two
+            if seq >= self._next_seq:
+                self._next_seq = seq + 1
             record = (seq, time_us, kind, body)
-            if not self._spilling:
+            if not self._spilling or kind in PROTECTED_KINDS:
                 queued = len(self._queue)
-                if queued + len(self._inflight) < self._capacity:
+                if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
                     if not queued:
                         self._oldest_at = time.monotonic()
                     self._queue.append(record)
                     if queued + 1 == self._batch:
-                        self._wake.set()
+                        self._wake()
                     return
                 self._spilling = True
             self._spill(record)
+
+    def _wake(self) -> None:
+        """Wakes the thread (holding the lock)."""
+        self._wake_pending = True
+        self._wakeup.notify()
 
     def _spill(self, record: Record) -> None:
         dropped_before = self._spool.dropped_events
@@ -163,14 +198,16 @@ class BatchWorker:
         if len(queue) + len(self._inflight) >= self._capacity:
             self._counts["dropped"] += 1
             self._finish(1)
-            if not queue:
-                return  # all in memory is the batch being sent: the event itself is the oldest left
-            queue.popleft()
+            oldest = next((i for i, queued in enumerate(queue) if queued[2] not in PROTECTED_KINDS),
+                          None)
+            if oldest is None:
+                return  # all in memory is being sent or protected: the event itself is the oldest
+            del queue[oldest]
         if not queue:
             self._oldest_at = time.monotonic()
         queue.append(record)
         if len(queue) >= self._batch:
-            self._wake.set()
+            self._wake()
 
     def _finish(self, count: int) -> None:
         """Counts own events delivered or dropped (holding the lock); wakes ``flush``."""
@@ -185,7 +222,7 @@ class BatchWorker:
         with self._lock:
             target = self._next_seq
             self._force = True
-            self._wake.set()
+            self._wake()
             while self._finished < target:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -194,11 +231,23 @@ class BatchWorker:
             return True
 
     def close(self, timeout: float) -> bool:
-        """Delivers what it can within ``timeout``, stops the thread, spools the rest."""
+        """Delivers what it can within ``timeout``, stops the thread, spools the rest.
+
+        Returns whether every event of the attempt was delivered: False if the deadline came
+        first or any event was dropped.
+        """
+        deadline = time.monotonic() + timeout
         delivered = self.flush(timeout)
         self._closing.set()
-        self._wake.set()
-        self._thread.join(max(0.0, min(timeout, 1.0)))
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            _LOG.error("goodput emitter: the worker of %r is stuck; closing without it",
+                       self._run_id)
+            return False
+        try:
+            self._wake()
+        finally:
+            self._lock.release()
+        self._thread.join(max(0.0, min(deadline - time.monotonic(), 1.0)))
         with self._lock:
             leftover = list(self._inflight) + list(self._queue)
             self._queue.clear()
@@ -216,11 +265,12 @@ class BatchWorker:
             except OSError as error:
                 _LOG.error("goodput emitter: closing spool %s failed: %s",
                            self._spool.directory, error)
+            dropped = self._counts["dropped"] + self._spool.dropped_events
         try:
             self._transport.close()
         except Exception as error:  # noqa: BLE001 - a transport must not break close()
             _LOG.warning("goodput emitter: closing %r failed: %s", self._transport, error)
-        return delivered
+        return delivered and not dropped
 
     def after_fork(self, attempt_id: str, attempt_start_ns: int) -> None:
         """Starts afresh in a forked child: empty queue, new thread, the child's own attempt."""
@@ -238,11 +288,12 @@ class BatchWorker:
                 sent=counts["sent"],
                 spilled=counts["spilled"],
                 dropped=counts["dropped"] + self._spool.dropped_events,
+                dropped_refused=counts["dropped_refused"],
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
                 queued=len(self._queue) + len(self._inflight),
                 backlog_sent=counts["backlog_sent"],
-                backlog_dropped=self._spool.dropped_backlog_events,
+                backlog_dropped=counts["backlog_dropped"] + self._spool.dropped_backlog_events,
             )
 
     def count_dropped_after_close(self) -> None:
@@ -268,9 +319,10 @@ class BatchWorker:
         latency = self._settings.max_latency_s
         while not self._closing.is_set():
             with self._lock:
-                wait = latency if not self._queue else self._oldest_at + latency - time.monotonic()
-            self._wake.wait(max(0.0, wait))
-            self._wake.clear()
+                if not self._wake_pending:
+                    wait = latency if not self._queue else self._oldest_at + latency - time.monotonic()
+                    self._wakeup.wait(max(0.0, wait))
+                self._wake_pending = False
             self._drain()
             self._maybe_heartbeat()
 
@@ -355,23 +407,43 @@ class BatchWorker:
         """Sends one batch, as one message unless it is too large for one, retrying with
         backoff; False if closing interrupted the retries (a part sent already is sent again
         with the rest: the pipeline drops the repeated events)."""
-        for message in encode_batches(run_id, attempt_id, records):
+        refused = 0
+        seqs = [record[0] for record in records]
+        for message in encode_batches(run_id, attempt_id, records,
+                                      MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES):
             backoff = self._settings.retry_initial_backoff_s
-            while not self._send(message):
+            while not (sent := self._send(message)):
+                if sent is None:  # refused for good: retrying would never end
+                    refused += (bisect.bisect_right(seqs, message.last_seq)
+                                - bisect.bisect_left(seqs, message.first_seq))
+                    break
                 if self._closing.wait(backoff):
                     return False
                 backoff = min(backoff * 2, self._settings.retry_max_backoff_s)
-            with self._lock:
-                self._counts["messages_sent"] += 1
+            else:
+                with self._lock:
+                    self._counts["messages_sent"] += 1
         with self._lock:
-            self._counts["sent" if own else "backlog_sent"] += len(records)
+            if own:
+                self._counts["dropped"] += refused
+                self._counts["dropped_refused"] += refused
+            else:
+                self._counts["backlog_dropped"] += refused
+            self._counts["sent" if own else "backlog_sent"] += len(records) - refused
             if own:
                 self._finish(len(records))
         return True
 
-    def _send(self, message: Message) -> bool:
+    def _send(self, message: Message) -> bool | None:
+        """Sends one message: True if delivered, False to retry, None if refused for good."""
         try:
             self._transport.send(message)
+        except MessageRefused as error:
+            self._log_once("refused", logging.ERROR,
+                           "goodput emitter: %r refused a message of %d bytes for good (%s); its "
+                           "events are dropped and counted", self._transport, len(message.data),
+                           error)
+            return None
         except Exception as error:  # noqa: BLE001 - transport failures are logged, never raised
             with self._lock:
                 self._counts["send_errors"] += 1

@@ -246,33 +246,71 @@ def test_destination_comes_from_the_environment(monkeypatch, events_file, make_s
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda r: r.record_step_start_time(1, datetime.datetime(2026, 1, 1)), "timezone-aware"),
         (lambda r: r.record_step_start_time(1, "2026-01-01T00:00:00Z"), "datetime"),
         (lambda r: r.record_step_start_time(-1, at(0)), ">= 0"),
-        (lambda r: r.record_step_start_time(1.5, at(0)), "integer"),
-        (lambda r: r.record_step_start_time(True, at(0)), "integer"),
-        (lambda r: r.record_custom_badput_event_start_time(at(0), 7), "str"),
+        (lambda r: r.record_step_start_time("1.5", at(0)), "integer"),
+        (lambda r: r.record_step_start_time(object(), at(0)), "integer"),
         (lambda r: r.record_checkpoint_save(3, at(10), at(5)), "before start_time"),
         (lambda r: r.record_elastic_slice_counts(-1, 2, 2, at(0)), ">= 0"),
         (lambda r: r.record_model_metrics(1, loss="low"), "number"),
+        (lambda r: r.flush(timeout="soon"), "'<' not supported|must be real number|unsupported"),
     ],
 )
-def test_caller_mistakes_raise_value_error_at_the_call(make_recorder, call, message):
-    """Wrong arguments raise ValueError with a clear message and record nothing."""
+def test_what_cannot_be_recorded_is_counted_and_logged_once_or_raised_when_strict(
+        make_recorder, call, message, caplog):
+    """A call that cannot be recorded records nothing and never raises; it is counted and logged
+    once per method, and raises ValueError only on a strict recorder."""
     recorder = make_recorder()
-    with pytest.raises(ValueError, match=message):
+    with caplog.at_level(logging.ERROR, logger="emitter"):
         call(recorder)
+        call(recorder)
+    assert recorder.stats.invalid_calls == 2
     assert recorder.stats.recorded == 0
+    assert len([r for r in caplog.records if "recorded nothing" in r.getMessage()]) == 1
+    strict = make_recorder(strict=True)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(strict)
+    assert strict.stats.recorded == 0
 
 
-def test_constructor_rejects_bad_metadata(make_settings):
-    """Invalid run metadata is reported at construction."""
+def test_arguments_the_reference_accepts_are_recorded_as_it_records_them(
+        make_recorder, events_file):
+    """A float or numeric-string step is int(step), a naive datetime is local time, and a None
+    badput type is the reference's default "unknown", as the reference records them."""
+    recorder = make_recorder()
+    naive = datetime.datetime(2026, 1, 1, 12)
+    recorder.record_step_start_time(5.0, at(0))
+    recorder.record_step_start_time("6", at(1))
+    recorder.record_step_start_time(True, at(2))
+    recorder.record_step_start_time(7, naive)
+    recorder.record_custom_badput_event_start_time(at(3), None)
+    recorder.record_custom_badput_event_end_time(at(4), 7)
+    assert recorder.close()
+    events = read_events(events_file)
+    assert [e["step_start"]["step"] for e in events[:4]] == [5, 6, 1, 7]
+    assert events[3]["time_us"] == int(naive.timestamp() * 1_000_000)
+    assert events[4]["custom_badput_start"]["badput_type"] == "unknown"
+    assert events[5]["custom_badput_end"]["badput_type"] == "7"
+    assert recorder.stats.invalid_calls == 0
+
+
+def test_constructor_rejects_bad_metadata_only_when_strict(make_settings, caplog):
+    """Invalid run metadata raises on a strict recorder; otherwise it is logged and left out,
+    and a job name the pipeline would refuse disables recording."""
     with pytest.raises(ValueError, match="chip_count"):
-        GoodputRecorder("r", chip_count=-8, settings=make_settings())
+        GoodputRecorder("r", chip_count=-8, settings=make_settings(), strict=True)
     with pytest.raises(ValueError, match="configured_ideal_step_time"):
-        GoodputRecorder("r", configured_ideal_step_time=0, settings=make_settings())
+        GoodputRecorder("r", configured_ideal_step_time=0, settings=make_settings(), strict=True)
     with pytest.raises(ValueError, match="job_name"):
-        GoodputRecorder("", settings=make_settings())
+        GoodputRecorder("", settings=make_settings(), strict=True)
+    with caplog.at_level(logging.ERROR, logger="emitter"):
+        lenient = GoodputRecorder("r", chip_count=-8, settings=make_settings())
+        nameless = GoodputRecorder("", logging_enabled=True, settings=make_settings())
+    assert "chip_count" not in lenient._metadata
+    nameless.record_job_start_time(at(0))
+    assert nameless.stats.recorded == 0
+    assert any("chip_count" in r.getMessage() for r in caplog.records)
+    assert any("recording is disabled" in r.getMessage() for r in caplog.records)
 
 
 def test_heartbeats_run_only_on_the_real_clock(make_recorder, make_settings, events_file):

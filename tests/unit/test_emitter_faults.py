@@ -23,6 +23,7 @@ import emitter.spool
 from emitter import EmitterStats, GoodputRecorder
 from goodput_schemas.wire import Message
 from support.emitter import (
+    FlakyTransport,
     GatedTransport,
     decode,
     emitter_threads,
@@ -214,18 +215,21 @@ def test_room_made_by_dropping_an_earlier_attempts_backlog_is_counted_apart(
 
 def test_text_with_unicode_line_separators_survives_the_spool(make_recorder, make_settings):
     """A spooled event whose text holds U+2028 or U+0085 (not escaped by JSON) arrives intact."""
-    transport = GatedTransport()
     labels = {"a": "eval\u2028set", "b": "eval\x85set", "c": "eval\u2029set"}  # free text: kept
-    recorder = make_recorder(destination=transport, labels=labels, settings=make_settings(
-        max_queue_events=1, max_batch_events=1, max_latency_s=60))
-    recorder.record_step_start_time(0, at(0))  # queued: what follows goes to the spool
-    recorder.record_job_start_time(at(1))
+    settings = make_settings(max_queue_events=1, max_batch_events=1, max_latency_s=60)
+    recorder = make_recorder(destination=FlakyTransport(failures=10**9), labels=labels,
+                             settings=settings)
+    recorder.record_job_start_time(at(1))  # never spilled: it goes to the spool when close() ends
     recorder.record_step_start_time(1, at(2))
-    assert recorder.stats.spilled == 2
+    assert recorder.stats.spilled == 1
+    assert not recorder.close(timeout=0.2)
+    transport = GatedTransport()
     transport.open()
-    assert recorder.flush(10)
-    bodies = [body for m in transport.messages for *_, body in decode(m.data)]
-    assert [body.get("labels") for body in bodies] == [None, labels, None]
+    next_attempt = make_recorder(destination=transport, settings=settings)
+    assert wait_for(lambda: next_attempt.stats.backlog_sent == 2)
+    bodies = sorted((body for m in transport.messages for *_, body in decode(m.data)),
+                    key=lambda body: "step" in body)
+    assert [body.get("labels") for body in bodies] == [labels, None]
 
 
 # -- the wall clock jumping -------------------------------------------------------------------------
@@ -260,8 +264,9 @@ def test_a_checkpoint_save_across_a_backward_clock_jump_records_no_blocking_inst
     with caplog.at_level(logging.WARNING, logger="emitter"):
         recorder.record_checkpoint_save(100, before_jump)
         recorder.record_checkpoint_restore(100, before_jump)
-    with pytest.raises(ValueError, match="before start_time"):  # both times given: the caller's
-        recorder.record_checkpoint_save(100, before_jump, before_jump - datetime.timedelta(seconds=1))
+    # Both times given: the caller's mistake, recorded as nothing and counted.
+    recorder.record_checkpoint_save(100, before_jump, before_jump - datetime.timedelta(seconds=1))
+    assert recorder.stats.invalid_calls == 1
     assert recorder.close()
     bodies = [body for *_, body in file_events(events_file)]
     assert [body["blocking_s"] for body in bodies] == [0.0, 0.0]

@@ -1,6 +1,7 @@
 """The emitter holds a job to the pipeline's limits (``goodput_schemas.limits``) at the call, so
 that nothing a job records is dead-lettered later, where nobody looks: what the parser would
-refuse raises ``ValueError`` at once, and the largest values it accepts the parser accepts too.
+refuse is recorded nothing of (counted in ``stats.invalid_calls``, logged once; a strict recorder
+raises ``ValueError``), and the largest values it accepts the parser accepts too.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import pytest
 from emitter import EmitterSettings, GoodputRecorder
 from emitter.testing import capture_events
 from goodput_schemas.limits import (
+    MAX_CHIP_COUNT,
+    MAX_COUNT,
     MAX_EVENTS_PER_MESSAGE,
     MAX_ID_LENGTH,
     MAX_INT64,
     MAX_LABELS,
     MAX_MESSAGE_BYTES,
+    MAX_SLICE_COUNT,
     MAX_TEXT_LENGTH,
 )
 from goodput_schemas.wire import encode_batches
@@ -51,12 +55,15 @@ CALLS: list[tuple[str, Call, str]] = [
 
 @pytest.mark.parametrize(("call", "message"), [case[1:] for case in CALLS], ids=[case[0] for case in CALLS])
 def test_what_the_pipeline_would_dead_letter_is_refused_at_the_call(make_recorder, call, message):
-    """A value the parser would dead-letter raises ValueError at the call, naming the limit, and
-    records nothing."""
+    """A value the parser would dead-letter records nothing and is counted; on a strict recorder
+    it raises ValueError at the call, naming the limit."""
     recorder = make_recorder()
+    call(recorder)
+    assert (recorder.stats.recorded, recorder.stats.invalid_calls) == (0, 1)
+    strict = make_recorder(strict=True)
     with pytest.raises(ValueError, match=message):
-        call(recorder)
-    assert recorder.stats.recorded == 0
+        call(strict)
+    assert strict.stats.recorded == 0
 
 
 METADATA: list[tuple[str, dict[str, Any], str]] = [
@@ -80,11 +87,12 @@ METADATA: list[tuple[str, dict[str, Any], str]] = [
                          ids=[case[0] for case in METADATA])
 def test_run_metadata_the_pipeline_would_dead_letter_is_refused_at_construction(make_settings, metadata,
                                                                                message):
-    """Run metadata the parser would dead-letter raises ValueError when the recorder is built."""
+    """Run metadata the parser would dead-letter raises ValueError when a strict recorder is
+    built (a lenient one leaves it out, logged)."""
     arguments = {"job_name": "run", **metadata}
     with pytest.raises(ValueError, match=message):
         GoodputRecorder(arguments.pop("job_name"), logging_enabled=True, destination="file:/dev/null",
-                        settings=make_settings(), **arguments)
+                        settings=make_settings(), strict=True, **arguments)
 
 
 def test_a_batch_larger_than_the_pipeline_reads_is_refused_in_the_settings():
@@ -103,19 +111,19 @@ def parsed(data: bytes) -> int:
 
 
 def test_the_largest_values_the_emitter_takes_the_pipeline_takes(make_settings):
-    """Ids, names and labels at their limits, the extreme times and int64 steps all pass the
-    parser without a dead letter."""
+    """Ids, names and labels at their limits, the extreme times (the earliest, and now) and the
+    largest counts all pass the parser without a dead letter."""
     name = "é" * MAX_TEXT_LENGTH
     labels = {f"{i:03d}" + "k" * (MAX_TEXT_LENGTH - 3): "line one\nline two\u2028" + "ü" * 200
               for i in range(MAX_LABELS)}
     with capture_events() as captured:
         recorder = GoodputRecorder("r" * MAX_ID_LENGTH, logging_enabled=True, settings=make_settings(),
                                    run_group=name, accelerator_type=name, location=name, labels=labels,
-                                   chip_count=MAX_INT64, configured_ideal_step_time=1e-6)
+                                   chip_count=MAX_CHIP_COUNT, configured_ideal_step_time=1e-6)
         recorder.record_job_start_time(datetime.datetime(2000, 1, 1, tzinfo=UTC))
-        recorder.record_step_start_time(MAX_INT64, datetime.datetime(2199, 12, 31, 23, 59, 59, tzinfo=UTC))
+        recorder.record_step_start_time(MAX_COUNT, datetime.datetime.now(UTC))
         recorder.record_custom_badput_event_start_time(at(0), name)
-        recorder.record_elastic_slice_counts(MAX_INT64, MAX_INT64, MAX_INT64, at(1))
+        recorder.record_elastic_slice_counts(MAX_SLICE_COUNT, MAX_SLICE_COUNT, MAX_SLICE_COUNT, at(1))
         recorder.record_model_metrics(7, loss=float("nan"), mfu=float("inf"), time_=at(2))
         recorder.close()
     assert sum(parsed(message.data) for message in captured.messages) == 5
