@@ -172,7 +172,7 @@ def _replay(argv: Sequence[str]) -> int:
         return 2
     from pipeline.beam.launcher import run
 
-    return run(list(argv))
+    return run(list(argv), prog="goodput replay")
 
 
 _EMULATORS = {"pubsub": 8085, "bigquery": 9050, "monitoring": 8086}  # and their default ports

@@ -7,7 +7,9 @@ Batch replay (Beam's DirectRunner)::
         [--as_of=2026-11-01T12:00:00Z] [--windows=60,300,900,3600] \\
         [--exclude=2026-11-01T09:00:00Z/2026-11-01T09:30:00Z]
 
-A malformed line never stops the run: it lands in the ``dead_letter`` table, exit code 0.
+A malformed line never stops the run: it lands in the ``dead_letter`` table, exit code 0. A mistake
+in the command line (``pipeline.beam.options``, ``pipeline.app.checks``) is one line on stderr and
+exit code 2, before anything is read or written.
 
 Backfill: every table rebuilt from the raw events table of a DuckDB file the pipeline wrote
 (after a fix to the engine, say, or with other --windows)::
@@ -31,17 +33,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner
 
+from pipeline.app.checks import UsageError
 from pipeline.beam import direct_runner
 from pipeline.beam.graph import build_pipeline
 from pipeline.beam.live import next_snapshot_due
-from pipeline.beam.options import GoodputOptions
+from pipeline.beam.options import GoodputOptions, check_files, help_parser, parse_command_line
 from pipeline.beam.transforms import never
 
 DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
@@ -52,10 +54,6 @@ def run_streaming(options: GoodputOptions) -> int:
     is in a snapshot before the pipeline is cancelled. A second signal cancels at once. On a
     runner that runs jobs on its own (Dataflow), submits the job and returns."""
     goodput = options.view_as(GoodputOptions)
-    if not goodput.subscription:
-        print("python -m pipeline: --streaming needs --subscription=projects/P/subscriptions/S",
-              file=sys.stderr)
-        return 2
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     stop, force = threading.Event(), threading.Event()
 
@@ -124,25 +122,22 @@ def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:
     return None
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    options = GoodputOptions(list(sys.argv[1:] if argv is None else argv))
+def run(argv: Sequence[str] | None = None, prog: str = "python -m pipeline") -> int:
+    """Runs the command line ``argv``; a mistake in it is one line on stderr and exit code 2,
+    before anything is read or written (``prog`` is the command's name in it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        help_parser(prog).print_help()
+        return 0
+    try:
+        options = parse_command_line(argv)
+        check_files(options)
+    except UsageError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
     goodput = options.view_as(GoodputOptions)
     if options.view_as(StandardOptions).streaming:
         return run_streaming(goodput)
-    if not (goodput.events or goodput.from_duckdb):
-        print("python -m pipeline: --events=FILE or --from_duckdb=FILE is required (see --help)",
-              file=sys.stderr)
-        return 2
-    inputs = (goodput.events or []) + (goodput.from_duckdb or [])
-    missing = [path for path in inputs if not Path(path).is_file()]
-    if missing:
-        print(f"python -m pipeline: no such file: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    if goodput.duckdb and any(Path(path).resolve() == Path(goodput.duckdb).resolve()
-                              for path in goodput.from_duckdb or []):
-        print(f"python -m pipeline: --from_duckdb={goodput.duckdb} is also the output: write the backfill "
-              "to another --duckdb file", file=sys.stderr)
-        return 2
     with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:
         build_pipeline(pipeline, goodput)
     if goodput.duckdb:

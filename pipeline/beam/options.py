@@ -1,36 +1,68 @@
-"""Command-line options of the pipeline (a ``PipelineOptions`` subclass)."""
+"""Command-line options of the pipeline (a ``PipelineOptions`` subclass), and the checks that
+turn a mistake in them into one line saying what is wrong, before anything runs."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import difflib
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import NoReturn
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 
+from goodput_schemas.limits import MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US
+from pipeline.app.checks import UsageError
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def parse_as_of(text: str) -> int:
-    """An ISO 8601 time (a naive one is UTC) as microseconds since the epoch."""
+    """An ISO 8601 time (a naive one is UTC) as microseconds since the epoch, within the years
+    events may have (2000 to 2200)."""
     try:
         moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2026-11-01T12:00:00Z)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return (moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) // datetime.timedelta(
-        microseconds=1)
+    time_us = (moment - _EPOCH) // datetime.timedelta(microseconds=1)
+    if not MIN_TIME_US <= time_us < MAX_TIME_US:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside the years events may have (2000 to 2200)")
+    return time_us
 
 
 def parse_windows(text: str) -> tuple[int, ...]:
-    """A comma-separated list of positive window sizes in seconds."""
+    """A comma-separated list of distinct positive window sizes in whole seconds."""
     try:
         windows = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"windows must be integers of seconds, got {text!r}") from None
-    if any(w <= 0 for w in windows):
-        raise argparse.ArgumentTypeError(f"windows must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"windows must be whole seconds, e.g. 60,300, got {text!r}") from None
+    if any(not 0 < w <= MAX_DURATION_S for w in windows):
+        raise argparse.ArgumentTypeError(
+            f"windows must be from 1 to {MAX_DURATION_S:.0f} seconds (2000 to 2200), got {text!r}")
+    if len(set(windows)) < len(windows):
+        raise argparse.ArgumentTypeError(f"a window is given twice in {text!r}")
     return windows
+
+
+def parse_seconds(text: str) -> float:
+    """A positive, finite number of seconds, at most the span of times events may have."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_DURATION_S):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0, at most {MAX_DURATION_S:.0f} (the years 2000 to "
+            f"2200), got {text!r}")
+    return seconds
 
 
 MIN_POINT_INTERVAL_S = 5.0  # Cloud Monitoring takes one point per series per 5 s at most
@@ -38,11 +70,8 @@ MIN_POINT_INTERVAL_S = 5.0  # Cloud Monitoring takes one point per series per 5 
 
 def parse_point_interval(text: str) -> float:
     """Seconds between two points of a series: at least what Cloud Monitoring accepts."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not seconds >= MIN_POINT_INTERVAL_S:
+    seconds = parse_seconds(text)
+    if seconds < MIN_POINT_INTERVAL_S:
         raise argparse.ArgumentTypeError(
             f"Cloud Monitoring takes at most one point per series every {MIN_POINT_INTERVAL_S:g} s, "
             f"got {text!r}")
@@ -53,7 +82,7 @@ def parse_exclusion(text: str) -> tuple[int, int]:
     """START/END, two ISO 8601 times, as (start_us, end_us)."""
     start, separator, end = text.partition("/")
     if not separator:
-        raise argparse.ArgumentTypeError(f"an exclusion is START/END, got {text!r}")
+        raise argparse.ArgumentTypeError(f"an exclusion is START/END, two ISO 8601 times, got {text!r}")
     interval = parse_as_of(start), parse_as_of(end)
     if interval[1] <= interval[0]:
         raise argparse.ArgumentTypeError(f"an exclusion must end after it starts, got {text!r}")
@@ -66,12 +95,14 @@ class GoodputOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--events", action="append", default=None, metavar="FILE",
-                            help="an emitter file (one JSON message per line); repeat for more")
+                            help="an emitter file (one JSON message per line; a gzip-compressed file and a "
+                                 "leading UTF-8 byte order mark are read as well); repeat for more")
         parser.add_argument("--from_duckdb", action="append", default=None, metavar="FILE",
                             help="a backfill: replay the raw events table of a DuckDB file the "
                                  "pipeline wrote (rebuilds every table from it); repeat for more")
         parser.add_argument("--duckdb", default=None, metavar="FILE",
-                            help="DuckDB file the output tables are appended to; a stream started "
+                            help="DuckDB file the output tables are appended to: a new file, or one this "
+                                 "pipeline wrote (any other is refused, untouched); a stream started "
                                  "on a file it wrote before restores each run from its raw events "
                                  "table when the run speaks again")
         parser.add_argument("--bigquery_dataset", default=None, metavar="PROJECT:DATASET",
@@ -91,7 +122,7 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--monitoring_min_interval_s", type=parse_point_interval, default=10.0,
                             metavar="S", help="at most one point per series this often, at least 5 "
                                               "(default: %(default)s)")
-        parser.add_argument("--monitoring_max_lag_s", type=float, default=600.0, metavar="S",
+        parser.add_argument("--monitoring_max_lag_s", type=parse_seconds, default=600.0, metavar="S",
                             help="a snapshot older than this is history: not written to Cloud "
                                  "Monitoring (default: %(default)s)")
         parser.add_argument("--monitoring_latest_now", action="store_true",
@@ -110,14 +141,14 @@ class GoodputOptions(PipelineOptions):
                             help="snapshot time (default: the latest event time in the input)")
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
                             help="streaming: the Pub/Sub subscription to read (with --streaming)")
-        parser.add_argument("--snapshot_interval_s", type=float, default=30.0, metavar="S",
+        parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
                             help="streaming: snapshot each active run this often (default: %(default)s)")
-        parser.add_argument("--silence_s", type=float, default=300.0, metavar="S",
+        parser.add_argument("--silence_s", type=parse_seconds, default=300.0, metavar="S",
                             help="streaming: a run with no event for this long is stalled: it gets "
                                  "a snapshot showing the lost time, and another every snapshot "
                                  "interval while it stays silent, up to --gc_after_s "
                                  "(default: %(default)s)")
-        parser.add_argument("--gc_after_s", type=float, default=3600.0, metavar="S",
+        parser.add_argument("--gc_after_s", type=parse_seconds, default=3600.0, metavar="S",
                             help="streaming: forget a run that has ended this long after its last "
                                  "message; stop reporting a silent run this long after its last event "
                                  "(default: %(default)s)")
@@ -128,3 +159,127 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--windows", type=parse_windows, default=DEFAULT_WINDOWS_S,
                             metavar="S,S,...",
                             help="rolling windows in seconds (default: %(default)s)")
+
+
+#: Runners that run the pipeline in this process: options none of Beam's classes know are
+#: refused on them. Others (Dataflow) hand unknown options on to the service, as Beam does.
+LOCAL_RUNNERS = frozenset({"DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                           "FnApiRunner", "PrismRunner"})
+_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s")
+_BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude")
+_NEEDS = {"bigquery_dataset": ("bigquery_endpoint", "bigquery_create_tables"),
+          "monitoring_project": ("monitoring_endpoint", "monitoring_min_interval_s", "monitoring_max_lag_s",
+                                 "monitoring_latest_now", "monitoring_location", "monitoring_cluster_name")}
+_SUBSCRIPTION = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
+_DATASET = re.compile(r"[A-Za-z0-9_]{1,1024}")
+
+
+class _Parser(_BeamArgumentParser):
+    """Beam's parser, whose mistakes are raised rather than printed with the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def help_parser(prog: str) -> argparse.ArgumentParser:
+    """The parser of ``--help``: this pipeline's options."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="The goodput pipeline: a batch replay of emitter files (--events) or "
+                               "of a raw events table (--from_duckdb), or the stream (--streaming "
+                               "--subscription); output to DuckDB, BigQuery and Cloud Monitoring.",
+        epilog="Beam's own options (--runner, --project, --region, --temp_location, ...) are "
+               "taken as well. A mistake is one line on stderr and exit code 2, before anything "
+               "is read or written.")
+    GoodputOptions._add_argparse_args(parser)
+    return parser
+
+
+def _given(argv: Sequence[str], name: str) -> bool:
+    return any(arg == f"--{name}" or arg.startswith(f"--{name}=") for arg in argv)
+
+
+def parse_command_line(argv: Sequence[str]) -> GoodputOptions:
+    """The options of ``argv``, checked on their own and together (the files they name are
+    checked by ``check_files``); a mistake raises ``UsageError``."""
+    parser = _Parser(allow_abbrev=False, add_help=False)
+    for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # as Beam's get_all_options does
+    known, unknown = parser.parse_known_args(list(argv))
+    runner = known.runner
+    if runner is not None and runner not in LOCAL_RUNNERS:
+        from apache_beam.runners.runner import create_runner
+
+        try:
+            create_runner(runner)
+        except (ValueError, ImportError):
+            raise UsageError(f"--runner={runner} is not a runner Beam knows (e.g. DirectRunner, "
+                             "BundleBasedDirectRunner, DataflowRunner)") from None
+    if unknown and (runner is None or runner in LOCAL_RUNNERS):
+        first = unknown[0]
+        if not first.startswith("-"):
+            raise UsageError(f"unexpected argument {first!r}: options are --NAME=VALUE, "
+                             "e.g. --events=FILE")
+        known_names = [option for action in parser._actions for option in action.option_strings]
+        close = difflib.get_close_matches(first.split("=", 1)[0], known_names, n=1)
+        raise UsageError(f"unknown option {first.split('=', 1)[0]}"
+                         + (f": did you mean {close[0]}?" if close else " (see --help)"))
+    options = GoodputOptions(list(argv))
+    check_combination(options, argv)
+    return options
+
+
+def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
+    """Options that make no sense together, or that would be ignored; ``UsageError`` names them."""
+    goodput = options.view_as(GoodputOptions)
+    streaming = options.view_as(StandardOptions).streaming
+    mode, other = ("the stream (--streaming)", _BATCH_ONLY) if streaming else ("a batch replay", _STREAM_ONLY)
+    for name in other:
+        if _given(argv, name):
+            hint = ("add --streaming to read a subscription" if name == "subscription"
+                    else "it applies to the stream (--streaming)" if not streaming
+                    else "it applies to a batch replay (without --streaming)")
+            raise UsageError(f"--{name} has no effect in {mode}: {hint}")
+    for needed, names in _NEEDS.items():
+        for name in names:
+            if _given(argv, name) and not getattr(goodput, needed):
+                raise UsageError(f"--{name} needs --{needed}")
+    if streaming and not goodput.subscription:
+        raise UsageError("--streaming needs --subscription=projects/P/subscriptions/S")
+    if not streaming and not (goodput.events or goodput.from_duckdb):
+        raise UsageError("--events=FILE or --from_duckdb=FILE is required (see --help)")
+    if goodput.subscription and not _SUBSCRIPTION.fullmatch(goodput.subscription):
+        topic = "/topics/" in goodput.subscription
+        raise UsageError(f"--subscription={goodput.subscription} is "
+                         + ("a topic; the pipeline reads a subscription of it: " if topic else "not ")
+                         + "projects/P/subscriptions/S")
+    if goodput.bigquery_dataset:
+        project, _, dataset = goodput.bigquery_dataset.replace(":", ".", 1).partition(".")
+        if not (project and _DATASET.fullmatch(dataset)):
+            raise UsageError(f"--bigquery_dataset={goodput.bigquery_dataset} is not PROJECT:DATASET "
+                             "(a dataset name is letters, digits and underscores)")
+    if goodput.bigquery_endpoint and not goodput.bigquery_endpoint.startswith(("http://", "https://")):
+        raise UsageError(f"--bigquery_endpoint={goodput.bigquery_endpoint} is not a URL: "
+                         "e.g. http://127.0.0.1:9050")
+    if goodput.monitoring_endpoint and not re.fullmatch(r"[^\s/]+:\d{1,5}", goodput.monitoring_endpoint):
+        raise UsageError(f"--monitoring_endpoint={goodput.monitoring_endpoint} is not HOST:PORT, "
+                         "e.g. 127.0.0.1:8086")
+    if not (goodput.duckdb or goodput.bigquery_dataset or goodput.monitoring_project):
+        raise UsageError("no output: give --duckdb=FILE, --bigquery_dataset=PROJECT:DATASET or "
+                         "--monitoring_project=PROJECT (or more than one)")
+
+
+def check_files(options: GoodputOptions) -> None:
+    """The files the options name, looked at (DuckDB files read-only) before anything is read
+    or written: ``UsageError`` says what is wrong with the first one that will not do."""
+    from pipeline.app.checks import check_duckdb_input, check_duckdb_output, check_events_file
+
+    goodput = options.view_as(GoodputOptions)
+    for path in goodput.events or ():
+        check_events_file(path)
+    for path in goodput.from_duckdb or ():
+        if goodput.duckdb and os.path.realpath(path) == os.path.realpath(goodput.duckdb):
+            raise UsageError(f"--from_duckdb={path} is also the output: write the backfill to another "
+                             "--duckdb file")
+        check_duckdb_input(path)
+    if goodput.duckdb:
+        check_duckdb_output(goodput.duckdb)

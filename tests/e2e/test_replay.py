@@ -161,9 +161,27 @@ def test_as_of_and_windows_options(tmp_path: Path, replayed):
 
 def test_missing_input_is_a_clear_error(tmp_path: Path):
     """A missing file is named, with a non-zero exit, before Beam starts."""
-    result = run("-m", "pipeline", f"--events={tmp_path / 'nope.jsonl'}")
+    missing, output = tmp_path / "nope.jsonl", tmp_path / "out.duckdb"
+    result = run("-m", "pipeline", f"--events={missing}", f"--duckdb={output}")
     assert result.returncode == 2
-    assert "no such file" in result.stderr
+    assert result.stderr == f"python -m pipeline: no such file: --events={missing}\n"
+    assert not output.exists()
+
+
+def test_a_mistake_is_one_line_on_stderr_from_either_command(tmp_path: Path):
+    """python -m pipeline and goodput replay answer a mistake with one line and exit code 2, with
+    no usage, warning or traceback around it."""
+    events = tmp_path / "events.jsonl"
+    events.write_text("{}\n")
+    for command in (("-m", "pipeline"), ("-m", "pipeline.app.cli", "replay")):
+        for mistake in ("--windows=1e20", "--snapshot_interval_s=nan", "--duckbd=x.duckdb"):
+            result = run(*command, f"--events={events}", f"--duckdb={tmp_path / 'out.duckdb'}", mistake)
+            assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+            name = "python -m pipeline" if command[-1] == "pipeline" else "goodput replay"
+            assert result.stderr.startswith(f"{name}: ") and mistake.split("=")[0] in result.stderr
+        result = run(*command, f"--events={events}")
+        assert result.returncode == 2 and "no output" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["events.jsonl"]
 
 
 def test_exclude_option_removes_time(tmp_path: Path, replayed):
