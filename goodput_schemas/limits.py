@@ -37,6 +37,21 @@ MAX_TEXT_LENGTH = 256
 MAX_DURATION_S = (MAX_TIME_US - MIN_TIME_US) / 1_000_000
 #: Largest integer field (steps, sequence numbers, chip and slice counts): protobuf's int64.
 MAX_INT64 = 2**63 - 1
+#: Largest sequence number and step number (``step_start``, checkpoints, model metrics):
+#: 2**53 - 1, the largest integer a double holds exactly (JSON readers, BigQuery's JSON, a
+#: dashboard's JavaScript), a trillion times any real run. Derived counts (events missing over
+#: all attempts) are capped at it too, so no sum the pipeline writes can pass int64.
+MAX_COUNT = 2**53 - 1
+#: Most chips one job may report: far above any machine built, and low enough that the fleet's
+#: sums of chip counts and chip-seconds stay far inside int64 and exact.
+MAX_CHIP_COUNT = 2**24
+#: Most slices an elastic job may report (``active``, ``total``, ``available``); the active and
+#: the available ones are at most the total.
+MAX_SLICE_COUNT = 2**16
+#: How far ahead of the pipeline's clock an event time may be, in seconds: host clocks drift by
+#: seconds, not minutes. An event dated later is dead-lettered, so that one host with a wrong
+#: clock (or a corrupt time) cannot move the latest event time that a replay reports the fleet as of.
+MAX_CLOCK_AHEAD_S = 600
 
 
 def shown(text: str, limit: int = 80) -> str:
@@ -70,3 +85,18 @@ def text_problem(where: str, value: str, free_form: bool = False) -> str | None:
     elif not value.isprintable():
         return f"{where} must be printable characters (no control or format characters), got {shown(value)}"
     return None
+
+
+def int_limit(name: str) -> int:
+    """The largest value of an integer field of an event body, by the field's name."""
+    if name == "chip_count":
+        return MAX_CHIP_COUNT
+    if name.endswith("_slices"):
+        return MAX_SLICE_COUNT
+    return MAX_COUNT
+
+
+def int_name(limit: int) -> str:
+    """The name of an integer limit, for a reason a person reads."""
+    return {MAX_COUNT: "MAX_COUNT (2**53-1)", MAX_CHIP_COUNT: "MAX_CHIP_COUNT (2**24)",
+            MAX_SLICE_COUNT: "MAX_SLICE_COUNT (2**16)"}[limit]

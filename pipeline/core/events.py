@@ -3,7 +3,12 @@
 A message is the JSON encoding of one ``EventBatch``. Parsing checks it exactly as a Pub/Sub topic
 with the schema would (the protobuf JSON parser, unknown fields rejected), then the rules the
 schema cannot state (a known schema version, non-empty ids, one kind per event, times and steps
-in range, finite durations) and the limits below, which bound what one message can cost. Nothing
+in range, finite durations) and the limits below, which bound what one message can cost.
+
+The limits also keep one message from reaching past its own run: every integer is bounded
+(``goodput_schemas.limits``: no sum the engine writes can pass int64), slice counts must be
+consistent, and an event dated more than ``MAX_CLOCK_AHEAD_S`` after the pipeline's clock is
+rejected (it would move the time a batch replay reports every run as of). Nothing
 is dropped silently: a message that cannot be read at all becomes one ``DeadLetter``; an invalid
 event inside a readable message becomes one ``DeadLetter`` and its valid neighbours are kept.
 
@@ -16,6 +21,7 @@ import dataclasses
 import json
 import math
 import re
+import time
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,6 +33,8 @@ from google.protobuf.message import Message as ProtoMessage
 
 from goodput_schemas.goodput_event_pb2 import EventBatch
 from goodput_schemas.limits import (
+    MAX_CLOCK_AHEAD_S,
+    MAX_COUNT,
     MAX_DURATION_S,
     MAX_EVENTS_PER_MESSAGE,
     MAX_ID_LENGTH,
@@ -37,6 +45,8 @@ from goodput_schemas.limits import (
     MIN_TIME_US,
     SUPPORTED_SCHEMA_VERSIONS,
     id_problem,
+    int_limit,
+    int_name,
     shown,
     text_problem,
 )
@@ -167,15 +177,29 @@ def _shown(value: Any, limit: int = 80) -> str:
     return shown(value, limit) if isinstance(value, str) else repr(value)
 
 
-def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]) -> str | None:
+def latest_time_us(now_us: int | None = None) -> int:
+    """The latest event time accepted when the pipeline's clock reads ``now_us`` (default: the
+    wall clock): ``MAX_CLOCK_AHEAD_S`` later."""
+    now = round(time.time() * 1_000_000) if now_us is None else now_us
+    return now + MAX_CLOCK_AHEAD_S * 1_000_000
+
+
+def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any],
+                   latest_us: int) -> str | None:
     if kind is None:
         return "event has no kind: set exactly one of " + ", ".join(EVENT_KINDS)
     if seq < 0:
         return f"seq must be >= 0, got {seq}"
+    if seq > MAX_COUNT:
+        return f"seq must be at most {int_name(MAX_COUNT)}, got {seq}"
     if not MIN_TIME_US <= time_us < MAX_TIME_US:
         if time_us == 0:
             return "time_us is missing (or 0): it must be in 2000-01-01..2200-01-01 UTC"
         return f"time_us {time_us} is outside 2000-01-01..2200-01-01 UTC"
+    if time_us > latest_us:
+        ahead_s = (time_us - latest_us) / 1_000_000 + MAX_CLOCK_AHEAD_S
+        return (f"time_us {time_us} is {ahead_s:.0f} s ahead of the pipeline's clock, more than "
+                f"MAX_CLOCK_AHEAD_S ({MAX_CLOCK_AHEAD_S} s): a host clock far ahead, or a corrupt time")
     problem: str | None
     for name, value in body.items():
         if type(value) is str:
@@ -200,11 +224,18 @@ def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any
             return f"{kind}.{name} must be finite, got {value}"
         if value < 0:
             return f"{kind}.{name} must be >= 0, got {value}"
+        if type(value) is int and value > int_limit(name):
+            return f"{kind}.{name} must be at most {int_name(int_limit(name))}, got {value}"
         if type(value) is float and value > MAX_DURATION_S:  # the doubles outside observations are durations
             return f"{kind}.{name} must be at most MAX_DURATION_S ({MAX_DURATION_S:.0f} s), got {value}"
     ideal = body.get("configured_ideal_step_time_s")
     if ideal is not None and not ideal > 0:
         return f"job_start.configured_ideal_step_time_s must be > 0, got {ideal}"
+    if kind == "elastic_slice_counts":
+        total = body.get("total_slices", 0)
+        for name in ("active_slices", "available_slices"):
+            if body.get(name, 0) > total:
+                return f"elastic_slice_counts.{name} ({body[name]}) must be at most total_slices ({total})"
     return None
 
 
@@ -312,8 +343,11 @@ _MAX_OTHER_SHARE = 0.1  # of a message's events, for the columnar path
 _DIGITS_ONLY = bytes(c if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
 
 
-def _columnar(data: bytes) -> Batch | None:
-    """The batch of a valid message in the emitter's exact shape, read in columns; else None."""
+def _columnar(data: bytes, latest_us: int | None = None) -> Batch | None:
+    """The batch of a valid message in the emitter's exact shape, read in columns; else None.
+    ``latest_us`` is the latest event time accepted (``latest_time_us``)."""
+    if latest_us is None:
+        latest_us = latest_time_us()
     match = _STEPS_MESSAGE.fullmatch(data)
     if match is None:
         # Other events are read one by one here, a regex pass and a decode each: where they are
@@ -339,8 +373,8 @@ def _columnar(data: bytes) -> Batch | None:
                 raw = _JSON.decode(item.decode())
             except ValueError:  # UnicodeDecodeError included
                 return None
-            event = _read_event(raw, run_id, attempt_id)
-            if not isinstance(event, Event) or _inline_step(raw) is not None:
+            event = _read_event(raw, run_id, attempt_id, latest_us)
+            if not isinstance(event, Event) or _inline_step(raw, latest_us) is not None:
                 return None  # the general path decides (and keeps the message's order of steps)
             others.append(event)
         events = b" ".join(parts[0::2])
@@ -350,13 +384,14 @@ def _columnar(data: bytes) -> Batch | None:
     if len(columns) + len(others) > MAX_EVENTS_PER_MESSAGE:
         return None
     times = columns[:, 1]
-    if len(times) and (times.min() < MIN_TIME_US or times.max() >= MAX_TIME_US):
+    if len(times) and (times.min() < MIN_TIME_US or times.max() >= MAX_TIME_US or times.max() > latest_us
+                       or columns[:, 0].max() > MAX_COUNT or columns[:, 2].max() > MAX_COUNT):
         return None
     return Batch(run_id, attempt_id, array("q", columns[:, 0].tobytes()), array("q", times.tobytes()),
                  array("q", columns[:, 2].tobytes()), tuple(others))
 
 
-def _inline_step(raw: Any) -> tuple[int, int, int] | None:
+def _inline_step(raw: Any, latest_us: int) -> tuple[int, int, int] | None:
     """(seq, time_us, step) of the commonest event in its plain shape, checked inline:
     ``{"seq": int, "time_us": int, "step_start": {"step": int}}``; else None."""
     if type(raw) is dict and len(raw) == 3:
@@ -364,8 +399,8 @@ def _inline_step(raw: Any) -> tuple[int, int, int] | None:
         if type(body) is dict and len(body) == 1:
             seq, time_us, step = raw.get("seq"), raw.get("time_us"), body.get("step")
             if (type(seq) is int and type(time_us) is int and type(step) is int
-                    and 0 <= seq <= _INT64[1] and 0 <= step <= _INT64[1]
-                    and MIN_TIME_US <= time_us < MAX_TIME_US):
+                    and 0 <= seq <= MAX_COUNT and 0 <= step <= MAX_COUNT
+                    and MIN_TIME_US <= time_us < MAX_TIME_US and time_us <= latest_us):
                 return seq, time_us, step
     return None
 
@@ -377,7 +412,7 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a num
 _TOO_DEEP = f"message nests deeper than MAX_JSON_DEPTH ({MAX_JSON_DEPTH}): not an EventBatch"
 
 
-def _read_event(raw: Any, run_id: str, attempt_id: str) -> Event | str:
+def _read_event(raw: Any, run_id: str, attempt_id: str, latest_us: int) -> Event | str:
     """One event of a message as an ``Event``, or the reason it is invalid."""
     fields = _fast_event(raw)
     if fields is None:
@@ -397,13 +432,14 @@ def _read_event(raw: Any, run_id: str, attempt_id: str) -> Event | str:
         kind = parsed.WhichOneof("kind")
         fields = (parsed.seq, parsed.time_us, kind or "", _plain(getattr(parsed, kind)) if kind else {})
     seq, time_us, kind, body = fields
-    problem = _event_problem(kind or None, seq, time_us, body)
+    problem = _event_problem(kind or None, seq, time_us, body, latest_us)
     return problem if problem is not None else Event(run_id, attempt_id, seq, time_us, kind, body)
 
 
-def parse_message(data: bytes | str, source: str = "") -> tuple[list[Event], list[DeadLetter]]:
+def parse_message(data: bytes | str, source: str = "",
+                  now_us: int | None = None) -> tuple[list[Event], list[DeadLetter]]:
     """Valid events of one message, and dead letters for whatever is invalid in it."""
-    batch, dead = parse_batch(data, source)
+    batch, dead = parse_batch(data, source, now_us)
     return (batch.events() if batch is not None else []), dead
 
 
@@ -443,8 +479,14 @@ def _oversized(data: bytes, source: str) -> DeadLetter:
                       run_id if run_id.isprintable() else "")
 
 
-def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list[DeadLetter]]:
-    """Valid events of one message as a ``Batch`` (None if none), and dead letters."""
+def parse_batch(data: bytes | str, source: str = "",
+                now_us: int | None = None) -> tuple[Batch | None, list[DeadLetter]]:
+    """Valid events of one message as a ``Batch`` (None if none), and dead letters.
+
+    ``now_us`` is the pipeline's clock (default: the wall clock): an event dated more than
+    ``MAX_CLOCK_AHEAD_S`` after it is a dead letter.
+    """
+    latest_us = latest_time_us(now_us)
     # Text is measured as the bytes it would be (a character is at most four).
     sized = data if isinstance(data, bytes) or len(data) <= MAX_MESSAGE_BYTES // 4 else data.encode(
         "utf-8", errors="surrogatepass")
@@ -452,7 +494,7 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
         assert isinstance(sized, bytes)
         return None, [_oversized(sized, source)]
     if isinstance(data, bytes):
-        columnar = _columnar(data)
+        columnar = _columnar(data, latest_us)
         if columnar is not None:
             return columnar, []
     try:
@@ -516,13 +558,13 @@ def parse_batch(data: bytes | str, source: str = "") -> tuple[Batch | None, list
     dead: list[DeadLetter] = []
     step_seqs, step_times, steps = array("q"), array("q"), array("q")
     for index, raw in enumerate(raw_events):
-        step = _inline_step(raw)
+        step = _inline_step(raw, latest_us)
         if step is not None:
             step_seqs.append(step[0])
             step_times.append(step[1])
             steps.append(step[2])
             continue
-        event = _read_event(raw, batch_run_id, attempt_id)
+        event = _read_event(raw, batch_run_id, attempt_id, latest_us)
         if event is _TOO_DEEP:
             return reject(_TOO_DEEP, batch_run_id)
         if isinstance(event, Event):

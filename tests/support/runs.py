@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from emitter import ElasticGoodputRecorder, EmitterSettings
 from emitter.testing import capture_events
+from goodput_schemas.limits import MAX_COUNT
 from goodput_schemas.wire import Message, Record, encode_batch
 from pipeline.core import engine
 from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch, parse_message
@@ -315,14 +316,15 @@ def fleet_events() -> list[Event]:
 _BODIES: dict[str, st.SearchStrategy[dict[str, object]]] = {
     "job_start": st.fixed_dictionaries({"chip_count": st.integers(0, 10**6)},
                                        optional={"configured_ideal_step_time_s": st.floats(1e-6, 1e6)}),
-    "step_start": st.fixed_dictionaries({"step": st.integers(0, 50) | st.sampled_from([2**62, 2**63 - 1])}),
+    "step_start": st.fixed_dictionaries({"step": st.integers(0, 50) | st.sampled_from([2**52, MAX_COUNT])}),
     "checkpoint_save": st.fixed_dictionaries({"step": st.integers(0, 50), "blocking_s": st.floats(0, 1e9)}),
     "checkpoint_restore": st.fixed_dictionaries({"step": st.integers(0, 50),
                                                  "blocking_s": st.floats(0, 1e9)}),
     "custom_badput_start": st.fixed_dictionaries({"badput_type": st.sampled_from(["eval", "sync", ""])}),
     "custom_badput_end": st.fixed_dictionaries({"badput_type": st.sampled_from(["eval", "sync", ""])}),
-    "elastic_slice_counts": st.fixed_dictionaries(
-        {name: st.integers(0, 4) for name in ("active_slices", "total_slices", "available_slices")}),
+    "elastic_slice_counts": st.integers(0, 4).flatmap(lambda total: st.fixed_dictionaries(
+        {"active_slices": st.integers(0, total), "total_slices": st.just(total),
+         "available_slices": st.integers(0, total)})),
     "elastic_wait_start": st.fixed_dictionaries({"event_type": st.sampled_from(["scale_up", "slice_down"])}),
     "elastic_wait_end": st.fixed_dictionaries({"event_type": st.sampled_from(["scale_up", "slice_down"])}),
     "model_metrics": st.fixed_dictionaries({"step": st.integers(0, 50)}),

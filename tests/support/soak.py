@@ -277,9 +277,12 @@ class Soak:
             "eval_every": rng.choice((0, 100, 150)), "crashes_at": [], "restart_delay_s": [60, 120],
             "restore_checkpoint": rng.random() < 0.8,
         }
+        # Simulated time runs ``speed`` times faster than the wall clock, so it starts a day
+        # behind it: an event dated more than MAX_CLOCK_AHEAD_S after the pipeline's clock is a
+        # dead letter.
         now = time.time()
         run = Run(f"soak-{index:04d}", profile, steps, rng.randrange(1 << 30), crashes,
-                  small_spool=index % 3 == 2, anchor_s=now, anchor_wall=now)
+                  small_spool=index % 3 == 2, anchor_s=now - 86_400, anchor_wall=now)
         self.runs.append(run)
 
     def _tend(self, run: Run) -> None:
