@@ -26,7 +26,10 @@ the message, and its snapshot times go on from the last one in the table.
 
 An exception in the engine (a bug) stays with the run and the message it failed on: the message
 goes to the ``dead_letter`` output whole, with the error, and the run goes on without it; a
-snapshot that fails is a dead letter too. The pipeline never stops for one run.
+snapshot that fails is a dead letter too. The pipeline never stops for one run. Of conflicting
+duplicates (two different events under one attempt and seq), the engine keeps the same one
+whatever their order, replacing the other in the state if that came first; the other is a dead
+letter.
 
 A snapshot is taken as of the run's own clock: its latest event time plus the processing time
 since that event arrived. For a live job that is now; for a replay it is the replayed time.
@@ -46,6 +49,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.coders import BytesCoder, VarIntCoder
 from apache_beam.metrics.metric import Metrics
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
@@ -53,7 +57,7 @@ from apache_beam.utils.timestamp import Timestamp
 from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure, never
 from pipeline.core import engine, state_coder
-from pipeline.core.events import Batch
+from pipeline.core.events import Batch, DeadLetter
 
 _US = 1_000_000
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
@@ -156,12 +160,15 @@ class TrackRunDoFn(beam.DoFn):
             else:  # a history sent again for a run held here is already in its state
                 state = self.decoded.get(run_id, encoded)
             was_ended = _ended(state)
-            added = state.add_batch(batch)
+            conflicts: list[DeadLetter] = []
+            added = state.add_batch(batch, conflicts)
         except Exception as error:  # noqa: BLE001 -- a bug for one message must not stop the fleet
             # The stored state is as before the message: the message is dead-lettered whole.
             self.decoded.drop(run_id)  # possibly half changed: decode it again next time
             yield engine_failure(run_id, error, batch)
             return
+        for letter in conflicts:  # the copies of conflicting duplicates not kept
+            yield TaggedOutput(DEAD_LETTER_TAG, letter)
         now_us = round(self.clock() * _US)
         if _ended(state):  # forgotten gc_after_s after its last message, redelivered ones too
             gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))

@@ -64,7 +64,8 @@ def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) ->
 
 
 class _ParseMessage(beam.DoFn):
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
         self.messages = Metrics.counter("goodput", "messages")
         self.events = Metrics.counter("goodput", "events")
         self.rejected = Metrics.counter("goodput", "rejected")
@@ -72,7 +73,7 @@ class _ParseMessage(beam.DoFn):
     def process(self, element: tuple[str, bytes]) -> Iterator[Any]:
         source, data = element
         self.messages.inc()
-        batch, dead = parse_batch(data, source)
+        batch, dead = parse_batch(data, source, round(self.clock() * 1_000_000))
         for letter in dead:
             self.rejected.inc()
             yield TaggedOutput(DEAD_LETTER_TAG, letter)
@@ -87,17 +88,23 @@ class ParseEvents(beam.PTransform):
     The main output is (run_id, Batch) per message (a message holds one attempt's events),
     typed so that a stateful step keyed by run has a deterministic key coder; the
     ``dead_letter`` output carries a ``DeadLetter`` for every rejected message or event, with the
-    raw payload and the reason. Nothing is dropped silently.
+    raw payload and the reason. Nothing is dropped silently. ``clock`` is the pipeline's clock
+    (seconds since the epoch), which no event time may pass by more than ``MAX_CLOCK_AHEAD_S``.
     """
 
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.clock = clock
+
     def expand(self, messages: PCollection) -> Any:
-        return messages | "Validate" >> beam.ParDo(_ParseMessage()).with_output_types(
+        return messages | "Validate" >> beam.ParDo(_ParseMessage(self.clock)).with_output_types(
             tuple[str, Batch]).with_outputs(DEAD_LETTER_TAG, main="events")
 
 
 class _SnapshotRun(beam.DoFn):
-    """A run's snapshot from all its messages. An exception in the engine (a bug) makes a dead
-    letter of the message it failed on, or of the snapshot, and never stops the replay."""
+    """A run's snapshot from all its messages, and the dead letters of conflicting duplicates
+    (the same in any order). An exception in the engine (a bug) makes a dead letter of the
+    message it failed on, or of the snapshot, and never stops the replay."""
 
     def __init__(self, windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...]) -> None:
         self.windows_s, self.exclusions = windows_s, exclusions
@@ -106,16 +113,19 @@ class _SnapshotRun(beam.DoFn):
         run_id, batches = element
         state = engine.RunState(run_id)
         added: list[Batch] = []
+        conflicts: list[DeadLetter] = []
         for batch in batches:
             try:
-                state.add_batch(batch)
+                state.add_batch(batch, conflicts)
             except Exception as error:  # noqa: BLE001 -- see the class docstring
                 yield engine_failure(run_id, error, batch)
-                state = engine.RunState(run_id)  # possibly half changed: the others again
+                state, conflicts = engine.RunState(run_id), []  # possibly half changed: the others again
                 for other in added:
-                    state.add_batch(other)
+                    state.add_batch(other, conflicts)
             else:
                 added.append(batch)
+        for letter in conflicts:
+            yield TaggedOutput(DEAD_LETTER_TAG, letter)
         if as_of_us is None:
             return
         try:
@@ -133,7 +143,7 @@ class TrackRuns(beam.PTransform):
     ``as_of_us`` None means the latest event time in the input; ``exclusions`` are intervals
     left out of every run's elapsed time and buckets. Deduplication and reordering are the
     engine's: duplicates and order never change a number. The ``dead_letter`` output holds what
-    the engine failed on.
+    the engine failed on, and the copies of conflicting duplicates it did not keep.
     """
 
     def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...],

@@ -7,29 +7,37 @@ with duplicates; ``RunState.snapshot(as_of_us)`` computes the run's figures as o
 result depends only on the set of distinct events, never on their arrival order, on how they were
 batched into messages, or on the snapshots taken before (``tests/unit/test_delivery.py``).
 An event is identified by its attempt and sequence number: a second event with the same id is a
-redelivery and is ignored (two different events under one id are a producer's bug; the first to
-arrive counts).
+redelivery and is ignored. Two different events under one id (a conflicting duplicate, a
+producer's bug) are resolved whatever their order: the one whose ``(time_us, fingerprint)`` sorts
+first is kept, replacing the other in the state if that came first, and the other is a dead
+letter (``conflicts``). So each attempt keeps what it needs to tell a redelivery from a
+conflict and to take an event back: the seq of each step, its other events whole, and the time
+and fingerprint of its observations (heartbeats, model metrics).
 
 How each stretch of the run's time is classified is ``pipeline.core.timeline``'s; what a snapshot
 holds is ``pipeline.core.snapshot``'s; the state's encoding for Beam is
 ``pipeline.core.state_coder``'s.
 
-Memory: O(1) per run and per attempt, plus 16 bytes per recorded step (its number and time in
-two ``array('q')``), plus about 100 bytes per recorded span marker (custom events, checkpoints).
+Memory: O(1) per run and per attempt, plus 24 bytes per recorded step (its number, time and seq
+in three ``array('q')``), 25 bytes per observation, plus about 300 bytes per other event (span
+markers, checkpoints: kept whole and as their effect).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
+import itertools
 import json
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from pipeline.core.events import Batch, Event
+from goodput_schemas.limits import MAX_COUNT
+from pipeline.core.events import Batch, DeadLetter, Event
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S, Snapshot, StepSummary
 from pipeline.core.stepstats import StepStatistics
 from pipeline.core.timeline import Settled, Timeline, span_label
@@ -64,6 +72,14 @@ class Attempt:
     splits: list[int] = dataclasses.field(default_factory=list)
     split_scanned: int = 0
     inserts: int = 0
+    # Each event by its seq (see the module docstring): the seq of each step beside it, other
+    # events whole, observations as (seq, time, fingerprint, kind) in seq order.
+    step_seqs: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    records: dict[int, tuple[int, str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    obs_seqs: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    obs_times: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    obs_prints: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    obs_kinds: array[int] = dataclasses.field(default_factory=lambda: array("b"))
 
     def first_time(self, seq: int) -> bool:
         """Marks ``seq`` seen; False if it had been seen before."""
@@ -80,22 +96,123 @@ class Attempt:
         process's, a full spool's) or still on their way."""
         return max(self.extra) + 1 - self.watermark - len(self.extra) if self.extra else 0
 
-    def add_step(self, step: int, time_us: int) -> bool:
+    def add_step(self, step: int, time_us: int, seq: int) -> bool:
         """Adds a step start; True if it simply extends the attempt (later, higher step)."""
         times = self.step_times
         if not times or time_us > times[-1] or (time_us == times[-1] and step >= self.steps[-1]):
             extends = not self.steps or step > self.steps[-1]
             self.steps.append(step)
             self.step_times.append(time_us)
+            self.step_seqs.append(seq)
             return extends
         else:  # late arrival: keep (time, step) order (rare, so the O(n) insert is fine)
             lo = bisect.bisect_left(times, time_us)
             at = bisect.bisect_right(self.steps, step, lo, bisect.bisect_right(times, time_us, lo))
             self.steps.insert(at, step)
             self.step_times.insert(at, time_us)
-            self.inserts += 1
-            self.splits, self.split_scanned = [], 0
+            self.step_seqs.insert(at, seq)
+            self.changed()
             return False
+
+    def changed(self) -> None:
+        """Notes a change other than an appended step: the derived step caches start again."""
+        self.inserts += 1
+        self.splits, self.split_scanned = [], 0
+
+    def observe(self, seq: int, time_us: int, kind: str, body: dict[str, Any]) -> None:
+        """Keeps an observation's seq, time and fingerprint, in seq order."""
+        at = len(self.obs_seqs)
+        if at and self.obs_seqs[-1] > seq:  # a late message (rare): O(n) insert
+            at = bisect.bisect_left(self.obs_seqs, seq)
+        for column, value in ((self.obs_seqs, seq), (self.obs_times, time_us),
+                              (self.obs_prints, fingerprint(kind, body)),
+                              (self.obs_kinds, _OBSERVATION_KINDS.index(kind))):
+            column.insert(at, value)
+
+    def kept(self, seq: int, kind: str) -> Kept | None:
+        """The event kept under ``seq`` (looked up first where one of ``kind`` would be), or
+        None if the state does not know it (encoded before events were kept by seq)."""
+        record = self.records.get(seq)
+        if record is not None:
+            return Kept(*record, fingerprint(record[1], record[2]))
+        looks = (self._kept_observation, self._kept_step)
+        for look in looks if kind in _OBSERVATIONS else looks[::-1]:
+            kept = look(seq)
+            if kept is not None:
+                return kept
+        return None
+
+    def _kept_step(self, seq: int) -> Kept | None:
+        i = _index(self.step_seqs, seq)
+        if i is None:
+            return None
+        body = {"step": self.steps[i]}
+        return Kept(self.step_times[i], "step_start", body, fingerprint("step_start", body))
+
+    def _kept_observation(self, seq: int) -> Kept | None:
+        i = _index(self.obs_seqs, seq)
+        if i is None:
+            return None
+        return Kept(self.obs_times[i], _OBSERVATION_KINDS[self.obs_kinds[i]], None, self.obs_prints[i])
+
+    def take_back(self, seq: int, kept: Kept) -> None:
+        """Undoes what the event kept under ``seq`` (``kept``) did to the attempt."""
+        if kept.kind == "step_start":
+            i = _index(self.step_seqs, seq)
+            assert i is not None
+            for column in (self.steps, self.step_times, self.step_seqs):
+                del column[i]
+        elif kept.kind in _OBSERVATIONS:
+            i = _index(self.obs_seqs, seq)
+            assert i is not None
+            for column in (self.obs_seqs, self.obs_times, self.obs_prints, self.obs_kinds):
+                del column[i]
+        else:
+            del self.records[seq]
+            t, kind, body = kept.time_us, kept.kind, kept.body or {}
+            if kind == "job_start":
+                self.start_us, self.metadata = None, {}
+                for t_other, kind_other, other in self.records.values():
+                    if kind_other == "job_start":
+                        self.choose_start(t_other, other)
+            elif kind == "job_end":
+                self.end_us, self.failed = None, None
+                for t_other, kind_other, other in self.records.values():
+                    if kind_other == "job_end":
+                        self.note_end(t_other, other)
+            elif kind == "checkpoint_save":
+                self.saves.remove(_entry(t, kind, body))  # type: ignore[arg-type]
+            elif kind == "checkpoint_restore":
+                self.restores.remove(_entry(t, kind, body))  # type: ignore[arg-type]
+            elif kind == "elastic_slice_counts":
+                self.slice_counts.remove(_entry(t, kind, body))  # type: ignore[arg-type]
+            elif kind.endswith("_start") or kind.endswith("_end"):
+                name, _, edge = kind.rpartition("_")
+                label = span_label(name, body)
+                if label is not None:
+                    self.markers[label].remove((t, 1 if edge == "start" else -1))
+                    if not self.markers[label]:
+                        del self.markers[label]
+        self.changed()
+        self.last_event_us = max(itertools.chain(  # steps are in time order
+            self.step_times[-1:], self.obs_times, (r[0] for r in self.records.values())), default=0)
+
+    def choose_start(self, t: int, body: dict[str, Any]) -> bool:
+        """Notes a job_start; True if it is the attempt's start now (the earliest; of two at one
+        time, the first in ``_ordering``)."""
+        if self.start_us is None or t < self.start_us or (
+                t == self.start_us and _ordering(body) < _ordering(self.metadata)):
+            self.start_us = t
+            self.metadata = dict(body)
+            return True
+        return False
+
+    def note_end(self, t: int, body: dict[str, Any]) -> None:
+        """Notes a job_end: the latest is the attempt's end; of their flags, a failure wins."""
+        self.end_us = t if self.end_us is None else max(self.end_us, t)
+        failed = body.get("failed")
+        if failed is not None and self.failed is not True:  # any order: True > False > None
+            self.failed = bool(failed)
 
     def split_indices(self) -> list[int]:
         """Indices of steps that start a new sub-segment (not 0), scanning only new steps."""
@@ -144,22 +261,48 @@ class RunState:
                 state._started(attempt)
         return state
 
-    def add(self, event: Event) -> bool:
-        """Adds one event; False (and no change) if it was seen before. O(1) amortized."""
+    def add(self, event: Event, conflicts: list[DeadLetter] | None = None) -> bool:
+        """Adds one event; False (and no change) if it was seen before. O(1) amortized.
+
+        Of two different events under one id (attempt, seq), the one whose ``(time_us,
+        fingerprint)`` sorts first is kept whatever their order: True if ``event`` replaced the
+        one kept before. The other is appended to ``conflicts`` as a dead letter.
+        """
         attempt = self.attempts.get(event.attempt_id)
         if attempt is None:
             attempt = self.attempts[event.attempt_id] = Attempt(event.attempt_id)
             self._version += 1
-        if not attempt.first_time(event.seq):
-            self.duplicates += 1
+        if attempt.first_time(event.seq):
+            self.events += 1
+            self._apply(attempt, event.seq, event.time_us, event.kind, event.body)
+            return True
+        self.duplicates += 1
+        kept = attempt.kept(event.seq, event.kind)
+        if kept is None or kept.same_as(event):  # a redelivery (or a state that cannot tell)
             return False
-        self.events += 1
-        self._apply(attempt, event.time_us, event.kind, event.body)
+        if (event.time_us, fingerprint(event.kind, event.body)) >= (kept.time_us, kept.print):
+            if conflicts is not None:
+                conflicts.append(_conflict(event.run_id, event.attempt_id, event.seq, event.time_us,
+                                           event.kind, event.body))
+            return False
+        attempt.take_back(event.seq, kept)
+        self._version += 1
+        self._latest_us = max(a.last_event_us for a in self.attempts.values())
+        self._live = self._live_start = None
+        for other in self.attempts.values():
+            if other.start_us is not None:
+                self._started(other)
+        self._apply(attempt, event.seq, event.time_us, event.kind, event.body)
+        if conflicts is not None:
+            conflicts.append(_conflict(self.run_id, attempt.attempt_id, event.seq, kept.time_us, kept.kind,
+                                       kept.body))
         return True
 
-    def add_batch(self, batch: Batch) -> int:
+    def add_batch(self, batch: Batch, conflicts: list[DeadLetter] | None = None) -> int:
         """Adds one message's events, in bulk when they are the attempt's next ones, in order;
-        returns how many were new (0 for a redelivered message)."""
+        returns how many were new or replaced a conflicting one (0 for a redelivered message).
+        Conflicting duplicates are resolved as ``add`` says, their dead letters appended to
+        ``conflicts``."""
         attempt = self.attempts.get(batch.attempt_id)
         if attempt is None:
             attempt = self.attempts[batch.attempt_id] = Attempt(batch.attempt_id)
@@ -173,7 +316,7 @@ class RunState:
                 and _in_step_order(_ints(times), numbers)
                 and (not times or not attempt.step_times
                      or (times[0], steps[0]) >= (attempt.step_times[-1], attempt.steps[-1]))):
-            return sum(self.add(event) for event in batch.events())
+            return sum(self.add(event, conflicts) for event in batch.events())
         attempt.watermark = first + total
         self.events += total
         if times:
@@ -182,40 +325,36 @@ class RunState:
                 self._version += 1
             attempt.steps.extend(steps)
             attempt.step_times.extend(times)
+            attempt.step_seqs.extend(batch.step_seqs)
             attempt.last_event_us = max(attempt.last_event_us, times[-1])
             self._latest_us = max(self._latest_us, times[-1])
         for event in batch.others:
-            self._apply(attempt, event.time_us, event.kind, event.body)
+            self._apply(attempt, event.seq, event.time_us, event.kind, event.body)
         return total
 
-    def _apply(self, attempt: Attempt, t: int, kind: str, body: dict[str, Any]) -> None:
+    def _apply(self, attempt: Attempt, seq: int, t: int, kind: str, body: dict[str, Any]) -> None:
         attempt.last_event_us = max(attempt.last_event_us, t)
         self._latest_us = max(self._latest_us, t)
         if kind == "step_start":
-            if not attempt.add_step(int(body["step"]), t) or attempt.attempt_id != self._live:
+            if not attempt.add_step(int(body["step"]), t, seq) or attempt.attempt_id != self._live:
                 self._version += 1
             return
         if kind in _OBSERVATIONS:
+            attempt.observe(seq, t, kind, body)
             return
         self._version += 1
+        attempt.records[seq] = (t, kind, body)
         if kind == "job_start":
-            if attempt.start_us is None or t < attempt.start_us or (
-                    t == attempt.start_us and _ordering(body) < _ordering(attempt.metadata)):
-                attempt.start_us = t
-                attempt.metadata = dict(body)
+            if attempt.choose_start(t, body):
                 self._started(attempt)
         elif kind == "job_end":
-            attempt.end_us = t if attempt.end_us is None else max(attempt.end_us, t)
-            failed = body.get("failed")
-            if failed is not None and attempt.failed is not True:  # any order: True > False > None
-                attempt.failed = bool(failed)
+            attempt.note_end(t, body)
         elif kind == "checkpoint_save":
-            attempt.saves.append((t, round(body["blocking_s"] * _US), int(body["step"])))
+            attempt.saves.append(_entry(t, kind, body))  # type: ignore[arg-type]
         elif kind == "checkpoint_restore":
-            attempt.restores.append((t, round(body["blocking_s"] * _US), int(body["step"])))
+            attempt.restores.append(_entry(t, kind, body))  # type: ignore[arg-type]
         elif kind == "elastic_slice_counts":
-            attempt.slice_counts.append((t, int(body["active_slices"]), int(body["total_slices"]),
-                                         int(body["available_slices"])))
+            attempt.slice_counts.append(_entry(t, kind, body))  # type: ignore[arg-type]
         elif kind.endswith("_start") or kind.endswith("_end"):
             name, _, edge = kind.rpartition("_")
             label = span_label(name, body)
@@ -299,7 +438,8 @@ class RunState:
             stepping_slice_efficiency=stepping,
             available_slice_efficiency=available,
             step_summary=_summary(stats),
-            missing_events=sum(attempt.missing() for attempt in self.attempts.values()),
+            # Capped: each attempt's count is below MAX_COUNT, but a run may have many attempts.
+            missing_events=min(MAX_COUNT, sum(attempt.missing() for attempt in self.attempts.values())),
         )
 
     def _step_statistics(self, timeline: Timeline) -> StepStatistics:
@@ -371,4 +511,62 @@ def _seconds(microseconds: float | None) -> float | None:
 
 # Events that only show the attempt is alive: they move its clock and change no figure, so the
 # cached timeline stays valid (a job logging metrics every step keeps its incremental snapshots).
-_OBSERVATIONS = frozenset({"heartbeat", "model_metrics"})
+_OBSERVATION_KINDS = ("heartbeat", "model_metrics")
+_OBSERVATIONS = frozenset(_OBSERVATION_KINDS)
+
+
+class Kept(NamedTuple):
+    """The event an attempt keeps under a seq: its body is None for an observation, whose
+    fingerprint alone is kept."""
+
+    time_us: int
+    kind: str
+    body: dict[str, Any] | None
+    print: int
+
+    def same_as(self, event: Event) -> bool:
+        """Whether ``event`` is this one again (a redelivery)."""
+        if (self.time_us, self.kind) != (event.time_us, event.kind):
+            return False
+        if self.body is None:
+            return self.print == fingerprint(event.kind, event.body)
+        return _canonical(self.kind, self.body) == _canonical(event.kind, event.body)
+
+
+def _canonical(kind: str, body: dict[str, Any]) -> str:
+    """An event's kind and body as one deterministic text (a NaN loss equals itself here)."""
+    return json.dumps([kind, body], sort_keys=True, separators=(",", ":"))
+
+
+def fingerprint(kind: str, body: dict[str, Any]) -> int:
+    """A 64-bit fingerprint of an event's kind and body, the same in every process: with its
+    time, it orders conflicting duplicates."""
+    digest = hashlib.blake2b(_canonical(kind, body).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _entry(t: int, kind: str, body: dict[str, Any]) -> tuple[int, ...]:
+    """What a checkpoint or a slice count adds to its attempt's list."""
+    if kind == "elastic_slice_counts":
+        return (t, int(body["active_slices"]), int(body["total_slices"]), int(body["available_slices"]))
+    return (t, round(body["blocking_s"] * _US), int(body["step"]))
+
+
+def _index(seqs: array[int], seq: int) -> int | None:
+    """Where ``seq`` is in ``seqs`` (found by bisection while they are in order, as they nearly
+    always are; else by a scan), or None."""
+    i = bisect.bisect_left(seqs, seq)
+    if i < len(seqs) and seqs[i] == seq:
+        return i
+    found = np.flatnonzero(_ints(seqs) == seq)
+    return int(found[0]) if len(found) else None
+
+
+def _conflict(run_id: str, attempt_id: str, seq: int, time_us: int, kind: str,
+              body: dict[str, Any] | None) -> DeadLetter:
+    """The dead letter of the copy of a conflicting duplicate that is not kept."""
+    payload = json.dumps({"seq": seq, "time_us": time_us, kind: body}, sort_keys=True)
+    kept_back = " (its body is not kept in the state: see the raw events)" if body is None else ""
+    return DeadLetter(payload, f"conflicting duplicate of (attempt {attempt_id!r}, seq {seq}): another "
+                      f"event has the same attempt and seq; the one whose (time_us, fingerprint) sorts "
+                      f"first is kept{kept_back}", "engine:dedup", run_id)

@@ -1,7 +1,8 @@
 """The state coder: a run's state as compact, deterministic bytes, for Beam state.
 
-A JSON header holds everything but the step history; each attempt's steps and step times follow
-as raw little-endian int64 arrays: 16 bytes per recorded step.
+A JSON header holds everything but the step history and the observations; each attempt's steps,
+step times and step seqs follow as raw little-endian int64 arrays (24 bytes per recorded step),
+then its observations' seqs, times and fingerprints (int64) and kinds (one byte each).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ _MAGIC = b"GPS1"
 def encode_state(state: RunState) -> bytes:
     """A compact, deterministic encoding of a run's state (the Beam state coder uses it).
 
-    A JSON header holds everything but the step history; each attempt's steps and step times
-    follow as raw little-endian int64 arrays: 16 bytes per recorded step.
+    A JSON header holds everything but the step history and the observations, which follow as
+    raw little-endian arrays (see the module docstring).
     """
     attempts = []
     arrays = []
@@ -32,10 +33,15 @@ def encode_state(state: RunState) -> bytes:
             "markers": attempt.markers, "saves": attempt.saves, "restores": attempt.restores,
             "slices": attempt.slice_counts, "last": attempt.last_event_us,
             "wm": attempt.watermark, "extra": sorted(attempt.extra),
+            # Events by seq (``Attempt.kept``): a state encoded without them cannot tell a
+            # conflicting duplicate of its events from a redelivery.
+            "records": [[seq, *record] for seq, record in sorted(attempt.records.items())],
+            "obs": len(attempt.obs_seqs),
             # Only when known: a state without it encodes as before the flag existed.
             **({} if attempt.failed is None else {"failed": attempt.failed}),
         })
-        arrays += [attempt.steps, attempt.step_times]
+        arrays += [attempt.steps, attempt.step_times, attempt.step_seqs, attempt.obs_seqs, attempt.obs_times,
+                   attempt.obs_prints, attempt.obs_kinds]
     header = json.dumps({"run": state.run_id, "events": state.events, "dups": state.duplicates,
                          "attempts": attempts}, separators=(",", ":")).encode()
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *map(_little_endian, arrays)])
@@ -51,8 +57,13 @@ def decode_state(data: bytes) -> RunState:
     attempts = []
     for item in header["attempts"]:
         attempt = Attempt(item["id"], item["start"], item["end"], item["meta"])
-        for target in (attempt.steps, attempt.step_times):
-            size = item["n"] * 8
+        columns = [(attempt.steps, item["n"]), (attempt.step_times, item["n"])]
+        if "obs" in item:  # else encoded before events were kept by seq
+            count = item["obs"]
+            columns += [(attempt.step_seqs, item["n"]), (attempt.obs_seqs, count), (attempt.obs_times, count),
+                        (attempt.obs_prints, count), (attempt.obs_kinds, count)]
+        for target, count in columns:
+            size = count * target.itemsize
             target.frombytes(data[offset:offset + size])
             if sys.byteorder != "little":
                 target.byteswap()
@@ -64,6 +75,7 @@ def decode_state(data: bytes) -> RunState:
         attempt.last_event_us, attempt.watermark = item["last"], item["wm"]
         attempt.extra = set(item["extra"])
         attempt.failed = item.get("failed")  # absent in states encoded before the flag existed
+        attempt.records = {seq: (t, kind, body) for seq, t, kind, body in item.get("records", ())}
         attempts.append(attempt)
     return RunState.of(header["run"], attempts, header["events"], header["dups"])
 
@@ -73,6 +85,6 @@ def _little_endian(values: array[int]) -> memoryview | bytes:
     the join that builds the encoding (a long history is most of a state's bytes)."""
     if sys.byteorder == "little":
         return memoryview(values)
-    swapped = array("q", values)
+    swapped = array(values.typecode, values)
     swapped.byteswap()
     return swapped.tobytes()

@@ -35,12 +35,12 @@ def poisoned_message(monkeypatch: pytest.MonkeyPatch, clean_lines: list[bytes]) 
     poison = batch_of(chosen)
     add_batch = engine.RunState.add_batch
 
-    def failing(self: engine.RunState, batch: Batch) -> int:
+    def failing(self: engine.RunState, batch: Batch, *rest: Any) -> int:
         if (batch.run_id, batch.attempt_id, tuple(batch.step_seqs)) == (
                 poison.run_id, poison.attempt_id, tuple(poison.step_seqs)):
-            add_batch(self, batch)  # half applied, then the bug
+            add_batch(self, batch, *rest)  # half applied, then the bug
             raise ZeroDivisionError("injected")
-        return add_batch(self, batch)
+        return add_batch(self, batch, *rest)
 
     monkeypatch.setattr(engine.RunState, "add_batch", failing)
     return chosen
