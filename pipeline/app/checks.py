@@ -7,6 +7,7 @@ read-only here, so a file that is refused is left as it was.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gzip
 import os
@@ -15,7 +16,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.core.events import GZIP_MAGIC
 
@@ -43,6 +44,13 @@ class UsageError(Exception):
     """A mistake in a command line; the message says what is wrong and what to do, in one line."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a mistake in one line: what is wrong, and where to look; exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _not_a_file(mode: int) -> str | None:
     """What a path that is not a regular file is, in words."""
     if stat.S_ISREG(mode):
@@ -56,7 +64,7 @@ def _not_a_file(mode: int) -> str | None:
     return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
 
 
-def _existing(path: str, option: str) -> os.stat_result:
+def check_readable_file(path: str, option: str) -> os.stat_result:
     """The status of an input file that must exist and be a regular, readable file."""
     try:
         status = os.stat(path)
@@ -81,7 +89,7 @@ def _existing(path: str, option: str) -> os.stat_result:
 def check_events_file(path: str, option: str = "--events") -> None:
     """An emitter file: a regular, readable file of JSON lines, plain or gzip-compressed (which
     is read through whole here, so that a damaged one is refused before the replay starts)."""
-    _existing(path, option)
+    check_readable_file(path, option)
     try:
         with open(path, "rb") as handle:
             head = handle.read(16)
@@ -112,7 +120,7 @@ def read_only(path: str, option: str = "--duckdb") -> Iterator[Any]:
     writes it; a path that is not a DuckDB file is a ``UsageError``."""
     import duckdb
 
-    status = _existing(path, option)
+    status = check_readable_file(path, option)
     if status.st_size == 0:
         raise UsageError(f"{option}={path} is an empty file, not a DuckDB file: remove it, or name "
                          "another file")
@@ -184,3 +192,18 @@ def check_duckdb_input(path: str, option: str = "--from_duckdb") -> None:
         raise UsageError(f"{option}={path}: its events table lacks the columns "
                          f"{', '.join(sorted(_EVENTS_COLUMNS - columns))}, without which the events "
                          "cannot be replayed")
+
+
+def check_output_file(path: str, option: str, inputs: tuple[str, ...], starts: bytes) -> None:
+    """A file a command is to write whole: new, or one it wrote before (it begins with ``starts``,
+    or is empty), and none of its inputs."""
+    if not os.path.lexists(path):
+        return
+    if any(os.path.realpath(path) == os.path.realpath(given) for given in inputs):
+        raise UsageError(f"{option}={path} is also an input: name another file")
+    check_readable_file(path, option)
+    with open(path, "rb") as existing:
+        head = existing.read(len(starts))
+    if head and head != starts:
+        raise UsageError(f"{option}={path} exists and is not a file this command wrote: it was left "
+                         "untouched; name another file")

@@ -25,20 +25,13 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from goodput_schemas import saved_queries
-from pipeline.app.checks import UsageError, check_ours, read_only
+from pipeline.app.checks import OneLineParser, UsageError, check_ours, read_only
 
 #: What every report this command writes has near its start: a file without it is not one to overwrite.
 _REPORT_MARK = b"<title>Fleet goodput report"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a mistake in one line: what is wrong, and where to look."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _first_line(sql: str) -> str:
@@ -183,7 +176,14 @@ def _emulator(args: argparse.Namespace, out: TextIO) -> int:
 
     module = importlib.import_module(f"pipeline.emulators.{args.service}")
     port = args.port or _EMULATORS[args.service]
-    code: int = module.main(["--port", str(port), "--host", args.host])
+    try:
+        code: int = module.main(["--port", str(port), "--host", args.host])
+    except (OSError, RuntimeError) as error:  # gRPC says RuntimeError when it cannot bind
+        if "bind" not in str(error).lower() and "address" not in str(error).lower():
+            raise
+        print(f"goodput emulator: cannot listen on {args.host}:{port} (in use, or not an address "
+              "of this machine): choose another --port or --host", file=sys.stderr)
+        return 2
     return code
 
 
@@ -199,7 +199,7 @@ def _port(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(
+    top = OneLineParser(
         prog="goodput", description="Fleet goodput on a workstation: the demo, batch replays, HTML reports, "
                                     "fleet queries, imports of the reference's history, local emulators.")
     commands = top.add_subparsers(dest="command", required=True)

@@ -441,6 +441,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"goodput import: --destination must be projects/P/topics/T, got {args.destination!r}",
               file=sys.stderr)
         return 2
+    from pipeline.app.checks import UsageError, check_output_file, check_readable_file
+
+    try:
+        for path in args.inputs:
+            if path != "-":
+                check_readable_file(path, "INPUT")
+        if args.output is not None:
+            check_output_file(args.output, "--output", tuple(args.inputs), b'{"schema_version"')
+        if args.rejected:
+            check_output_file(args.rejected, "--rejected", tuple(args.inputs), b'{"source"')
+    except UsageError as error:
+        print(f"goodput import: {error}", file=sys.stderr)
+        return 2
     try:
         result = import_files(args.inputs, args.job_name)
     except (OSError, UnicodeDecodeError) as error:

@@ -322,7 +322,9 @@ class CopySaver:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    from pipeline.app.checks import OneLineParser
+
+    parser = OneLineParser(
         prog="goodput demo",
         description="Run a live local fleet end to end in under three minutes: simulated training jobs "
                     "(and a real JAX one) publish goodput events through the emitter to a local Pub/Sub "

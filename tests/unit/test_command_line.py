@@ -178,3 +178,47 @@ def test_a_mistake_in_a_goodput_command_is_one_line(argv: list[str], said: str, 
     assert exited.value.code == 2
     line = one_line_error(capsys)
     assert line.startswith("goodput") and said in line
+
+
+def test_goodput_demo_answers_a_mistake_in_one_line(capsys):
+    """goodput demo's range checks are one line, exit code 2, like every other command's."""
+    from pipeline.demo import demo
+
+    for argv, said in ((["--runs", "0"], "--runs must be between 1 and 100"),
+                       (["--duration-s", "nan"], "--duration-s must be between 10 and 3600")):
+        with pytest.raises(SystemExit) as exited:
+            demo.main(argv)
+        assert exited.value.code == 2
+        assert said in one_line_error(capsys)
+
+
+def test_goodput_import_refuses_missing_inputs_and_outputs_it_did_not_write(tmp_path: Path, capsys):
+    """goodput import names a missing or directory input, and an --output or --rejected that is
+    an input or a file it did not write, in one line, exit code 2, touching nothing."""
+    export = tmp_path / "export.json"
+    export.write_text("[]\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    for argv, said in (([str(tmp_path / "nope.json")], "no such file"),
+                       ([str(tmp_path)], "is a directory"),
+                       ([str(export), "--output", str(export)], "is also an input"),
+                       ([str(export), "--output", str(notes)], "is not a file this command wrote"),
+                       ([str(export), "--output", str(tmp_path / "o.jsonl"), "--rejected", str(notes)],
+                        "is not a file this command wrote")):
+        output = [] if "--output" in argv else ["--output", str(tmp_path / "o.jsonl")]
+        assert main(["import", *argv, *output]) == 2
+        assert said in one_line_error(capsys)
+    assert export.read_text() == "[]\n" and notes.read_text() == "mine\n"
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_goodput_emulator_on_a_port_in_use_is_one_line(capsys):
+    """An emulator asked for a port another process listens on says so in one line, exit code 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["emulator", "bigquery", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in one_line_error(capsys)
