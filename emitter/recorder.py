@@ -611,6 +611,19 @@ class GoodputRecorder:
                 body[name] = json_double(_number(value, name))
         self._record("model_metrics", time_, "time_", body)
 
+    def _seconds(self, timeout: object, method: str) -> float:
+        """A timeout as given, if it is a number of seconds >= 0; else counted, and the default."""
+        try:
+            seconds = _number(timeout, "timeout")
+            if math.isnan(seconds) or seconds < 0:
+                raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r:.80}")
+        except ValueError as error:
+            if self._strict:
+                raise
+            self._invalid_call(method, error)
+            return self.settings.close_timeout_s
+        return min(seconds, threading.TIMEOUT_MAX)
+
     def _blocking_s(self, start_time: object, end_time: object, what: str) -> float:
         if start_time is None:
             raise ValueError("start_time is required")
@@ -644,9 +657,12 @@ class GoodputRecorder:
 
     @_guarded
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits until every event recorded so far is delivered; False if ``timeout`` ran out."""
+        """Waits until every event recorded so far is delivered or counted as dropped; False if
+        ``timeout`` ran out (an invalid one is counted, and ``close_timeout_s`` applies)."""
         if self._worker is None:
             return True
+        if timeout is not None:
+            timeout = self._seconds(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         delivered = self._worker.flush(timeout)
         return all([retired.wait(deadline) for retired in self._retired]) and delivered
@@ -656,14 +672,15 @@ class GoodputRecorder:
         """Delivers what it can within ``timeout`` and stops; idempotent.
 
         Events still undelivered at the deadline stay in the spool, and the next process of
-        the run sends them. Returns whether everything was delivered.
+        the run sends them. Returns whether everything was delivered. An invalid ``timeout`` is
+        counted, and ``close_timeout_s`` applies.
         """
+        limit = self.settings.close_timeout_s if timeout is None else self._seconds(timeout, "close")
         with self._close_lock:
             if self._closed or self._worker is None:
                 return True
             self._closed = True
         atexit.unregister(self._exit_hook)
-        limit = self.settings.close_timeout_s if timeout is None else timeout
         if isinstance(self._transport.inner, DiscoveredTransport):
             limit = self._transport.inner.delivery_time(limit)  # nowhere: to the spool at once
         deadline = time.monotonic() + limit

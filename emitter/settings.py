@@ -35,7 +35,9 @@ class EmitterSettings:
             on-disk spool instead of blocking or dropping.
         spool_dir: Root of the on-disk spool (one subdirectory per run). Point it at a disk that
             survives a restart of the training process to keep unsent events across restarts.
-            Defaults to ``$GOODPUT_SPOOL_DIR``, else ``<tmp>/goodput-spool``.
+            Defaults to ``$GOODPUT_SPOOL_DIR``, else ``<tmp>/goodput-spool-<uid>``, one per
+            user. The spool keeps its run directories private (mode 0700, owned by the user)
+            and refuses, logged, a directory another user owns.
         max_spool_bytes: Bound on the spool of one run; when full, the oldest spooled events are
             dropped (counted, logged once).
         spool_segment_bytes: Size at which a spool segment file is closed and a new one begun.
@@ -56,7 +58,7 @@ class EmitterSettings:
     max_queue_events: int = 100_000
     spool_dir: Path = dataclasses.field(
         default_factory=lambda: _env_path(
-            SPOOL_DIR_ENV, Path(tempfile.gettempdir()) / "goodput-spool"
+            SPOOL_DIR_ENV, Path(tempfile.gettempdir()) / f"goodput-spool-{os.geteuid()}"
         )
     )
     max_spool_bytes: int = 512 * 1024 * 1024

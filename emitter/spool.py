@@ -9,6 +9,12 @@ never reads or deletes a segment that is still being written.
 Each event is written with its own ``write`` as it is spilled, not buffered in the process: what
 the spool accepted survives the process being killed (``SIGKILL``, the OOM killer), and a write
 the disk refuses (full, read-only) fails at once for that event, leaving no torn line behind.
+
+The spool is private: directories it creates are mode 0700; one that another user owns, or that
+is a symbolic link, is refused (as a disk that refuses writes), and a group- or world-accessible
+directory of the user's own is made private first. A segment is sent only if it is a regular
+file of the user's own whose header names this run and the attempt its file name names, so that
+nobody can publish events as another run, with its credentials, by planting a file.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 from goodput_schemas.wire import Record
@@ -29,6 +36,23 @@ _LOG = logging.getLogger(__name__)
 _SUFFIX = ".seg"
 _COUNT_CHUNK = 1024 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def private_directory(path: Path) -> None:
+    """Makes ``path`` (and missing parents) a directory only this user can enter.
+
+    Raises:
+        OSError: It is a symbolic link, not a directory, or owned by another user.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.ENOTDIR, f"spool {path} is not a directory of its own (a link?)")
+    if info.st_uid != os.geteuid():
+        raise OSError(errno.EACCES, f"spool {path} belongs to uid {info.st_uid}, not to this "
+                                    f"user ({os.geteuid()}): refusing to spool there")
+    if info.st_mode & 0o077:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & 0o700)
 
 
 def run_directory(root: Path, run_id: str) -> Path:
@@ -65,6 +89,7 @@ class Spool:
         self._open_bytes = 0
         self._total_bytes: int | None = None
         self._claimed: Path | None = None
+        self._private = False
         #: Events of this attempt dropped because the spool was full.
         self.dropped_events = 0
         #: Events of earlier attempts dropped (their oldest segments) to make room.
@@ -137,11 +162,17 @@ class Spool:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
+    def _ensure_private(self) -> None:
+        if not self._private:
+            private_directory(self.directory.parent)
+            private_directory(self.directory)
+            self._private = True
+
     def _begin_segment(self, first_seq: int) -> None:
         self.seal()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_private()
         path = self.directory / f"{self._prefix}{first_seq:012d}{_SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         header = (json.dumps({"run_id": self._run_id, "attempt_id": self._attempt_id}) + "\n").encode()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -178,6 +209,7 @@ class Spool:
     def _segment_files(self) -> list[Path]:
         if not self.directory.is_dir():
             return []
+        self._ensure_private()  # never read what another user could have put there
         return sorted(p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX))
 
     def segments(self, *, own: bool | None = None) -> list[Path]:
@@ -191,22 +223,27 @@ class Spool:
         """Marks the segment being sent (``None``: none), so that making room never drops it."""
         self._claimed = path
 
-    @staticmethod
-    def read(path: Path) -> tuple[str, str, list[Record]] | None:
+    def read(self, path: Path) -> tuple[str, str, list[Record]] | None:
         """(run_id, attempt_id, records) of a sealed segment; None if it is gone, in use or unreadable.
 
         Changes nothing, so the worker reads and decodes a segment without holding the lock that
-        ``record_*`` calls take. A segment with no valid header has no records. A torn line (the
-        writer was killed mid-write) is skipped with a warning.
+        ``record_*`` calls take. A segment with no valid header, or not this run's own (see the
+        module docstring), has no records. A torn line (the writer was killed mid-write) is
+        skipped with a warning.
         """
         try:
-            handle = open(path, "rb")  # noqa: SIM115 - closed below
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as error:
-            _LOG.warning("spool segment %s cannot be read (%s); leaving it", path, error)
-            return None
+            _LOG.warning("spool segment %s cannot be read (%s); removing it", path, error)
+            return "", "", []
+        handle = os.fdopen(fd, "rb")
         with handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                _LOG.warning("spool segment %s is not a file of this user's; removing it", path)
+                return "", "", []
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -221,6 +258,10 @@ class Spool:
             run_id, attempt_id = str(header["run_id"]), str(header["attempt_id"])
         except (ValueError, KeyError, TypeError, IndexError):
             _LOG.warning("spool segment %s has no valid header; removing it", path)
+            return "", "", []
+        if run_id != self._run_id or f"-{attempt_id}-" not in path.name:
+            _LOG.warning("spool segment %s names run %r, attempt %r: not this run's; removing it",
+                         path, run_id[:100], attempt_id[:100])
             return "", "", []
         records: list[Record] = []
         for number, line in enumerate(lines[1:], start=2):

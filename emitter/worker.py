@@ -389,7 +389,7 @@ class BatchWorker:
         with self._lock:
             self._spool.claim(path)  # making room must not drop what is being sent
         try:
-            content = Spool.read(path)  # disk reads and decoding, without the lock
+            content = self._spool.read(path)  # disk reads and decoding, without the lock
             if content is None:
                 return not own  # another process's is skipped; this attempt's is retried later
             run_id, attempt_id, records = content

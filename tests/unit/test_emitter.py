@@ -253,7 +253,7 @@ def test_destination_comes_from_the_environment(monkeypatch, events_file, make_s
         (lambda r: r.record_checkpoint_save(3, at(10), at(5)), "before start_time"),
         (lambda r: r.record_elastic_slice_counts(-1, 2, 2, at(0)), ">= 0"),
         (lambda r: r.record_model_metrics(1, loss="low"), "number"),
-        (lambda r: r.flush(timeout="soon"), "'<' not supported|must be real number|unsupported"),
+        (lambda r: r.flush(timeout="soon"), "timeout must be a number"),
     ],
 )
 def test_what_cannot_be_recorded_is_counted_and_logged_once_or_raised_when_strict(
