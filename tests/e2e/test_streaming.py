@@ -288,9 +288,10 @@ def test_a_failed_pipeline_exits_1_instead_of_serving_a_dead_stream(
     pipeline, whose state never says so: the launcher sees it in the runner's reports, says so
     and exits 1, instead of leaving a process that reads nothing."""
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("")
-    doomed = blocker / "live.duckdb"
+    doomed = tmp_path / "live.duckdb"
+    # A new file in a directory that can be written passes the launcher's checks; its
+    # write-ahead log being a directory fails the first commit, in a bundle.
+    (tmp_path / "live.duckdb.wal").mkdir()
     with streaming(emulator.host, doomed, 1, "run-doomed", make_settings()) as (stream, recorder):
         recorder.record_job_start_time(at(0))
         assert recorder.flush(timeout=20)
