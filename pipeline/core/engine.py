@@ -134,7 +134,7 @@ class Attempt:
         None if the state does not know it (encoded before events were kept by seq)."""
         record = self.records.get(seq)
         if record is not None:
-            return Kept(*record, fingerprint(record[1], record[2]))
+            return Kept(*record, None)
         looks = (self._kept_observation, self._kept_step)
         for look in looks if kind in _OBSERVATIONS else looks[::-1]:
             kept = look(seq)
@@ -146,8 +146,7 @@ class Attempt:
         i = _index(self.step_seqs, seq)
         if i is None:
             return None
-        body = {"step": self.steps[i]}
-        return Kept(self.step_times[i], "step_start", body, fingerprint("step_start", body))
+        return Kept(self.step_times[i], "step_start", {"step": self.steps[i]}, None)
 
     def _kept_observation(self, seq: int) -> Kept | None:
         i = _index(self.obs_seqs, seq)
@@ -280,7 +279,7 @@ class RunState:
         kept = attempt.kept(event.seq, event.kind)
         if kept is None or kept.same_as(event):  # a redelivery (or a state that cannot tell)
             return False
-        if (event.time_us, fingerprint(event.kind, event.body)) >= (kept.time_us, kept.print):
+        if (event.time_us, fingerprint(event.kind, event.body)) >= kept.order():
             if conflicts is not None:
                 conflicts.append(_conflict(event.run_id, event.attempt_id, event.seq, event.time_us,
                                            event.kind, event.body))
@@ -517,12 +516,12 @@ _OBSERVATIONS = frozenset(_OBSERVATION_KINDS)
 
 class Kept(NamedTuple):
     """The event an attempt keeps under a seq: its body is None for an observation, whose
-    fingerprint alone is kept."""
+    fingerprint alone is kept (``print``, None for the others)."""
 
     time_us: int
     kind: str
     body: dict[str, Any] | None
-    print: int
+    print: int | None
 
     def same_as(self, event: Event) -> bool:
         """Whether ``event`` is this one again (a redelivery)."""
@@ -530,7 +529,14 @@ class Kept(NamedTuple):
             return False
         if self.body is None:
             return self.print == fingerprint(event.kind, event.body)
-        return _canonical(self.kind, self.body) == _canonical(event.kind, event.body)
+        return self.body == event.body  # finite values only: NaN is an observation's
+
+    def order(self) -> tuple[int, int]:
+        """Where it sorts among conflicting copies: (time_us, fingerprint)."""
+        if self.print is not None:
+            return self.time_us, self.print
+        assert self.body is not None
+        return self.time_us, fingerprint(self.kind, self.body)
 
 
 def _canonical(kind: str, body: dict[str, Any]) -> str:
