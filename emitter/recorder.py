@@ -47,12 +47,14 @@ from emitter.spool import Spool
 from emitter.transports import Transport, transport_for
 from emitter.worker import BatchWorker, EmitterStats
 from goodput_schemas.limits import (
+    MAX_COUNT,
     MAX_DURATION_S,
-    MAX_INT64,
     MAX_LABELS,
     MAX_TIME_US,
     MIN_TIME_US,
     id_problem,
+    int_limit,
+    int_name,
     text_problem,
 )
 from goodput_schemas.wire import Message, json_double
@@ -95,8 +97,9 @@ def _count(value: object, name: str) -> int:
             number = int(value)
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{name} must be an integer, got {value!r:.80}") from None
-    if not 0 <= number <= MAX_INT64:
-        raise ValueError(f"{name} must be >= 0 and at most 2**63-1, got {number}")
+    limit = int_limit(name)
+    if not 0 <= number <= limit:
+        raise ValueError(f"{name} must be >= 0 and at most {int_name(limit)}, got {number}")
     return number
 
 
@@ -420,7 +423,7 @@ class GoodputRecorder:
         """Records the start of training step ``step``."""
         if self._worker is None:
             return
-        if type(step) is not int or not 0 <= step <= MAX_INT64:
+        if type(step) is not int or not 0 <= step <= MAX_COUNT:
             step = _count(step, "step")
         self._record("step_start", start_time, "start_time", {"step": step})
 
@@ -509,6 +512,9 @@ class GoodputRecorder:
                 "total_slices": _count(total_slices, "total_slices"),
                 "available_slices": _count(available_slices, "available_slices"),
             }
+            if max(body["active_slices"], body["available_slices"]) > body["total_slices"]:
+                raise ValueError(f"active_slices and available_slices must be at most "
+                                 f"total_slices, got {body}")
             self._record("elastic_slice_counts", timestamp, "timestamp", body)
 
     @_guarded

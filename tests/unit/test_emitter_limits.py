@@ -20,7 +20,6 @@ from goodput_schemas.limits import (
     MAX_COUNT,
     MAX_EVENTS_PER_MESSAGE,
     MAX_ID_LENGTH,
-    MAX_INT64,
     MAX_LABELS,
     MAX_MESSAGE_BYTES,
     MAX_SLICE_COUNT,
@@ -45,11 +44,14 @@ CALLS: list[tuple[str, Call, str]] = [
      "2000-01-01..2200-01-01"),
     ("a time after 2200", lambda r: r.record_job_end_time(datetime.datetime(2200, 1, 1, tzinfo=UTC)),
      "2000-01-01..2200-01-01"),
-    ("a step past int64", lambda r: r.record_step_start_time(MAX_INT64 + 1, at(0)), "2\\*\\*63-1"),
-    ("a checkpoint step past int64", lambda r: r.record_checkpoint_save(MAX_INT64 + 1, at(0), at(1)),
-     "2\\*\\*63-1"),
-    ("a slice count past int64", lambda r: r.record_elastic_slice_counts(MAX_INT64 + 1, 1, 1, at(0)),
-     "2\\*\\*63-1"),
+    ("a step past MAX_COUNT", lambda r: r.record_step_start_time(MAX_COUNT + 1, at(0)),
+     "MAX_COUNT"),
+    ("a checkpoint step past MAX_COUNT",
+     lambda r: r.record_checkpoint_save(MAX_COUNT + 1, at(0), at(1)), "MAX_COUNT"),
+    ("a slice count past MAX_SLICE_COUNT",
+     lambda r: r.record_elastic_slice_counts(MAX_SLICE_COUNT + 1, 1, 1, at(0)), "MAX_SLICE_COUNT"),
+    ("more active slices than slices",
+     lambda r: r.record_elastic_slice_counts(3, 2, 2, at(0)), "at most total_slices"),
 ]
 
 
@@ -78,7 +80,7 @@ METADATA: list[tuple[str, dict[str, Any], str]] = [
     ("a run group over MAX_TEXT_LENGTH", {"run_group": LONG}, "MAX_TEXT_LENGTH"),
     ("an accelerator type with a newline", {"accelerator_type": "v5p\n"}, "printable"),
     ("a location with an escape", {"location": "us-central1\x1b"}, "printable"),
-    ("a chip count past int64", {"chip_count": MAX_INT64 + 1}, "2\\*\\*63-1"),
+    ("a chip count past MAX_CHIP_COUNT", {"chip_count": MAX_CHIP_COUNT + 1}, "MAX_CHIP_COUNT"),
     ("an ideal step time of millennia", {"configured_ideal_step_time": 1e12}, "at most"),
 ]
 
