@@ -12,7 +12,7 @@ locals {
 }
 
 resource "google_storage_bucket" "dataflow" {
-  # checkov:skip=CKV_GCP_62: holds only the template spec, the price seed and Dataflow's temporary files; no user data to audit
+  # checkov:skip=CKV_GCP_62: holds only the template spec and the price seed; no user data to audit
   name                        = "${var.project_id}-${var.name}-dataflow"
   location                    = var.region
   labels                      = local.labels
@@ -27,7 +27,7 @@ resource "google_storage_bucket" "dataflow" {
   lifecycle_rule {
     condition {
       age            = 7
-      matches_prefix = ["temp/", "staging/"]
+      matches_prefix = ["temp/", "staging/"] # Dataflow's files, kept here by earlier versions
     }
     action {
       type = "Delete"
@@ -37,6 +37,30 @@ resource "google_storage_bucket" "dataflow" {
   lifecycle_rule {
     condition {
       num_newer_versions = 3
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# Dataflow's staging and temporary files, apart from the template spec: the pipeline may write
+# and delete objects here and only here.
+resource "google_storage_bucket" "scratch" {
+  # checkov:skip=CKV_GCP_62: only Dataflow's own staging and temporary files; no user data to audit
+  # checkov:skip=CKV_GCP_78: scratch files that Dataflow rewrites and deletes; older versions would only be kept to be deleted
+  name                        = "${var.project_id}-${var.name}-scratch"
+  location                    = var.region
+  labels                      = local.labels
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = true
+
+  lifecycle_rule {
+    condition {
+      age = 7
     }
     action {
       type = "Delete"
@@ -64,8 +88,8 @@ resource "google_dataflow_flex_template_job" "pipeline" {
   container_spec_gcs_path = "gs://${google_storage_bucket.dataflow.name}/${google_storage_bucket_object.template[0].name}"
   sdk_container_image     = var.container_image
   service_account_email   = google_service_account.pipeline.email
-  temp_location           = "gs://${google_storage_bucket.dataflow.name}/temp"
-  staging_location        = "gs://${google_storage_bucket.dataflow.name}/staging"
+  temp_location           = "gs://${google_storage_bucket.scratch.name}/temp"
+  staging_location        = "gs://${google_storage_bucket.scratch.name}/staging"
   subnetwork              = var.subnetwork
   ip_configuration        = "WORKER_IP_PRIVATE"
   kms_key_name            = var.kms_key_name
@@ -93,7 +117,9 @@ resource "google_dataflow_flex_template_job" "pipeline" {
     google_project_iam_member.pipeline,
     google_pubsub_subscription_iam_member.pipeline,
     google_bigquery_dataset_iam_member.pipeline,
-    google_storage_bucket_iam_member.pipeline,
+    google_bigquery_table_iam_member.pipeline,
+    google_storage_bucket_iam_member.pipeline_scratch,
+    google_storage_bucket_iam_member.pipeline_templates,
     google_bigquery_table.tables,
   ]
 }

@@ -1,6 +1,8 @@
 # Identity: one service account for the training jobs' emitters (publish to the events topic and
-# nothing else) and one for the pipeline (read its subscription, write the dataset's tables, write
-# metrics, run as a Dataflow worker). No primitive roles, no keys.
+# nothing else) and one for the pipeline (read its subscription, append rows to the tables it
+# writes, write metrics, run as a Dataflow worker, keep Dataflow's files in its scratch bucket).
+# No primitive roles, no admin roles, no keys. Each binding and why it is needed is listed in the
+# cross-check that fails on any other (tests/support/terraform.py, IAM_ALLOWED).
 
 resource "google_service_account" "emitter" {
   account_id   = "${var.name}-emitter"
@@ -48,16 +50,59 @@ resource "google_pubsub_subscription_iam_member" "pipeline" {
   member       = google_service_account.pipeline.member
 }
 
-resource "google_bigquery_dataset_iam_member" "pipeline" {
+# BigQuery: the pipeline appends rows with streaming inserts (tabledata.insertAll) and does
+# nothing else: no reads, no jobs, no tables made. insertAll needs bigquery.tables.updateData and
+# bigquery.tables.get on the table and bigquery.datasets.get on the dataset. No predefined role
+# appends without more: roles/bigquery.dataEditor, even on one table, may also delete the table
+# and change its schema. Hence a custom role on each table the pipeline writes (not
+# accelerator_prices, which the load job below fills as the deployer), and the dataset's metadata.
+locals {
+  pipeline_tables = setsubtract(keys(local.table_options), ["accelerator_prices"])
+}
+
+resource "google_project_iam_custom_role" "table_appender" {
+  project     = var.project_id
+  role_id     = "${replace(var.name, "-", "_")}_table_appender"
+  title       = "Fleet goodput table appender"
+  description = "Streaming inserts into a table: its metadata and new rows; no reads, no deletes, no schema changes."
+  permissions = ["bigquery.tables.get", "bigquery.tables.updateData"]
+}
+
+resource "google_bigquery_table_iam_member" "pipeline" {
+  for_each = local.pipeline_tables
+
+  project    = var.project_id
   dataset_id = google_bigquery_dataset.goodput.dataset_id
-  role       = "roles/bigquery.dataEditor"
+  table_id   = google_bigquery_table.tables[each.key].table_id
+  role       = google_project_iam_custom_role.table_appender.name
   member     = google_service_account.pipeline.member
 }
 
-resource "google_storage_bucket_iam_member" "pipeline" {
-  bucket = google_storage_bucket.dataflow.name
-  role   = "roles/storage.objectAdmin" # the template spec, staging and temporary files
+resource "google_bigquery_dataset_iam_member" "pipeline" {
+  dataset_id = google_bigquery_dataset.goodput.dataset_id
+  role       = "roles/bigquery.metadataViewer" # bigquery.datasets.get, which insertAll checks
+  member     = google_service_account.pipeline.member
+}
+
+# Cloud Storage: Dataflow's staging and temporary files are created, read, listed and cleaned up
+# in a bucket of their own; the template spec (and the price seed) stay in the deployer's bucket,
+# where the pipeline may only read the template spec.
+resource "google_storage_bucket_iam_member" "pipeline_scratch" {
+  bucket = google_storage_bucket.scratch.name
+  role   = "roles/storage.objectUser"
   member = google_service_account.pipeline.member
+}
+
+resource "google_storage_bucket_iam_member" "pipeline_templates" {
+  bucket = google_storage_bucket.dataflow.name
+  role   = "roles/storage.objectViewer"
+  member = google_service_account.pipeline.member
+
+  condition {
+    title       = "template-specs-only"
+    description = "The flex template launcher reads the template spec; nothing else in the bucket."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.dataflow.name}/objects/templates/\")"
+  }
 }
 
 # Pub/Sub's service agent moves undeliverable messages: it publishes to the dead-letter topic and

@@ -29,8 +29,13 @@ output "pipeline_service_account" {
 }
 
 output "bucket" {
-  description = "The bucket of the template spec and Dataflow's temporary files."
+  description = "The bucket of the template spec and the price seed."
   value       = google_storage_bucket.dataflow.name
+}
+
+output "scratch_bucket" {
+  description = "The bucket of Dataflow's staging and temporary files."
+  value       = google_storage_bucket.scratch.name
 }
 
 output "job_id" {

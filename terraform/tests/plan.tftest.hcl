@@ -75,3 +75,26 @@ run "points_more_often_than_every_5_s_are_refused" {
 
   expect_failures = [var.monitoring_min_interval_s]
 }
+
+run "the_pipeline_appends_rows_and_keeps_its_files_apart" {
+  command = plan
+
+  variables {
+    container_image = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+  }
+
+  assert {
+    condition     = toset(google_project_iam_custom_role.table_appender.permissions) == toset(["bigquery.tables.get", "bigquery.tables.updateData"])
+    error_message = "The pipeline's table role appends rows: no reads, no deletes, no schema changes."
+  }
+
+  assert {
+    condition     = !contains(keys(google_bigquery_table_iam_member.pipeline), "accelerator_prices")
+    error_message = "The pipeline may not write the price table, which Terraform loads."
+  }
+
+  assert {
+    condition     = startswith(google_dataflow_flex_template_job.pipeline[0].temp_location, "gs://${google_storage_bucket.scratch.name}/") && startswith(google_dataflow_flex_template_job.pipeline[0].staging_location, "gs://${google_storage_bucket.scratch.name}/")
+    error_message = "Dataflow's staging and temporary files go to the scratch bucket, apart from the template spec."
+  }
+}

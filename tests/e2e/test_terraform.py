@@ -45,10 +45,11 @@ def terraform(module: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, timeout=300)
 
 
-def plan(module: Path) -> checks.Plan:
-    """``terraform plan`` of the module with an image (so with the Dataflow job), as JSON."""
+def plan(module: Path, *variables: str) -> checks.Plan:
+    """``terraform plan`` of the module with an image (so with the Dataflow job), and any other
+    ``-var`` arguments given, as JSON."""
     planned = terraform(module, "plan", "-input=false", "-out=tfplan", "-var=project_id=goodput-test",
-                        f"-var=container_image={IMAGE}")
+                        f"-var=container_image={IMAGE}", *variables)
     assert planned.returncode == 0, planned.stderr
     shown = terraform(module, "show", "-json", "tfplan")
     assert shown.returncode == 0, shown.stderr
@@ -144,6 +145,32 @@ def test_a_mistake_fails_a_cross_check(tmp_path: Path, mistake: str, problem: st
     copy = module_copy(tmp_path, mistake)
     problems = checks.check_plan(plan(copy))
     assert problems and all(problem in p for p in problems), problems
+
+
+def test_data_roles_broader_than_the_pipeline_needs_fail_the_iam_check(tmp_path: Path):
+    """dataEditor on the dataset or on a table, objectAdmin on a bucket, objectViewer on the
+    whole template bucket and a custom role with a delete permission are each refused as
+    broader than the module needs, though none is primitive or an admin role."""
+    if TERRAFORM is None:
+        pytest.skip("terraform is not installed")
+    problems = checks.check_plan(plan(module_copy(tmp_path, "broad_data_roles.tf")))
+    assert all("broader than the module needs" in p for p in problems), problems
+    for address in ("google_bigquery_dataset_iam_member.pipeline_data_editor",
+                    "google_bigquery_table_iam_member.pipeline_table_editor",
+                    "google_storage_bucket_iam_member.pipeline_object_admin",
+                    "google_storage_bucket_iam_member.pipeline_bucket_reader",
+                    "google_project_iam_custom_role.table_appender_plus"):
+        assert any(p.startswith(address + ":") for p in problems), (address, problems)
+
+
+def test_every_allowed_grant_is_made_and_has_a_reason(module: Path):
+    """The IAM allow-list is exact: each (role, resource) in it is granted by the module (with
+    training jobs allowed to act as the emitter), and each has a one-line reason."""
+    trainers = '-var=emitter_members=["serviceAccount:goodput-test.svc.id.goog[training/trainer]"]'
+    granted = {(role, target) for _, role, target in checks.iam_grants(plan(module, trainers))}
+    assert set(checks.IAM_ALLOWED) == granted
+    for reason in checks.IAM_ALLOWED.values():
+        assert reason and "\n" not in reason
 
 
 def test_checkov_fails_an_over_broad_role(tmp_path: Path):

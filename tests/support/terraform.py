@@ -18,10 +18,14 @@ from google.protobuf import json_format
 
 from goodput_schemas import EVENT_PROTO, table_names, table_options, table_schema, views
 from pipeline.beam.options import GoodputOptions
+from pipeline.core import rows
 from pipeline.sinks.monitoring import METRICS, OPTIONAL_LABEL, resource_of
 from support import REPO
 
 TEMPLATE_METADATA = REPO / "dataflow" / "metadata.json"
+#: The tables the pipeline appends rows to (not ``accelerator_prices``, which Terraform loads).
+PIPELINE_TABLES = (rows.GOODPUT, rows.BADPUT, rows.STEP_STATS, rows.DISRUPTIONS, rows.DEAD_LETTER,
+                   rows.EVENTS, rows.RUN_METADATA)
 
 #: Google Cloud's own metrics the pipeline's self-monitoring may use, with their resource type.
 CLOUD_METRICS = {
@@ -30,9 +34,53 @@ CLOUD_METRICS = {
     "dataflow.googleapis.com/job/system_lag": "dataflow_job",
     "dataflow.googleapis.com/job/is_failed": "dataflow_job",
 }
-#: The roles the pipeline may hold on the whole project; everything else is granted on a resource.
-PROJECT_ROLES = {"roles/dataflow.worker", "roles/monitoring.metricWriter"}
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
+TABLE_APPENDER = "google_project_iam_custom_role.table_appender"
+#: Every IAM grant the module may make, as (role, what it is granted on), with why it is needed.
+#: What it is granted on is the resource the grant's scope names (its topic, subscription, table,
+#: dataset, bucket or service account) or ``project``; a custom role is named by its resource. Any
+#: other grant is broader than the module needs and fails ``check_iam``.
+IAM_ALLOWED: dict[tuple[str, str], str] = {
+    ("roles/pubsub.publisher", "google_pubsub_topic.events"):
+        "the emitter publishes the training jobs' events",
+    ("roles/iam.workloadIdentityUser", "google_service_account.emitter"):
+        "training jobs' Kubernetes service accounts (var.emitter_members) act as the emitter",
+    ("roles/pubsub.subscriber", "google_pubsub_subscription.pipeline"):
+        "the pipeline pulls and acknowledges; Pub/Sub's agent acknowledges what it dead-letters",
+    ("roles/pubsub.viewer", "google_pubsub_subscription.pipeline"):
+        "the pipeline's Pub/Sub source reads the subscription's settings",
+    ("roles/pubsub.publisher", "google_pubsub_topic.dead_letter"):
+        "Pub/Sub's service agent moves undeliverable messages to the dead-letter topic",
+    ("roles/dataflow.worker", "project"):
+        "the job's workers run as the pipeline's account (granted on projects only)",
+    ("roles/monitoring.metricWriter", "project"):
+        "the pipeline writes time series, which belong to the project",
+    (TABLE_APPENDER, "google_bigquery_table.tables"):
+        "streaming inserts into each table the pipeline writes, and no more (see CUSTOM_ROLES)",
+    ("roles/bigquery.metadataViewer", "google_bigquery_dataset.goodput"):
+        "insertAll checks bigquery.datasets.get on the dataset; this role reads metadata, no rows",
+    ("roles/storage.objectUser", "google_storage_bucket.scratch"):
+        "Dataflow creates, reads, lists and deletes its staging and temporary files",
+    ("roles/storage.objectViewer", "google_storage_bucket.dataflow"):
+        "the flex template launcher reads the template spec (a condition limits it to templates/)",
+}
+#: The permissions of each custom role, the least that its grants need.
+CUSTOM_ROLES: dict[str, frozenset[str]] = {
+    # tabledata.insertAll needs updateData and get on the table (and datasets.get, above)
+    TABLE_APPENDER: frozenset({"bigquery.tables.get", "bigquery.tables.updateData"}),
+}
+#: The argument of each kind of IAM grant that names what it is granted on.
+_IAM_SCOPE = {
+    "google_pubsub_topic_iam_member": "topic",
+    "google_pubsub_subscription_iam_member": "subscription",
+    "google_bigquery_table_iam_member": "table_id",
+    "google_bigquery_dataset_iam_member": "dataset_id",
+    "google_storage_bucket_iam_member": "bucket",
+    "google_service_account_iam_member": "service_account_id",
+}
+#: Grants allowed only with an IAM condition, and a text the condition's expression must hold.
+IAM_CONDITIONS = {("roles/storage.objectViewer", "google_storage_bucket.dataflow"): "/objects/templates/"}
+_RESOURCE_ADDRESS = re.compile(r"^(google[a-z0-9_]*\.[A-Za-z0-9_-]+)")
 
 Plan = dict[str, Any]
 
@@ -238,22 +286,66 @@ def check_dataflow(plan: Plan) -> list[str]:
 
 # -- IAM ----------------------------------------------------------------------------------------
 
+def _referenced_resource(expression: dict[str, Any]) -> str | None:
+    """The first resource (``type.name``) an expression of the configuration refers to."""
+    for reference in expression.get("references", []):
+        if match := _RESOURCE_ADDRESS.match(reference):
+            return match.group(1)
+    return None
+
+
+def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """(planned resource, role, what it is granted on) of every IAM grant. A role known only at
+    apply (a custom role's name) is named by the resource it refers to."""
+    configuration = {resource["address"]: resource.get("expressions", {}) for resource in configured(plan)}
+    for resource in resources(plan):
+        type_ = resource["type"]
+        if "_iam_" not in type_ or type_.endswith("_iam_custom_role"):
+            continue
+        expressions = configuration.get(re.sub(r"\[.*\]$", "", resource["address"]), {})
+        role = resource["values"].get("role") or _referenced_resource(expressions.get("role", {})) or "?"
+        if type_.startswith("google_project_iam"):
+            target = "project"
+        else:
+            target = _referenced_resource(expressions.get(_IAM_SCOPE.get(type_, ""), {})) or type_
+        yield resource, role, target
+
+
 def check_iam(plan: Plan) -> list[str]:
-    """No primitive role and no service's admin role (``roles/<service>.admin``), no keys; on
-    the project only the pipeline's worker and metric writer roles; the emitter may only publish
-    to the events topic."""
+    """Every grant is one of ``IAM_ALLOWED``, so none is broader than the module needs (and none
+    is a primitive role or a service's admin role); every custom role has at most its
+    ``CUSTOM_ROLES`` permissions; the pipeline may append to every table it writes; no keys; the
+    emitter may only publish to the events topic."""
     problems = []
     for resource in resources(plan):
-        type_, values = resource["type"], resource["values"]
-        if type_ == "google_service_account_key":
+        if resource["type"] == "google_service_account_key":
             problems.append(f"{resource['address']}: no service account keys")
-        if "_iam_" not in type_:
-            continue
-        role = values.get("role", "")
+        if resource["type"] == "google_project_iam_custom_role":
+            extra = set(resource["values"].get("permissions") or []) - CUSTOM_ROLES.get(
+                resource["address"], frozenset())
+            if extra:
+                problems.append(f"{resource['address']}: permissions {sorted(extra)} are broader than "
+                                f"the module needs (CUSTOM_ROLES)")
+    appended: set[str] = set()
+    for resource, role, target in iam_grants(plan):
+        address = resource["address"]
+        if role == TABLE_APPENDER:
+            appended.add(resource["values"].get("table_id", ""))
         if role in PRIMITIVE_ROLES or role.endswith(".admin"):
-            problems.append(f"{resource['address']}: over-broad role {role}")
-        elif type_.startswith("google_project_iam") and role not in PROJECT_ROLES:
-            problems.append(f"{resource['address']}: {role} on the whole project")
+            problems.append(f"{address}: over-broad role {role}")
+        elif (role, target) not in IAM_ALLOWED:
+            where = "the whole project" if target == "project" else target
+            problems.append(f"{address}: {role} on {where} is broader than the module needs "
+                            "(not in IAM_ALLOWED)")
+        elif (role, target) in IAM_CONDITIONS and not any(
+                IAM_CONDITIONS[role, target] in condition.get("expression", "")
+                for condition in resource["values"].get("condition") or []):
+            problems.append(f"{address}: {role} on {target} is broader than the module needs "
+                            f"without a condition on {IAM_CONDITIONS[role, target]!r}")
+    problems += [f"the pipeline writes table {table} but may not append to it"
+                 for table in sorted(set(PIPELINE_TABLES) - appended)]
+    problems += [f"the pipeline may append to table {table}, which it never writes"
+                 for table in sorted(appended - set(PIPELINE_TABLES))]
     for resource in configured(plan):
         expressions = resource.get("expressions", {})
         members = expressions.get("member", {}).get("references", [])
