@@ -444,10 +444,12 @@ class RunState:
     def _step_statistics(self, timeline: Timeline) -> StepStatistics:
         """Step statistics of the timeline's steps: fed incrementally when only appended."""
         layout = timeline.step_layout
+        # Every new duration goes in with one ``set_many``: one sort for a whole history,
+        # rather than an insert (and a recent-window rebuild for a re-run step) per duration.
         if layout is None:  # steps of attempts without a job_start: placed by time, no cache
             stats = StepStatistics("q")
-            for sub in timeline.subsegments:
-                _feed(stats, sub.steps, sub.times, sub.lo, sub.hi)
+            stats.set_many([pair for sub in timeline.subsegments
+                            for pair in _durations(sub.steps, sub.times, sub.lo, sub.hi)])
             return stats
         fed = self._stats_fed
         extendable = len(fed) <= len(layout) and all(
@@ -455,11 +457,13 @@ class RunState:
             and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
         if not extendable:
             self._stats, fed = StepStatistics("q"), []
+        pairs: list[tuple[int, float]] = []
         for i, (attempt_id, _, count) in enumerate(layout):
             start = fed[i][2] if i < len(fed) else 0
             if count > start:
                 attempt = self.attempts[attempt_id]
-                _feed(self._stats, attempt.steps, attempt.step_times, max(0, start - 1), count)
+                pairs += _durations(attempt.steps, attempt.step_times, max(0, start - 1), count)
+        self._stats.set_many(pairs)
         self._stats_fed = list(layout)
         return self._stats
 
@@ -473,16 +477,15 @@ def _summary(stats: StepStatistics) -> StepSummary | None:
     return StepSummary(len(stats), mean / _US, p50 / _US, p90 / _US, p99 / _US, top / _US, recent / _US)
 
 
-def _feed(stats: StepStatistics, steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> None:
-    """Adds the durations (microseconds) of consecutive step numbers among steps[lo:hi]."""
+def _durations(steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> list[tuple[int, float]]:
+    """The (step, duration in microseconds) of consecutive step numbers among steps[lo:hi]."""
     if hi - lo <= _FEW:
-        stats.set_many([(steps[k - 1], times[k] - times[k - 1])
-                        for k in range(lo + 1, hi) if steps[k] == steps[k - 1] + 1])
-        return
+        return [(steps[k - 1], times[k] - times[k - 1])
+                for k in range(lo + 1, hi) if steps[k] == steps[k - 1] + 1]
     numbers, starts = _ints(steps[lo:hi]), _ints(times[lo:hi])
     consecutive = numbers[1:] == numbers[:-1] + 1
-    stats.set_many(list(zip(numbers[:-1][consecutive].tolist(),
-                            (starts[1:] - starts[:-1])[consecutive].tolist(), strict=True)))
+    return list(zip(numbers[:-1][consecutive].tolist(),
+                    (starts[1:] - starts[:-1])[consecutive].tolist(), strict=True))
 
 
 def _in_step_order(times: np.ndarray, steps: np.ndarray) -> bool:

@@ -240,7 +240,8 @@ class Timeline:
         owners: list[Attempt | None] = list(starts) or [None]
         bounds = [a.start_us if a is not None and a.start_us is not None else self.start_us
                   for a in owners]
-        orphans = [a for a in self._attempts if a.start_us is None or a not in starts]
+        started = {a.attempt_id for a in starts}  # by id: comparing attempts compares their steps
+        orphans = [a for a in self._attempts if a.attempt_id not in started]
         orphan_steps = [(t, step) for a in orphans for step, t in zip(a.steps, a.step_times, strict=True)
                         if t <= as_of]
         merged: list[list[tuple[int, int]]] | None = None
@@ -468,8 +469,7 @@ class Timeline:
         # Data loading blocks training only before a segment's first step: that part is SYNC.
         pre = [(s, e) for s, e, label, _ in base if label == _PRE and e > s]
         self.data_loading_total_s = sum(e - s for s, e in data_loading) / _US
-        spans[DATA_LOADING_SYNC] = [(max(s, ps), min(e, pe)) for s, e in data_loading
-                                    for ps, pe in pre if min(e, pe) > max(s, ps)]
+        spans[DATA_LOADING_SYNC] = _intersections(data_loading, pre)
         spans[EXCLUDED] = [*exclusions, *gaps]
         priority = list(SPAN_PRIORITY) + sorted(k for k in spans if k not in SPAN_PRIORITY)
         self._pieces = _sweep(base, spans, priority, self.start_us, self.end_us, self.chips_now)
@@ -483,6 +483,7 @@ class Timeline:
         theirs.
         """
         custom = IntervalSums(self._custom)
+        relabel = _Relabel(self._pieces)
         for sub in self.subsegments:
             steps, times, lo = sub.steps, sub.times, sub.lo
             last = lo + sub.kept_count() - 1  # intervals lo→lo+1 … last-1→last are kept
@@ -493,56 +494,53 @@ class Timeline:
             per_step = rest / (steps[last] - steps[lo + 1])
             excess = first - per_step * (steps[lo + 1] - steps[lo])
             if excess > 0:
-                moved = self._relabel(times[lo], times[lo + 1], PRODUCTIVE, PROGRAM_STARTUP, excess)
+                moved = relabel.give(times[lo], times[lo + 1], PRODUCTIVE, PROGRAM_STARTUP, excess)
                 for label, sign in ((PRODUCTIVE, -1), (PROGRAM_STARTUP, 1)):
                     totals = self._totals.setdefault(label, [0.0, 0.0])
                     totals[0] += sign * moved
                     totals[1] += sign * moved * sub.chips
-
-    def _relabel(self, start: int, end: int, old: str, new: str, amount: float) -> float:
-        """Gives up to ``amount`` microseconds of ``old`` inside [start, end) to ``new``; returns
-        how much it gave."""
-        ends = [e for _, e, _, _ in self._pieces]
-        first = bisect.bisect_right(ends, start)
-        last = bisect.bisect_left([s for s, _, _, _ in self._pieces], end, first)
-        middle: list[Piece] = []
-        left = amount
-        for s, e, label, chips in self._pieces[first:last]:
-            if label != old or left <= 0:
-                middle.append((s, e, label, chips))
-                continue
-            lo, hi = max(s, start), min(e, end)
-            cut = lo + min(left, hi - lo)
-            left -= cut - lo
-            if s < lo:
-                middle.append((s, lo, label, chips))
-            middle.append((lo, cut, new, chips))  # type: ignore[arg-type]  # may be fractional
-            if cut < e:
-                middle.append((cut, e, label, chips))  # type: ignore[arg-type]
-        self._pieces[first:last] = middle
-        return amount - left
+        self._pieces = relabel.pieces()
 
     def _record_disruptions(self) -> None:
         """One disruption per restart and per in-process rollback, with its cost."""
         subs = self.subsegments
         points: list[tuple[int, bool, int | None, int | None, float]] = []
+        # Host clocks can leave sub-segments' first times out of order: the last one (in
+        # sub-segment order) starting before a time is found through the suffix minima, the
+        # first one starting at or after it through the prefix maxima (both never decrease).
+        firsts = [s.first_time for s in subs]
+        suffix_min = list(itertools.accumulate(reversed(firsts), min))[::-1]
+        prefix_max = list(itertools.accumulate(firsts, max))
         for restart in self._restarts:
-            before = [s for s in subs if s.first_time < restart]
-            after = [s for s in subs if s.first_time >= restart]
+            last_before = bisect.bisect_left(suffix_min, restart) - 1
+            first_after = bisect.bisect_left(prefix_max, restart)
+            before = subs[last_before] if last_before >= 0 else None
+            after = subs[first_after] if first_after < len(subs) else None
             # A host clock behind the previous one's can put the restart before its last step.
-            last_step_us = min(before[-1].last_time, restart) if before else restart
-            points.append((restart, False, before[-1].last_step if before else None,
-                           after[0].first_step if after else None, (restart - last_step_us) / _US))
+            last_step_us = min(before.last_time, restart) if before else restart
+            points.append((restart, False, before.last_step if before else None,
+                           after.first_step if after else None, (restart - last_step_us) / _US))
         for index in range(1, len(subs)):
             if subs[index - 1].end_kind == "rollback":
                 points.append((subs[index].first_time, True, subs[index - 1].last_step,
                                subs[index].first_step, 0.0))
         points.sort(key=lambda p: p[0])
         previous = self.start_us or 0
-        for time_us, in_process, last_before, resume, recovery in points:
-            wasted = sum(min(e, time_us) - max(s, previous) for s, e, label, _ in self._pieces
-                         if label == WASTED_PROGRESS and min(e, time_us) > max(s, previous))
-            self.disruptions.append(Disruption(time_us, last_before, resume, wasted / _US,
+        # The stretches between consecutive points follow each other, as do the (ordered)
+        # pieces: one walk over the wasted ones serves every point.
+        wasted_pieces = [(s, e) for s, e, label, _ in self._pieces if label == WASTED_PROGRESS]
+        next_piece = 0
+        for time_us, in_process, last_before_step, resume, recovery in points:
+            while next_piece < len(wasted_pieces) and wasted_pieces[next_piece][1] <= previous:
+                next_piece += 1
+            wasted = 0
+            for index in range(next_piece, len(wasted_pieces)):
+                s, e = wasted_pieces[index]
+                if s >= time_us:
+                    break
+                if min(e, time_us) > max(s, previous):
+                    wasted += min(e, time_us) - max(s, previous)
+            self.disruptions.append(Disruption(time_us, last_before_step, resume, wasted / _US,
                                                recovery, in_process))
             previous = time_us
 
@@ -609,6 +607,72 @@ def _resume_step(owner: Attempt | None, layout: tuple[Sequence[int], Sequence[in
         return steps[0]
     restored = sorted((t, step) for t, _, step in owner.restores if t <= as_of_us) if owner else []
     return restored[0][1] if restored else None
+
+
+class _Relabel:
+    """Gives time of one label to another inside ranges of ordered, contiguous pieces, one range
+    after another, as if each ran on the pieces the ones before it left (which it does); the
+    pieces are rebuilt once, at the end, rather than spliced at every range."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
+        self._pieces = pieces
+        self._starts = [s for s, _, _, _ in pieces]
+        self._ends = [e for _, e, _, _ in pieces]
+        self._split: dict[int, list[Piece]] = {}  # index of a piece -> the pieces it became
+
+    def give(self, start: int, end: int, old: str, new: str, amount: float) -> float:
+        """Gives up to ``amount`` microseconds of ``old`` inside [start, end) to ``new``; returns
+        how much it gave."""
+        first = bisect.bisect_right(self._ends, start)
+        last = bisect.bisect_left(self._starts, end, first)
+        left = amount
+        for index in range(first, last):
+            if left <= 0:
+                break
+            current = self._split.get(index) or [self._pieces[index]]
+            middle: list[Piece] = []
+            for s, e, label, chips in current:
+                if label != old or left <= 0 or e <= start or s >= end:
+                    middle.append((s, e, label, chips))
+                    continue
+                lo, hi = max(s, start), min(e, end)
+                cut = lo + min(left, hi - lo)
+                left -= cut - lo
+                if s < lo:
+                    middle.append((s, lo, label, chips))
+                middle.append((lo, cut, new, chips))  # type: ignore[arg-type]  # may be fractional
+                if cut < e:
+                    middle.append((cut, e, label, chips))  # type: ignore[arg-type]
+            self._split[index] = middle
+        return amount - left
+
+    def pieces(self) -> list[Piece]:
+        """The pieces with every range given so far."""
+        if not self._split:
+            return self._pieces
+        return [piece for index, original in enumerate(self._pieces)
+                for piece in self._split.get(index, (original,))]
+
+
+def _intersections(intervals: list[tuple[int, int]],
+                   others: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where each of ``intervals`` overlaps each of ``others``: ``(max(s, os), min(e, oe))`` for
+    every pair with a positive overlap, in the order of a nested loop over ``intervals`` then
+    ``others``; found by a sweep over the starts, not by trying every pair."""
+    edges = sorted([(s, 0, i) for i, (s, e) in enumerate(intervals) if e > s]
+                   + [(s, 1, j) for j, (s, e) in enumerate(others) if e > s])
+    active: tuple[list[int], list[int]] = ([], [])  # indices started and not yet ended, per side
+    ends = ([e for _, e in intervals], [e for _, e in others])
+    pairs: list[tuple[int, int]] = []
+    for t, side, index in edges:
+        # Each overlapping pair is found once: when the later-starting one of the two starts.
+        other = 1 - side
+        still = [k for k in active[other] if ends[other][k] > t]
+        active[other][:] = still
+        pairs.extend((index, k) if side == 0 else (k, index) for k in still)
+        active[side].append(index)
+    pairs.sort()
+    return [(max(intervals[i][0], others[j][0]), min(intervals[i][1], others[j][1])) for i, j in pairs]
 
 
 def _split(steps: Sequence[int], times: Sequence[int], count: int, splits: list[int],
