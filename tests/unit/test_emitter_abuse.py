@@ -235,21 +235,29 @@ def test_a_fifo_nobody_reads_neither_hangs_a_send_nor_close(make_recorder, make_
     assert time.monotonic() - started < 1.5
 
 
+def goodput_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("goodput-")}
+
+
 class StuckTransport(GatedTransport):
-    """A destination whose sends and close hang, like a write to a hung mount."""
+    """A destination whose sends and close hang, like a write to a hung mount, until ``open()``."""
 
     def close(self) -> None:
-        threading.Event().wait(60)
+        self.gate.wait(30)
 
 
 def test_close_keeps_its_deadline_while_a_send_hangs(make_recorder):
     """A send stuck on its destination holds up neither close() nor the process's exit."""
-    recorder = make_recorder(destination=StuckTransport())
+    before = goodput_threads()
+    transport = StuckTransport()
+    recorder = make_recorder(destination=transport)
     recorder.record_job_start_time(at(0))
     assert wait_for(lambda: recorder.stats.queued == 1)
     started = time.monotonic()
     assert not recorder.close(timeout=1.0)
     assert time.monotonic() - started < 1.5
+    transport.open()  # the mount comes back: the stuck threads end
+    assert wait_for(lambda: goodput_threads() <= before)
 
 
 class Refusing(GatedTransport):
