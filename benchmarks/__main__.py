@@ -1,7 +1,8 @@
 """Runs every benchmark and writes BENCHMARKS.md: ``make bench`` or ``python -m benchmarks``.
 
-``python -m benchmarks NAME ...`` runs only the named sections (emitter, engine, replay, fleet,
-streaming, costs, profile); BENCHMARKS.md then holds only those.
+``python -m benchmarks NAME ...`` runs only the named sections (emitter, engine, restarts, replay,
+fleet, streaming, costs, profile); BENCHMARKS.md then holds only those. ``python -m
+benchmarks.restarts`` prints that one section and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 from benchmarks.common import machine
 
 SECTIONS = {"emitter": "benchmarks.emitter_overhead", "engine": "benchmarks.engine",
-            "replay": "benchmarks.replay", "fleet": "benchmarks.fleet", "streaming": "benchmarks.streaming",
+            "restarts": "benchmarks.restarts", "replay": "benchmarks.replay", "fleet": "benchmarks.fleet",
+            "streaming": "benchmarks.streaming",
             "costs": "benchmarks.costs", "profile": "benchmarks.profile"}
 OUTPUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
