@@ -13,6 +13,10 @@ MIN_TIME_US = 946_684_800 * 1_000_000
 MAX_TIME_US = 7_258_118_400 * 1_000_000
 #: Longest run or attempt id accepted, in characters (printable ones only).
 MAX_ID_LENGTH = 512
+#: Longest run or attempt id accepted, in bytes of UTF-8: a run id is a Pub/Sub attribute value
+#: and ordering key, which the service takes up to 1,024 bytes; a longer one would have every
+#: message of the run refused.
+MAX_ID_BYTES = 1024
 #: Largest message accepted, in bytes: Pub/Sub's own limit (a publish request is at most 10 MB),
 #: so nothing that came through the topic exceeds it; a replayed file's lines are held to it too.
 MAX_MESSAGE_BYTES = 10_000_000
@@ -65,6 +69,10 @@ def id_problem(name: str, value: str) -> str | None:
         return f"{name} is missing or empty: it must be 1..{MAX_ID_LENGTH} printable characters"
     if len(value) > MAX_ID_LENGTH or not value.isprintable():
         return f"{name} must be 1..{MAX_ID_LENGTH} printable characters, got {shown(value)}"
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        return (f"{name} must be at most MAX_ID_BYTES ({MAX_ID_BYTES}) bytes of UTF-8 (a Pub/Sub "
+                f"attribute's limit), got {len(value.encode('utf-8', 'surrogatepass'))}: "
+                f"{shown(value)}")
     return None
 
 

@@ -70,6 +70,7 @@ def test_what_the_pipeline_would_dead_letter_is_refused_at_the_call(make_recorde
 
 METADATA: list[tuple[str, dict[str, Any], str]] = [
     ("a run id over MAX_ID_LENGTH", {"job_name": "r" * (MAX_ID_LENGTH + 1)}, "printable characters"),
+    ("a run id over MAX_ID_BYTES", {"job_name": "é" * 257 + "€" * 171}, "MAX_ID_BYTES"),
     ("a run id with a control character", {"job_name": "run\x00"}, "printable characters"),
     ("a run id with a bidi override", {"job_name": "run\u202e"}, "printable characters"),
     ("an empty run id", {"job_name": ""}, "missing or empty"),

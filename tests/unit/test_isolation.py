@@ -223,3 +223,13 @@ def test_three_conflicting_copies_keep_the_first_in_order_and_dead_letter_the_ot
         expected_letters = expected_letters or found
         assert found == expected_letters
     assert len(snapshots) == 1
+
+
+def test_a_run_id_longer_than_a_pubsub_attribute_takes_is_a_dead_letter():
+    """A run id of 512 printable characters but over 1,024 bytes (a Pub/Sub attribute value's
+    limit) is refused, as the emitter refuses it: no run may depend on the transport's limit."""
+    long_id = "é" * 257 + "€" * 171
+    data = encode_batch(long_id, "a", [(0, ODD_T0, "heartbeat", {})]).data
+    batch, dead = parse_batch(data, "m", NOW)
+    assert batch is None
+    assert ["MAX_ID_BYTES" in letter.reason for letter in dead] == [True]
