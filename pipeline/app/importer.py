@@ -25,7 +25,10 @@ beginning: import overlapping exports only when each starts at an attempt bounda
 taken in LogEntry timestamp order (``gcloud`` lists the newest first), the order the reference
 reads them; bare payloads keep their order in the file. A LogEntry seen twice (same log, insert
 id and timestamp) or a bare payload seen twice is counted as a duplicate and imported once.
-Anything that cannot be imported is counted and reported with its reason, never dropped unseen.
+Anything that cannot be imported is counted and reported with its reason, never dropped unseen:
+that includes a value outside the event contract's limits (``goodput_schemas.limits``: ids,
+strings, step and slice counts, durations, and times no later than ``MAX_CLOCK_AHEAD_S`` after
+the importer's clock), which the pipeline would otherwise dead-letter.
 """
 
 from __future__ import annotations
@@ -45,8 +48,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from emitter.transports import PubSubTransport
-from goodput_schemas.limits import MAX_INT64, MAX_TIME_US, MIN_TIME_US
+from goodput_schemas.limits import (
+    MAX_CLOCK_AHEAD_S,
+    MAX_DURATION_S,
+    MAX_TIME_US,
+    MIN_TIME_US,
+    id_problem,
+    int_limit,
+    int_name,
+    text_problem,
+)
 from goodput_schemas.wire import Message, Record, encode_batch
+from pipeline.core.events import latest_time_us
 
 #: Events per message; well under Pub/Sub's 10 MB message limit.
 EVENTS_PER_MESSAGE = 1000
@@ -215,6 +228,9 @@ def _checked(entry: _Entry) -> _Entry:
     run_id = entry.payload.get("job_name")
     if not isinstance(run_id, str) or not run_id:
         raise _Reject("no job_name", f"jsonPayload.job_name must be a non-empty string, got {run_id!r}")
+    problem = id_problem("jsonPayload.job_name (the run id)", run_id)
+    if problem is not None:
+        raise _Reject("bad field", problem)
     return entry
 
 
@@ -228,18 +244,30 @@ def _time_us(payload: dict[str, Any], key: str) -> int:
     return time_us
 
 
-def _count(name: str, value: object) -> int:
+def _count(name: str, value: object, ours: str) -> int:
+    """A count of the reference's field ``name``, held to the limit of our field ``ours``."""
+    limit = int_limit(ours)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= MAX_INT64 or value != int(value):
-        raise _Reject("bad field", f"{name} must be a whole number in 0..2^63-1, got {value!r}")
+            or not 0 <= value <= limit or value != int(value):
+        raise _Reject("bad field", f"{name} must be a whole number in 0..{int_name(limit)}, got {value!r}")
     return int(value)
+
+
+def _string(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise _Reject("bad field", f"{name} must be a string, got {value!r}")
+    problem = text_problem(name, value)
+    if problem is not None:
+        raise _Reject("bad field", problem)
+    return value
 
 
 def _seconds(payload: dict[str, Any], key: str) -> float:
     value = payload.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0:
-        raise _Reject("incomplete checkpoint entry", f"{key} must be seconds >= 0, got {value!r}")
+            or not 0 <= value <= MAX_DURATION_S:
+        raise _Reject("incomplete checkpoint entry",
+                      f"{key} must be seconds in 0..MAX_DURATION_S ({MAX_DURATION_S:.0f}), got {value!r}")
     return float(value)
 
 
@@ -253,7 +281,7 @@ def _orbax_event(payload: dict[str, Any], write_time_us: int | None) -> tuple[in
         kind, times, duration = "checkpoint_restore", _RESTORE_TIMES, "checkpoint_manager_duration_secs"
     else:
         raise _Reject("unknown payload", f"an Orbax entry of event_type {event_type!r}")
-    body: dict[str, Any] = {"step": _count("step", payload.get("step")),
+    body: dict[str, Any] = {"step": _count("step", payload.get("step"), "step"),
                             "blocking_s": _seconds(payload, duration)}
     if kind == "checkpoint_save":
         body["persistent"] = str(payload.get("directory", "")).startswith("gs://")
@@ -264,6 +292,9 @@ def _orbax_event(payload: dict[str, Any], write_time_us: int | None) -> tuple[in
         return _time_us(payload, key), kind, body
     if write_time_us is None:
         raise _Reject("bad time", f"an Orbax {event_type} entry with no start time and no LogEntry timestamp")
+    if not MIN_TIME_US <= write_time_us < MAX_TIME_US:
+        raise _Reject("bad time", f"an Orbax {event_type} entry with no start time, and a LogEntry "
+                                  "timestamp outside 2000-01-01..2200-01-01 UTC")
     return write_time_us, kind, body
 
 
@@ -276,12 +307,12 @@ def _event(entry: _Entry) -> tuple[str, int, str, dict[str, Any]]:
             body: dict[str, Any] = {}
             for theirs, ours in fields.items():
                 value = payload.get(theirs, _DEFAULTS.get(ours))
-                if ours in _COUNTS:
-                    body[ours] = _count(theirs, value)
-                elif not isinstance(value, str):
-                    raise _Reject("bad field", f"{theirs} must be a string, got {value!r}")
-                else:
-                    body[ours] = value
+                body[ours] = _count(theirs, value, ours) if ours in _COUNTS else _string(theirs, value)
+            if kind == "elastic_slice_counts":
+                for ours in ("active_slices", "available_slices"):
+                    if body[ours] > body["total_slices"]:
+                        raise _Reject("bad field", f"{ours} ({body[ours]}) must be at most total_slices "
+                                                   f"({body['total_slices']})")
             return run_id, _time_us(payload, time_key), kind, body
     if "event_type" in payload:
         return (run_id, *_orbax_event(payload, entry.write_time_us))
@@ -294,12 +325,15 @@ def _attempt_id(run_id: str, first_entry: str) -> str:
     return f"import-{digest[:24]}"
 
 
-def import_entries(values: Iterable[tuple[str, Any]], job_name: str | None = None) -> ImportResult:
+def import_entries(values: Iterable[tuple[str, Any]], job_name: str | None = None,
+                   now_us: int | None = None) -> ImportResult:
     """Turns exported reference entries into event messages.
 
     Args:
         values: (where, parsed JSON) of each entry, as ``read_entries`` gives them.
         job_name: Import only this job's entries (the others are counted in ``other_jobs``).
+        now_us: The importer's clock (default: the wall clock). An entry dated more than
+            ``MAX_CLOCK_AHEAD_S`` after it is rejected, as the pipeline would dead-letter it.
 
     Returns:
         The messages and the counts, with every rejected entry and its reason.
@@ -330,9 +364,14 @@ def import_entries(values: Iterable[tuple[str, Any]], job_name: str | None = Non
 
     attempts: dict[str, list[list[Record]]] = {}  # run -> attempts -> records
     attempt_ids: dict[str, list[str]] = {}
+    latest_us = latest_time_us(now_us)
     for entry in entries:
         try:
             run_id, time_us, kind, body = _event(entry)
+            if time_us > latest_us:
+                ahead_s = (time_us - latest_us) / 1_000_000 + MAX_CLOCK_AHEAD_S
+                raise _Reject("bad time", f"the {kind} time is {ahead_s:.0f} s ahead of the importer's "
+                                          f"clock, more than MAX_CLOCK_AHEAD_S ({MAX_CLOCK_AHEAD_S} s)")
         except _Reject as problem:
             result.rejected.append(
                 Rejected(entry.source, problem.reason, problem.detail, _text(entry.payload)))

@@ -126,3 +126,87 @@ def test_help_names_the_inputs_and_outputs(capsys: pytest.CaptureFixture[str]):
         assert words in text
 
 
+
+
+def test_values_past_the_contract_limits_are_rejected_not_dead_lettered():
+    """Entries at the contract's limits import to events the parser takes; past them, each is
+    rejected with its reason and the field it broke."""
+    from goodput_schemas.limits import MAX_CLOCK_AHEAD_S, MAX_COUNT, MAX_SLICE_COUNT, MAX_TEXT_LENGTH
+    from pipeline.core.events import parse_message
+
+    t = 1_793_520_000.0
+    now_us = round(t * 1_000_000)
+    ahead_s = MAX_CLOCK_AHEAD_S + 1
+
+    def slices(active: int, total: int, available: int) -> dict[str, object]:
+        return {"job_name": "run", "elastic_slice_counts_timestamp": t + 3, "active_slices": active,
+                "total_slices": total, "available_slices": available}
+
+    at_limits = [
+        {"job_name": "run", "job_start_time": t},
+        {"job_name": "run", "step_count": float(MAX_COUNT), "step_start_time": t + 1},
+        {"job_name": "run", "custom_badput_event_start_time": t + 2,
+         "custom_badput_event_type": "e" * MAX_TEXT_LENGTH},
+        slices(MAX_SLICE_COUNT, MAX_SLICE_COUNT, MAX_SLICE_COUNT),
+        {"job_name": "run", "step_count": 1.0, "step_start_time": t + MAX_CLOCK_AHEAD_S},
+    ]
+    past_limits = {
+        "step_count must be a whole number in 0..MAX_COUNT": {
+            "job_name": "run", "step_count": float(2**60), "step_start_time": t + 4},
+        "step must be a whole number in 0..MAX_COUNT": {
+            "job_name": "run", "event_type": "save", "step": float(MAX_COUNT + 1), "directory": "gs://b",
+            "wait_for_prev_start_time": t + 5, "checkpoint_manager_blocking_duration_secs": 1.0},
+        "total_slices must be a whole number in 0..MAX_SLICE_COUNT": slices(1, MAX_SLICE_COUNT + 1, 1),
+        "active_slices (3) must be at most total_slices (2)": slices(3, 2, 2),
+        "available_slices (5) must be at most total_slices (4)": slices(4, 4, 5),
+        f"custom_badput_event_type is {MAX_TEXT_LENGTH + 1} characters": {
+            "job_name": "run", "custom_badput_event_start_time": t + 6,
+            "custom_badput_event_type": "e" * (MAX_TEXT_LENGTH + 1)},
+        "custom_badput_event_type must be printable": {
+            "job_name": "run", "custom_badput_event_start_time": t + 6, "custom_badput_event_type": "a\nb"},
+        "jsonPayload.job_name (the run id) must be 1..512 printable characters": {
+            "job_name": "r" * 513, "job_start_time": t},
+        "checkpoint_manager_blocking_duration_secs must be seconds in 0..MAX_DURATION_S": {
+            "job_name": "run", "event_type": "save", "step": 1.0, "wait_for_prev_start_time": t + 7,
+            "checkpoint_manager_blocking_duration_secs": 1e12},
+        f"the step_start time is {ahead_s} s ahead of the importer's clock": {
+            "job_name": "run", "step_count": 2.0, "step_start_time": t + ahead_s},
+    }
+    payloads = at_limits + list(past_limits.values())
+    result = importer.import_entries([(f"h.jsonl:{n}", p) for n, p in enumerate(payloads, 1)], now_us=now_us)
+
+    events = []
+    for message in result.messages:
+        parsed, dead = parse_message(message.data, now_us=now_us)
+        assert not dead, dead
+        events.extend(parsed)
+    assert [e.kind for e in events] == ["job_start", "step_start", "custom_badput_start",
+                                        "elastic_slice_counts", "step_start"]
+    assert result.events == len(at_limits) and len(result.rejected) == len(past_limits)
+    assert {r.source for r in result.rejected} == {
+        f"h.jsonl:{n}" for n in range(len(at_limits) + 1, len(payloads) + 1)}
+    by_payload = {r.payload: r for r in result.rejected}
+    for phrase, payload in past_limits.items():
+        rejected = by_payload[json.dumps(payload, sort_keys=True)]
+        assert phrase in rejected.detail, rejected
+    assert result.reasons == {"bad field": 8, "incomplete checkpoint entry": 1, "bad time": 1}
+
+
+def test_an_entry_past_a_limit_goes_to_the_rejected_file(tmp_path, capsys: pytest.CaptureFixture[str]):
+    """goodput import writes an entry past a contract limit to --rejected with its reason, and
+    imports the others."""
+    from pipeline.app.cli import main
+
+    t = 1_793_520_000.0
+    export = tmp_path / "history.jsonl"
+    export.write_text("\n".join(json.dumps(p) for p in (
+        {"job_name": "run", "job_start_time": t},
+        {"job_name": "run", "step_count": float(2**53), "step_start_time": t + 1})) + "\n")
+    rejected = tmp_path / "rejected.jsonl"
+    code = main(["import", str(export), "--output", str(tmp_path / "events.jsonl"),
+                 "--rejected", str(rejected)])
+    assert code == 0
+    lines = [json.loads(line) for line in rejected.read_text().splitlines()]
+    assert [(r["source"], r["reason"]) for r in lines] == [(f"{export}:2", "bad field")]
+    assert "MAX_COUNT (2**53-1)" in lines[0]["detail"]
+    assert "rejected 1: bad field" in capsys.readouterr().out
