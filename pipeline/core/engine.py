@@ -129,6 +129,53 @@ class Attempt:
                               (self.obs_kinds, _OBSERVATION_KINDS.index(kind))):
             column.insert(at, value)
 
+    def merge_steps(self, seqs: Sequence[int], times: Sequence[int], steps: Sequence[int]) -> bool:
+        """Adds new step starts as ``add_step`` would one by one in seq order (each after the
+        steps at or before its (time, step)), with one merge instead of an insert each: O(n + k)
+        rather than O(n·k) for a late message. True if they extend the attempt as
+        ``add_step``'s True says, every one of them."""
+        by_seq = np.argsort(_ints(seqs), kind="stable")
+        new_seqs, new_times, new_steps = (_ints(column)[by_seq] for column in (seqs, times, steps))
+        ranked = np.lexsort((new_steps, new_times))  # stable: equal ones stay in seq order
+        in_order = bool(np.all(ranked == np.arange(len(ranked))))
+        new_seqs, new_times, new_steps = new_seqs[ranked], new_times[ranked], new_steps[ranked]
+        count = len(self.steps)
+        if not count or (int(new_times[0]), int(new_steps[0])) >= (self.step_times[-1], self.steps[-1]):
+            extends = in_order and bool(np.all(new_steps[1:] > new_steps[:-1])) and (
+                not count or int(new_steps[0]) > self.steps[-1])
+            self.steps.extend(new_steps.tolist())
+            self.step_times.extend(new_times.tolist())
+            self.step_seqs.extend(new_seqs.tolist())
+            if not in_order:
+                self.changed()
+            return extends
+        old_times = _ints(self.step_times)
+        at = np.searchsorted(old_times, new_times, "left")
+        ends = np.searchsorted(old_times, new_times, "right")
+        for i in np.flatnonzero(ends > at).tolist():  # steps at the same time: by number among them
+            at[i] = bisect.bisect_right(self.steps, int(new_steps[i]), int(at[i]), int(ends[i]))
+        for column, values in ((self.steps, new_steps), (self.step_times, new_times),
+                               (self.step_seqs, new_seqs)):
+            column[:] = array("q", np.insert(_ints(column), at, values).tobytes())
+        self.changed()
+        return False
+
+    def observe_many(self, events: Sequence[Event]) -> None:
+        """``observe`` for each of ``events`` (new seqs), merged into the columns at once."""
+        events = sorted(events, key=lambda e: e.seq)
+        new = ([e.seq for e in events], [e.time_us for e in events],
+               [fingerprint(e.kind, e.body) for e in events],
+               [_OBSERVATION_KINDS.index(e.kind) for e in events])
+        columns = (self.obs_seqs, self.obs_times, self.obs_prints, self.obs_kinds)
+        if not self.obs_seqs or self.obs_seqs[-1] < new[0][0]:
+            for column, values in zip(columns, new, strict=True):
+                column.extend(values)
+            return
+        at = np.searchsorted(_ints(self.obs_seqs), new[0], "left")
+        for column, values in zip(columns, new, strict=True):
+            dtype = np.int8 if column.typecode == "b" else np.int64
+            column[:] = array(column.typecode, np.insert(np.array(column, dtype=dtype), at, values).tobytes())
+
     def kept(self, seq: int, kind: str) -> Kept | None:
         """The event kept under ``seq`` (looked up first where one of ``kind`` would be), or
         None if the state does not know it (encoded before events were kept by seq)."""
@@ -298,8 +345,10 @@ class RunState:
         return True
 
     def add_batch(self, batch: Batch, conflicts: list[DeadLetter] | None = None) -> int:
-        """Adds one message's events, in bulk when they are the attempt's next ones, in order;
-        returns how many were new or replaced a conflicting one (0 for a redelivered message).
+        """Adds one message's events, in bulk when they are all new (appended when they are the
+        attempt's next ones, in order; else merged where they fall: a late message costs O(n + k),
+        not an O(n) insert per event); returns how many were new or replaced a conflicting one
+        (0 for a redelivered message).
         Conflicting duplicates are resolved as ``add`` says, their dead letters appended to
         ``conflicts``."""
         attempt = self.attempts.get(batch.attempt_id)
@@ -315,6 +364,8 @@ class RunState:
                 and _in_step_order(_ints(times), numbers)
                 and (not times or not attempt.step_times
                      or (times[0], steps[0]) >= (attempt.step_times[-1], attempt.steps[-1]))):
+            if _all_new(attempt, seqs):  # late, or after a gap: merged, not added one by one
+                return self._add_new(attempt, batch, seqs)
             return sum(self.add(event, conflicts) for event in batch.events())
         attempt.watermark = first + total
         self.events += total
@@ -330,6 +381,31 @@ class RunState:
         for event in batch.others:
             self._apply(attempt, event.seq, event.time_us, event.kind, event.body)
         return total
+
+    def _add_new(self, attempt: Attempt, batch: Batch, seqs: np.ndarray) -> int:
+        """Adds a message whose events are all new to the state as ``add`` would one by one, in
+        O(n + k) for an attempt of n events and a message of k, wherever they fall in it."""
+        attempt.extra.update(seqs.tolist())
+        while attempt.watermark in attempt.extra:
+            attempt.extra.discard(attempt.watermark)
+            attempt.watermark += 1
+        self.events += len(seqs)
+        times = batch.step_times
+        if times:
+            extends = attempt.merge_steps(batch.step_seqs, times, batch.steps)
+            if not extends or attempt.attempt_id != self._live:
+                self._version += 1
+            attempt.last_event_us = max(attempt.last_event_us, max(times))
+            self._latest_us = max(self._latest_us, attempt.last_event_us)
+        observations = [e for e in batch.others if e.kind in _OBSERVATIONS]
+        if observations:
+            attempt.observe_many(observations)
+            attempt.last_event_us = max(attempt.last_event_us, max(e.time_us for e in observations))
+            self._latest_us = max(self._latest_us, attempt.last_event_us)
+        for event in sorted(batch.others, key=lambda e: e.seq):
+            if event.kind not in _OBSERVATIONS:
+                self._apply(attempt, event.seq, event.time_us, event.kind, event.body)
+        return len(seqs)
 
     def _apply(self, attempt: Attempt, seq: int, t: int, kind: str, body: dict[str, Any]) -> None:
         attempt.last_event_us = max(attempt.last_event_us, t)
@@ -486,6 +562,12 @@ def _durations(steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> 
     consecutive = numbers[1:] == numbers[:-1] + 1
     return list(zip(numbers[:-1][consecutive].tolist(),
                     (starts[1:] - starts[:-1])[consecutive].tolist(), strict=True))
+
+
+def _all_new(attempt: Attempt, seqs: np.ndarray) -> bool:
+    """Whether the sorted ``seqs`` are distinct and none of them was seen by ``attempt``."""
+    return (bool(seqs[0] >= attempt.watermark) and bool(np.all(seqs[1:] != seqs[:-1]))
+            and attempt.extra.isdisjoint(seqs.tolist()))
 
 
 def _in_step_order(times: np.ndarray, steps: np.ndarray) -> bool:

@@ -188,3 +188,70 @@ def test_intersections_equal_a_nested_loop(first, second):
     others = [(s, s + w) for s, w in second]
     assert _intersections(intervals, others) == [
         (max(s, os), min(e, oe)) for s, e in intervals for os, oe in others if min(e, oe) > max(s, os)]
+
+
+def _attempt_messages(steps: int, per_message: int) -> list[list[Event]]:
+    """One attempt's events in messages as the emitter sends them: a job start, then step starts
+    with a model-metrics observation after every other step and an eval now and then."""
+    run = _Run()
+    run.start("attempt")
+    run.add("job_start", {"chip_count": 8})
+    for step in range(steps):
+        run.add("step_start", {"step": step}, 1.0)
+        if step % 2:
+            run.add("model_metrics", {"step": step, "loss": 2.0}, 0.1)
+        if step % 50 == 49:
+            run.span("custom_badput", 0.5, {"badput_type": "EVAL_STEP"})
+    return [run.events[i:i + per_message] for i in range(0, len(run.events), per_message)]
+
+
+def _batch(events: list[Event]) -> Any:
+    batch, dead = parse_batch(encode_events(events))
+    assert batch is not None and not dead
+    return batch
+
+
+def calls_of(action: Callable[[], object], names: set[str]) -> int:
+    """How many calls of functions named one of ``names`` ``action()`` makes."""
+    count = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        count += event == "call" and frame.f_code.co_name in names
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        action()
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def test_a_late_message_is_merged_into_its_attempt_at_once():
+    """A message that arrives after later ones is merged whole, not inserted event by event (each
+    insert moves every later step of the attempt: n·k for a message of k)."""
+    messages = _attempt_messages(steps=20_000, per_message=1_000)
+    late = messages.pop(len(messages) // 2)
+    state = state_of([event for message in messages for event in message])
+    batch = _batch(late)
+    assert calls_of(lambda: state.add_batch(batch), {"add", "add_step", "observe"}) == 0
+    assert state.attempts["attempt"].missing() == 0
+
+
+@given(st.randoms(use_true_random=False), st.integers(1, 40))
+def test_messages_in_any_order_keep_what_their_events_one_by_one_keep(rng: random.Random, per_message: int):
+    """Messages added whole, in any order, keep each attempt as adding their events one by one does."""
+    messages = _attempt_messages(steps=120, per_message=per_message)
+    rng.shuffle(messages)
+    whole, one_by_one = engine.RunState("run"), engine.RunState("run")
+    for message in messages:
+        batch = _batch(message)
+        assert whole.add_batch(batch) == sum(one_by_one.add(e) for e in batch.events())
+    a, b = whole.attempts["attempt"], one_by_one.attempts["attempt"]
+    for name in ("steps", "step_times", "step_seqs", "obs_seqs", "obs_times", "obs_prints", "obs_kinds",
+                 "records", "markers", "last_event_us", "start_us"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert (a.missing(), whole.events) == (b.missing(), one_by_one.events)
+    as_of_us = max(e.time_us for message in messages for e in message) + S
+    assert whole.snapshot(as_of_us) == one_by_one.snapshot(as_of_us)
