@@ -28,6 +28,7 @@ import numpy as np
 RECENT = 100
 BASELINE = 1000
 _DTYPES = {"q": np.int64, "d": np.float64}  # numpy's names for the ``array`` typecodes used
+_MERGE_FROM = 16  # new steps from which one merge beats an insert each
 
 
 def kth_distance(values: Sequence[float], lo: int, hi: int, center: float, k: int) -> float:
@@ -134,8 +135,13 @@ class StepStatistics:
         self._total += duration
 
     def set_many(self, pairs: list[tuple[int, float]]) -> None:
-        """``set`` for each pair in order; many at once are sorted once instead of inserted."""
+        """``set`` for each pair in order; many at once are sorted once instead of inserted, and
+        a few new steps against a long history merged into it in one pass (an insert each would
+        move the history once per step)."""
         if len(pairs) < 64 or len(pairs) * 8 < len(self.durations):
+            if len(pairs) >= _MERGE_FROM and self._all_new(pairs):
+                self._merge(pairs)
+                return
             for step, duration in pairs:
                 self.set(step, duration)
             return
@@ -149,6 +155,23 @@ class StepStatistics:
         values = [self.durations[step] for step in self._window]
         self._recent = sorted(values[-RECENT:])
         self._baseline = sorted(values[:-RECENT])
+
+    def _all_new(self, pairs: list[tuple[int, float]]) -> bool:
+        """Whether no step of ``pairs`` has a duration yet, nor appears twice in them."""
+        steps = {step for step, _ in pairs}
+        return len(steps) == len(pairs) and not any(step in self.durations for step in steps)
+
+    def _merge(self, pairs: list[tuple[int, float]]) -> None:
+        """``set`` for each of ``pairs`` (new steps), with the sorted durations merged at once."""
+        self.durations.update(pairs)
+        values = np.array([duration for _, duration in pairs], dtype=_DTYPES[self._typecode])
+        values.sort()
+        history = np.frombuffer(self._sorted, dtype=_DTYPES[self._typecode]) if self._sorted else values[:0]
+        merged = np.insert(history, np.searchsorted(history, values, "right"), values)
+        self._sorted = array(self._typecode, merged.tobytes())  # a new array: the view keeps the old
+        for step, duration in pairs:  # in order, so that a float total adds up as ``set`` would
+            self._total += duration
+            self._slide(step, duration)
 
     def _slide(self, step: int, duration: float) -> None:
         self._window.append(step)

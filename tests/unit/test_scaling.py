@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from pipeline.core import engine
 from pipeline.core.events import Event, encode_events, parse_batch
+from pipeline.core.stepstats import StepStatistics
 from pipeline.core.timeline import _intersections
 
 S = 1_000_000
@@ -255,3 +256,31 @@ def test_messages_in_any_order_keep_what_their_events_one_by_one_keep(rng: rando
     assert (a.missing(), whole.events) == (b.missing(), one_by_one.events)
     as_of_us = max(e.time_us for message in messages for e in message) + S
     assert whole.snapshot(as_of_us) == one_by_one.snapshot(as_of_us)
+
+
+def _stats_state(stats: StepStatistics) -> tuple[Any, ...]:
+    return (list(stats.durations.items()), list(stats._sorted), stats._total, list(stats._window),
+            stats._recent, stats._baseline)
+
+
+@given(st.lists(st.floats(0.01, 100), min_size=1, max_size=400),
+       st.lists(st.tuples(st.integers(0, 1_000), st.floats(0.01, 100)), max_size=60))
+def test_new_steps_merged_into_a_history_leave_what_setting_them_one_by_one_leaves(history, pairs):
+    """New step durations merged into a long history leave every figure as ``set`` one by one."""
+    merged, single = StepStatistics(), StepStatistics()
+    for stats in (merged, single):
+        stats.set_many(list(enumerate(history, start=2_000)))
+    merged.set_many(pairs)
+    for step, duration in pairs:
+        single.set(step, duration)
+    assert _stats_state(merged) == _stats_state(single)
+
+
+def test_a_few_new_steps_are_merged_into_a_long_history_at_once():
+    """300 new steps against 100,000 are merged in one pass, not inserted one at a time (each
+    insert would move the history: n·k per snapshot of a live run)."""
+    stats = StepStatistics("q")
+    stats.set_many([(step, 1_000_000 + step % 977) for step in range(100_000)])
+    new = [(step, 1_000_000 + step % 991) for step in range(100_000, 100_300)]
+    assert calls_of(lambda: stats.set_many(new), {"set", "_insert"}) == 0
+    assert len(stats._sorted) == 100_300
