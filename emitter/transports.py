@@ -24,6 +24,7 @@ from goodput_schemas.wire import Message
 
 _LOG = logging.getLogger("emitter")
 _TAIL_CHUNK = 64 * 1024
+_REQUEST_LIMIT_BYTES = 10_000_000  # Pub/Sub's, for a whole publish request
 
 
 class MessageRefused(Exception):
@@ -161,8 +162,10 @@ class PubSubTransport:
                     batch_settings=pubsub_v1.types.BatchSettings(max_messages=1, max_latency=0.0),
                     publisher_options=pubsub_v1.types.PublisherOptions(
                         enable_message_ordering=True,
+                        # One message at a time: the limits only ever meet a single message,
+                        # whose size is the request limit's to judge (a refusal for good).
                         flow_control=pubsub_v1.types.PublishFlowControl(
-                            message_limit=1000,
+                            message_limit=1000, byte_limit=2 * _REQUEST_LIMIT_BYTES,
                             limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.ERROR),
                     ),
                 )

@@ -106,6 +106,30 @@ def test_sigterm_to_a_job_whose_destination_hangs_exits_within_the_timeout(tmp_p
     assert list((tmp_path / "spool").rglob("*.seg"))
 
 
+def test_a_job_that_ends_without_closing_exits_by_the_close_timeout_whatever_the_destination(
+        tmp_path):
+    """A job that never calls close() and whose destination hangs (a FIFO nobody reads): the
+    exit hook closes the recorder within its timeout and the process exits."""
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    script = textwrap.dedent("""
+        import sys
+        from emitter import EmitterSettings, GoodputRecorder
+        recorder = GoodputRecorder("ends", logging_enabled=True, destination=sys.argv[1],
+                                   settings=EmitterSettings(spool_dir=sys.argv[2],
+                                                            close_timeout_s=1.0))
+        recorder.record_job_start_time()
+        for step in range(1000):
+            recorder.record_step_start_time(step)
+    """)
+    started = time.monotonic()
+    ended = subprocess.run([sys.executable, "-c", script, f"file:{fifo}", str(tmp_path / "spool")],
+                           capture_output=True, text=True, timeout=30)
+    assert ended.returncode == 0, ended.stderr
+    assert time.monotonic() - started < 1.0 + EXIT_MARGIN_S + 1.0  # Python's start too
+    assert list((tmp_path / "spool").rglob("*.seg"))
+
+
 # -- a full disk ------------------------------------------------------------------------------------
 
 

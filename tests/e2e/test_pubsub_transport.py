@@ -69,3 +69,22 @@ def test_no_event_is_lost_while_the_broker_is_away(monkeypatch, make_settings):
         emulator.stop()
     seqs = sorted({e.seq for m in received for e in parse_message(m.message.data)[0]})
     assert seqs == list(range(1, 31))
+
+
+def test_a_message_pubsub_refuses_for_good_is_refused_not_retried(monkeypatch):
+    """A message larger than Pub/Sub takes fails its send as refused for good (the worker then
+    drops and counts it) instead of as an outage to retry; a normal one after it is published."""
+    from emitter.transports import MessageRefused
+    from goodput_schemas.wire import Message
+
+    emulator = open_emulator(monkeypatch)
+    transport = PubSubTransport(TOPIC, timeout_s=5)
+    try:
+        oversized = Message("run", "a", 0, 0, 1, b"x" * 10_000_001)
+        with pytest.raises(MessageRefused, match="too large"):
+            transport.send(oversized)
+        transport.send(Message("run", "a", 1, 1, 1, b"{}"))
+        assert [m.message.data for m in pull_all(emulator)] == [b"{}"]
+    finally:
+        transport.close()
+        emulator.stop()
