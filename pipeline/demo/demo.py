@@ -52,6 +52,7 @@ from pipeline.demo.fleet import (
     FleetControl,
     SimulatedJob,
     fleet_runs,
+    longest_s,
     start_fleet,
 )
 
@@ -454,7 +455,8 @@ class Demo:
         return self._finish(points, stream_output, saver)
 
     def _start_stream(self, env: dict[str, str], monitoring_host: str) -> Process:
-        lag_s = self.args.duration_s * SPEED + 3600  # simulated time: hours compressed into the demo
+        # Simulated time: hours compressed into the demo, ending behind the wall clock (start_fleet).
+        lag_s = longest_s(self.args.duration_s) * SPEED + 3600
         return Process("stream", [
             sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
             f"--subscription={SUBSCRIPTION}", f"--duckdb={self.live_db}",
@@ -478,7 +480,7 @@ class Demo:
         fleet_started = time.monotonic()
         live: dict[str, LiveRun] = {}
         snapshots = 0
-        deadline = fleet_started + self.args.duration_s * 1.5 + 60
+        deadline = fleet_started + longest_s(self.args.duration_s)
         while True:
             for job in self.jobs:
                 if job.error is not None:

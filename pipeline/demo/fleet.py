@@ -162,17 +162,25 @@ def fleet_runs(count: int) -> list[FleetRun]:
     return runs
 
 
+def longest_s(duration_s: float) -> float:
+    """The longest the fleet of a ``duration_s`` demo may train, in wall-clock seconds, before the
+    demo gives up on it."""
+    return duration_s * 1.5 + 60
+
+
 def start_fleet(runs: Sequence[FleetRun], topic: str, duration_s: float, control: FleetControl,
                 spool_dir: Path) -> list[SimulatedJob]:
-    """Starts every simulated job on its thread, publishing to ``topic``; simulated time reaches
-    the wall clock's at the planned end (so every snapshot is recent enough for Cloud Monitoring
-    at the end)."""
+    """Starts every simulated job on its thread, publishing to ``topic``. Simulated time, ``SPEED``
+    times faster than the wall clock, reaches the wall clock's only at the latest the fleet may
+    end (``longest_s``): a fleet slower than planned would otherwise date its events ahead of the
+    wall clock, and the pipeline dead-letters an event more than ``MAX_CLOCK_AHEAD_S`` ahead."""
     settings = EmitterSettings(max_latency_s=0.25, heartbeat_interval_s=None, spool_dir=spool_dir,
                                close_timeout_s=5.0, retry_initial_backoff_s=0.05, retry_max_backoff_s=1.0)
     scale = duration_s / DEFAULT_DURATION_S
     origin_wall = time.monotonic()
-    end = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=duration_s)
-    origin = end - datetime.timedelta(seconds=duration_s * SPEED)
+    longest = longest_s(duration_s)
+    end = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=longest)
+    origin = end - datetime.timedelta(seconds=longest * SPEED)
 
     def body(job: SimulatedJob) -> None:
         run = job.run
