@@ -22,7 +22,13 @@ Meanwhile it shows the fleet's live goodput, read from the DuckDB file. Then it 
 (SIGINT: the pipeline reports what it has read and stops), replays the saved messages in batch
 into ``batch.duckdb``, checks that each run's live numbers equal the replay's, writes
 ``report.html``, and prints the fleet summary. Exit status: 0 when all is well, 1 when the live and
-batch numbers differ or a part failed, 130 when interrupted.
+batch numbers differ or a part failed, 2 for a usage mistake (nothing is started), 130 when
+interrupted.
+
+The output directory is the demo's own: it writes only into a new or empty directory, which it
+marks with a ``.goodput-demo`` file, or into one it marked before, where it replaces its earlier
+outputs (``OUTPUTS``) and nothing else. Any other directory is refused, untouched: a user's
+``report.html`` in the current directory is never a demo output.
 """
 
 from __future__ import annotations
@@ -65,6 +71,13 @@ MONITORING_MIN_INTERVAL_S = 5.0
 
 
 JAX_RUN = "jax-mlp-cpu"
+
+#: The file that marks a directory as one the demo made, and its first line.
+MARKER = ".goodput-demo"
+MARKER_TEXT = b"goodput demo output directory"
+#: What the demo writes in its directory; a new run replaces these (and ``spool/``), nothing else.
+OUTPUTS = ("goodput.duckdb", "goodput.duckdb.wal", "batch.duckdb", "batch.duckdb.wal", "events.jsonl",
+           "report.html", "stream.log", "batch.log", "jax_train.log")
 
 
 class DemoError(Exception):
@@ -333,10 +346,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     "replay of the same events checks the live numbers; an HTML report is written.",
         epilog="Outputs in the output directory: goodput.duckdb (the live tables), events.jsonl (every "
                "message), batch.duckdb (their batch replay), report.html, and the logs of the stream, "
-               "the replay and the JAX job. Query the tables with: goodput query --list.")
+               f"the replay and the JAX job. The demo marks a directory it writes with a {MARKER} file; "
+               "it refuses, touching nothing, a directory that holds files and lacks that mark. Query "
+               "the tables with: goodput query --list.")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"),
-                        help="where the outputs go; earlier demo outputs there are replaced "
-                             "(default: %(default)s)")
+                        help="where the outputs go: a new or empty directory, or one an earlier demo "
+                             "made, whose demo outputs are replaced (other files there are kept); any "
+                             "other directory is refused, untouched (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=len(FLEET),
                         help=f"simulated runs (default: %(default)s; beyond {len(FLEET)} the fleet repeats "
                              "under new names)")
@@ -357,12 +373,57 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _clear_outputs(directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in ("goodput.duckdb", "goodput.duckdb.wal", "batch.duckdb", "batch.duckdb.wal", "events.jsonl",
-                 "report.html", "stream.log", "batch.log", "jax_train.log"):
-        (directory / name).unlink(missing_ok=True)
-    shutil.rmtree(directory / "spool", ignore_errors=True)
+def _marked(directory: Path) -> bool:
+    """Whether the demo made ``directory`` (its marker file is there, and says so)."""
+    marker = directory / MARKER
+    if marker.is_symlink() or not marker.is_file():  # never open a FIFO, nor follow a link out
+        return False
+    try:
+        with marker.open("rb") as handle:
+            return handle.read(len(MARKER_TEXT)) == MARKER_TEXT
+    except OSError:
+        return False
+
+
+def prepare_output_dir(path: Path) -> Path:
+    """The demo's output directory, ready to write: ``path`` made and marked when it is new or
+    empty, or cleared of the demo's earlier outputs when the demo made it. Anything else is a
+    ``UsageError``, and nothing in ``path`` is touched."""
+    from pipeline.app.checks import UsageError
+
+    option = f"--output-dir={path}"
+    if os.path.lexists(path) and not path.is_dir():
+        raise UsageError(f"{option} exists and is not a directory: nothing was touched; name a new "
+                         "directory, e.g. --output-dir demo-output")
+    directory = path.resolve()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        marked = _marked(directory)
+        empty = not marked and next(directory.iterdir(), None) is None
+    except OSError as error:
+        raise UsageError(f"cannot create or read {option}: {error.strerror}") from None
+    if not (marked or empty):
+        raise UsageError(f"{option} holds files and is not a directory the demo made (no {MARKER} in it): "
+                         "nothing was touched; name a new or empty directory (an older demo's output: "
+                         "remove it first)")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write in {option}: permission denied")
+    try:
+        if marked:
+            for name in OUTPUTS:
+                (directory / name).unlink(missing_ok=True)
+            spool = directory / "spool"
+            if spool.is_symlink() or spool.is_file():
+                spool.unlink()
+            elif spool.is_dir():
+                shutil.rmtree(spool)
+        else:
+            (directory / MARKER).write_bytes(MARKER_TEXT + b": the goodput demo writes here and replaces "
+                                             b"its own outputs on each run\n")
+    except OSError as error:
+        raise UsageError(f"cannot replace the demo's outputs in {option}: {error.strerror} "
+                         f"({error.filename})") from None
+    return directory
 
 
 @contextlib.contextmanager
@@ -385,9 +446,10 @@ def _terminate_as_interrupt() -> Iterator[None]:
 class Demo:
     """One run of the demo; ``run`` starts everything, and stops it all before it returns."""
 
-    def __init__(self, args: argparse.Namespace, out: TextIO) -> None:
+    def __init__(self, args: argparse.Namespace, out: TextIO, directory: Path) -> None:
+        """``directory``: the output directory, as ``prepare_output_dir`` gives it."""
         self.args = args
-        self.directory: Path = args.output_dir.resolve()
+        self.directory = directory
         self.console = Console(out, args.quiet)
         self.control = FleetControl()
         self.jobs: list[SimulatedJob] = []
@@ -407,7 +469,6 @@ class Demo:
         elif not use_jax:
             console.result("JAX is not installed: the demo goes on without the real JAX training job "
                            "(pip install 'jax[cpu]' to add it)")
-        _clear_outputs(self.directory)
         spool = self.directory / "spool"
         with contextlib.ExitStack() as stack:
             from google.pubsub_v1.types import pubsub as types
@@ -612,8 +673,15 @@ def _environment(name: str, value: str) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.app.checks import UsageError
+
     args = parse_args(argv)
-    demo = Demo(args, sys.stdout)
+    try:
+        directory = prepare_output_dir(args.output_dir)
+    except UsageError as error:
+        print(f"goodput demo: {error}", file=sys.stderr)
+        return 2
+    demo = Demo(args, sys.stdout, directory)
     try:
         with _terminate_as_interrupt():
             return demo.run()
