@@ -71,13 +71,13 @@ BAD_MESSAGES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xfe not text", "not UTF-8"),
     (b'{"schema_version":9,"run_id":"soak-bad","attempt_id":"a","events":[]}', "schema_version 9"),
     (b'{"schema_version":1,"run_id":"soak\\u0007bad","attempt_id":"a","events":[{"seq":0,"time_us":'
-     b'1800000000000000,"heartbeat":{}}]}', "printable characters"),
+     b'1750000000000000,"heartbeat":{}}]}', "printable characters"),
     (b'{"schema_version":1,"run_id":"soak-bad","attempt_id":"a","events":[{"seq":0,"time_us":'
-     b'1800000000000000,"teleport":{}}]}', "unknown event kind"),
+     b'1750000000000000,"teleport":{}}]}', "unknown event kind"),
     (b'{"schema_version":1,"run_id":"soak-bad","attempt_id":"a","events":[{"seq":0,"time_us":'
-     b'1800000000000000,"checkpoint_save":{"step":1,"blocking_s":"NaN"}}]}', "must be finite"),
+     b'1750000000000000,"checkpoint_save":{"step":1,"blocking_s":"NaN"}}]}', "must be finite"),
     (b'{"schema_version":1,"run_id":"soak-bad","attempt_id":"a","events":[{"seq":0,"time_us":'
-     b'1800000000000000,"step_start":{"step":-5}}]}', "step must be >= 0"),
+     b'1750000000000000,"step_start":{"step":-5}}]}', "step must be >= 0"),
 )
 
 
