@@ -103,6 +103,35 @@ def _count(value: object, name: str) -> int:
     return number
 
 
+def _labels(labels: object) -> dict[str, str]:
+    if not labels:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise ValueError(f"labels must be a mapping of str to str, got {type(labels).__name__}")
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"labels has {len(labels)} labels, more than MAX_LABELS ({MAX_LABELS})")
+    return {_text(k, "label key"): _text(v, f"label {k!r}", free_form=True)
+            for k, v in labels.items()}
+
+
+def _ideal_step_time(value: object) -> float | None:
+    if value is None:
+        return None
+    ideal = _number(value, "configured_ideal_step_time")
+    if not (math.isfinite(ideal) and 0 < ideal <= MAX_DURATION_S):
+        raise ValueError(f"configured_ideal_step_time must be > 0 s and at most "
+                         f"{MAX_DURATION_S:.0f} s, got {ideal}")
+    return ideal
+
+
+def _settings(value: object) -> EmitterSettings:
+    if value is None:
+        return EmitterSettings()
+    if not isinstance(value, EmitterSettings):
+        raise ValueError(f"settings must be an EmitterSettings, got {type(value).__name__}")
+    return value
+
+
 def _badput_type(value: object, name: str) -> str:
     """A custom badput or elastic event type: ``None`` is the reference's default, ``unknown``."""
     if value is None:
@@ -239,14 +268,12 @@ class GoodputRecorder:
                 raise ValueError(problem)
             _LOG.error("goodput recording is disabled: %s", problem)
             logging_enabled = False
-        self._metadata = self._lenient(
-            lambda: self._job_start_body(configured_ideal_step_time, run_group, accelerator_type,
-                                         chip_count, labels, location),
-            {"emitter_version": __version__}, "run metadata")
+        self._metadata = self._job_start_body(configured_ideal_step_time, run_group,
+                                              accelerator_type, chip_count, labels, location)
         settings = self._lenient(
             lambda: _with_reference_keywords(
-                settings if isinstance(settings, EmitterSettings) else EmitterSettings(),
-                background_grace_period_s, background_batch_size, background_max_latency_s),
+                _settings(settings), background_grace_period_s, background_batch_size,
+                background_max_latency_s),
             EmitterSettings(), "settings")
         self.settings = settings
         if not logging_enabled:
@@ -287,8 +314,8 @@ class GoodputRecorder:
         except Exception as error:
             if self._strict:
                 raise
-            _LOG.error("goodput recorder for %r: invalid %s, using %r instead: %s",
-                       self.job_name, what, fallback, error)
+            _LOG.error("goodput recorder for %r: invalid %s, %s: %s", self.job_name, what,
+                       "left out" if fallback is None else f"using {fallback!r} instead", error)
             return fallback
 
     def _invalid_call(self, method: str, error: Exception) -> Any:
@@ -303,8 +330,8 @@ class GoodputRecorder:
                        "counted in stats.invalid_calls)", self.job_name, method, error)
         return False if method in ("flush", "close") else None
 
-    @staticmethod
     def _job_start_body(
+        self,
         configured_ideal_step_time: float | None,
         run_group: str,
         accelerator_type: str,
@@ -312,26 +339,21 @@ class GoodputRecorder:
         labels: Mapping[str, str] | None,
         location: str,
     ) -> dict[str, Any]:
+        """The metadata the job start carries; a field that cannot be recorded is left out and
+        logged (a strict recorder raises)."""
+        fields: dict[str, Callable[[], Any]] = {
+            "run_group": lambda: _text(run_group, "run_group"),
+            "accelerator_type": lambda: _text(accelerator_type, "accelerator_type"),
+            "location": lambda: _text(location, "location"),
+            "chip_count": lambda: _count(chip_count, "chip_count"),
+            "labels": lambda: _labels(labels),
+            "configured_ideal_step_time_s": lambda: _ideal_step_time(configured_ideal_step_time),
+        }
         body: dict[str, Any] = {"emitter_version": __version__}
-        for name, value in (("run_group", run_group), ("accelerator_type", accelerator_type),
-                            ("location", location)):
-            if _text(value, name):
+        for name, build in fields.items():
+            value = self._lenient(build, None, name)
+            if value:  # an empty name, no chips, no labels: nothing to say
                 body[name] = value
-        if _count(chip_count, "chip_count"):
-            body["chip_count"] = int(chip_count)
-        if labels:
-            if not isinstance(labels, Mapping):
-                raise ValueError(f"labels must be a mapping of str to str, got {type(labels).__name__}")
-            if len(labels) > MAX_LABELS:
-                raise ValueError(f"labels has {len(labels)} labels, more than MAX_LABELS ({MAX_LABELS})")
-            body["labels"] = {_text(k, "label key"): _text(v, f"label {k!r}", free_form=True)
-                              for k, v in labels.items()}
-        if configured_ideal_step_time is not None:
-            ideal = _number(configured_ideal_step_time, "configured_ideal_step_time")
-            if not (math.isfinite(ideal) and 0 < ideal <= MAX_DURATION_S):
-                raise ValueError(f"configured_ideal_step_time must be > 0 s and at most "
-                                 f"{MAX_DURATION_S:.0f} s, got {ideal}")
-            body["configured_ideal_step_time_s"] = ideal
         return body
 
     # -- plumbing ---------------------------------------------------------------------------

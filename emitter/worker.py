@@ -26,7 +26,6 @@ hurries batching, retries or heartbeats.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import itertools
@@ -76,7 +75,8 @@ class EmitterStats:
             (too large for it): they are never retried.
         send_errors: Failed transport sends (each retried with backoff).
         messages_sent: Messages delivered (this attempt's and the backlog's).
-        queued: Events held in memory at the moment, never more than ``max_queue_events``.
+        queued: Events held in memory at the moment, never more than ``max_queue_events`` but
+            for the attempt's ``job_start``.
         backlog_sent: Events left in the spool by earlier attempts of the run (a crash, a
             ``close()`` that ran out of time), delivered by this attempt.
         backlog_dropped: Events of earlier attempts dropped from a full spool to make room, or
@@ -408,14 +408,13 @@ class BatchWorker:
         backoff; False if closing interrupted the retries (a part sent already is sent again
         with the rest: the pipeline drops the repeated events)."""
         refused = 0
-        seqs = [record[0] for record in records]
         for message in encode_batches(run_id, attempt_id, records,
                                       MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES):
             backoff = self._settings.retry_initial_backoff_s
             while not (sent := self._send(message)):
                 if sent is None:  # refused for good: retrying would never end
-                    refused += (bisect.bisect_right(seqs, message.last_seq)
-                                - bisect.bisect_left(seqs, message.first_seq))
+                    refused += sum(message.first_seq <= seq <= message.last_seq
+                                   for seq, *_ in records)
                     break
                 if self._closing.wait(backoff):
                     return False
@@ -425,13 +424,13 @@ class BatchWorker:
                     self._counts["messages_sent"] += 1
         with self._lock:
             if own:
+                self._counts["sent"] += len(records) - refused
                 self._counts["dropped"] += refused
                 self._counts["dropped_refused"] += refused
-            else:
-                self._counts["backlog_dropped"] += refused
-            self._counts["sent" if own else "backlog_sent"] += len(records) - refused
-            if own:
                 self._finish(len(records))
+            else:
+                self._counts["backlog_sent"] += len(records) - refused
+                self._counts["backlog_dropped"] += refused
         return True
 
     def _send(self, message: Message) -> bool | None:

@@ -548,8 +548,9 @@ class Soak:
                     if dropped and not run.small_spool:
                         problems.append(f"{run.run_id} attempt {attempt.index} dropped {dropped} events "
                                         "with room in memory and on disk")
-                    if not status["delivered"]:
-                        problems.append(f"{run.run_id} attempt {attempt.index} ended undelivered")
+                    if status["delivered"] == bool(dropped):  # close() says whether all arrived
+                        problems.append(f"{run.run_id} attempt {attempt.index} ended with close() "
+                                        f"{status['delivered']} and {dropped} dropped")
                 else:  # killed: what it recorded after its last progress line is not known
                     lost = max(0, recorded - len(seqs))
                     counts["lost_to_kills"] += lost

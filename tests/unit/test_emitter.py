@@ -295,8 +295,9 @@ def test_arguments_the_reference_accepts_are_recorded_as_it_records_them(
 
 
 def test_constructor_rejects_bad_metadata_only_when_strict(make_settings, caplog):
-    """Invalid run metadata raises on a strict recorder; otherwise it is logged and left out,
-    and a job name the pipeline would refuse disables recording."""
+    """Invalid run metadata raises on a strict recorder; otherwise the invalid field is logged
+    and left out (the valid ones kept), invalid settings are replaced by the defaults, and a job
+    name the pipeline would refuse disables recording."""
     with pytest.raises(ValueError, match="chip_count"):
         GoodputRecorder("r", chip_count=-8, settings=make_settings(), strict=True)
     with pytest.raises(ValueError, match="configured_ideal_step_time"):
@@ -304,9 +305,11 @@ def test_constructor_rejects_bad_metadata_only_when_strict(make_settings, caplog
     with pytest.raises(ValueError, match="job_name"):
         GoodputRecorder("", settings=make_settings(), strict=True)
     with caplog.at_level(logging.ERROR, logger="emitter"):
-        lenient = GoodputRecorder("r", chip_count=-8, settings=make_settings())
+        lenient = GoodputRecorder("r", chip_count=-8, run_group="llm", settings=make_settings())
         nameless = GoodputRecorder("", logging_enabled=True, settings=make_settings())
-    assert "chip_count" not in lenient._metadata
+        unset = GoodputRecorder("r", settings={"max_latency_s": 1})  # type: ignore[arg-type]
+    assert "chip_count" not in lenient._metadata and lenient._metadata["run_group"] == "llm"
+    assert unset.settings == EmitterSettings()
     nameless.record_job_start_time(at(0))
     assert nameless.stats.recorded == 0
     assert any("chip_count" in r.getMessage() for r in caplog.records)
