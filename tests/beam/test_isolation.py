@@ -54,6 +54,8 @@ HOSTILE: list[tuple[str, bytes, str | None]] = [
      "active_slices (9) must be at most total_slices (2)"),
     ("a chip count past MAX_CHIP_COUNT",
      message(start(chip_count=MAX_CHIP_COUNT + 1), run_id="run-chips", attempt_id="h"), "MAX_CHIP_COUNT"),
+    ("a run id of 512 characters but over 1,024 bytes (a Pub/Sub attribute's limit)",
+     message(start(), run_id="é" * 257 + "€" * 171, attempt_id="i"), "MAX_ID_BYTES"),
     ("a step of 2**63-1",
      message(start(), {"seq": 1, "time_us": T + S, "step_start": {"step": 2**63 - 1}}, run_id="run-steps",
              attempt_id="t"), "step_start.step must be at most MAX_COUNT"),

@@ -122,6 +122,16 @@ SHAPES: dict[str, Callable[[int], tuple[list[Event], int]]] = {
 }
 
 
+def traced(action: Callable[[], object], trace: Any) -> None:
+    """Runs ``action()`` under the trace function ``trace``."""
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        action()
+    finally:
+        sys.settrace(previous)
+
+
 def lines_executed(action: Callable[[], object]) -> int:
     """How many Python lines ``action()`` executes, counting every pass of a loop."""
     count = 0
@@ -131,12 +141,7 @@ def lines_executed(action: Callable[[], object]) -> int:
         count += 1
         return trace
 
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        action()
-    finally:
-        sys.settrace(previous)
+    traced(action, trace)
     return count
 
 
@@ -229,12 +234,7 @@ def calls_of(action: Callable[[], object], names: set[str]) -> int:
         nonlocal count
         count += event == "call" and frame.f_code.co_name in names
 
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        action()
-    finally:
-        sys.settrace(previous)
+    traced(action, trace)
     return count
 
 
