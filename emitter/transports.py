@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from goodput_schemas.limits import MAX_MESSAGE_BYTES
 from goodput_schemas.wire import Message
 
 _LOG = logging.getLogger("emitter")
 _TAIL_CHUNK = 64 * 1024
-_REQUEST_LIMIT_BYTES = 10_000_000  # Pub/Sub's, for a whole publish request
 
 
 class MessageRefused(Exception):
@@ -165,7 +165,7 @@ class PubSubTransport:
                         # One message at a time: the limits only ever meet a single message,
                         # whose size is the request limit's to judge (a refusal for good).
                         flow_control=pubsub_v1.types.PublishFlowControl(
-                            message_limit=1000, byte_limit=2 * _REQUEST_LIMIT_BYTES,
+                            message_limit=1000, byte_limit=2 * MAX_MESSAGE_BYTES,
                             limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.ERROR),
                     ),
                 )
