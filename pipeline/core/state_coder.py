@@ -58,10 +58,12 @@ def decode_state(data: bytes) -> RunState:
     for item in header["attempts"]:
         attempt = Attempt(item["id"], item["start"], item["end"], item["meta"])
         columns = [(attempt.steps, item["n"]), (attempt.step_times, item["n"])]
-        if "obs" in item:  # else encoded before events were kept by seq
+        if "obs" in item:
             count = item["obs"]
             columns += [(attempt.step_seqs, item["n"]), (attempt.obs_seqs, count), (attempt.obs_times, count),
                         (attempt.obs_prints, count), (attempt.obs_kinds, count)]
+        else:  # encoded before events were kept by seq: those steps' seqs are unknown (-1)
+            attempt.step_seqs.extend([-1] * item["n"])
         for target, count in columns:
             size = count * target.itemsize
             target.frombytes(data[offset:offset + size])
