@@ -69,10 +69,10 @@ def id_problem(name: str, value: str) -> str | None:
         return f"{name} is missing or empty: it must be 1..{MAX_ID_LENGTH} printable characters"
     if len(value) > MAX_ID_LENGTH or not value.isprintable():
         return f"{name} must be 1..{MAX_ID_LENGTH} printable characters, got {shown(value)}"
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ID_BYTES:
         return (f"{name} must be at most MAX_ID_BYTES ({MAX_ID_BYTES}) bytes of UTF-8 (a Pub/Sub "
-                f"attribute's limit), got {len(value.encode('utf-8', 'surrogatepass'))}: "
-                f"{shown(value)}")
+                f"attribute's limit), got {size}: {shown(value)}")
     return None
 
 

@@ -49,7 +49,6 @@ from typing import Any, TextIO
 
 from emitter.transports import PubSubTransport
 from goodput_schemas.limits import (
-    MAX_CLOCK_AHEAD_S,
     MAX_DURATION_S,
     MAX_TIME_US,
     MIN_TIME_US,
@@ -59,7 +58,7 @@ from goodput_schemas.limits import (
     text_problem,
 )
 from goodput_schemas.wire import Message, Record, encode_batch
-from pipeline.core.events import latest_time_us
+from pipeline.core.events import event_problem, latest_time_us
 
 #: Events per message; well under Pub/Sub's 10 MB message limit.
 EVENTS_PER_MESSAGE = 1000
@@ -308,11 +307,6 @@ def _event(entry: _Entry) -> tuple[str, int, str, dict[str, Any]]:
             for theirs, ours in fields.items():
                 value = payload.get(theirs, _DEFAULTS.get(ours))
                 body[ours] = _count(theirs, value, ours) if ours in _COUNTS else _string(theirs, value)
-            if kind == "elastic_slice_counts":
-                for ours in ("active_slices", "available_slices"):
-                    if body[ours] > body["total_slices"]:
-                        raise _Reject("bad field", f"{ours} ({body[ours]}) must be at most total_slices "
-                                                   f"({body['total_slices']})")
             return run_id, _time_us(payload, time_key), kind, body
     if "event_type" in payload:
         return (run_id, *_orbax_event(payload, entry.write_time_us))
@@ -368,10 +362,9 @@ def import_entries(values: Iterable[tuple[str, Any]], job_name: str | None = Non
     for entry in entries:
         try:
             run_id, time_us, kind, body = _event(entry)
-            if time_us > latest_us:
-                ahead_s = (time_us - latest_us) / 1_000_000 + MAX_CLOCK_AHEAD_S
-                raise _Reject("bad time", f"the {kind} time is {ahead_s:.0f} s ahead of the importer's "
-                                          f"clock, more than MAX_CLOCK_AHEAD_S ({MAX_CLOCK_AHEAD_S} s)")
+            invalid = event_problem(kind, 0, time_us, body, latest_us)  # the parser's own rules
+            if invalid is not None:
+                raise _Reject("bad time" if invalid.startswith("time_us") else "bad field", invalid)
         except _Reject as problem:
             result.rejected.append(
                 Rejected(entry.source, problem.reason, problem.detail, _text(entry.payload)))

@@ -184,8 +184,10 @@ def latest_time_us(now_us: int | None = None) -> int:
     return now + MAX_CLOCK_AHEAD_S * 1_000_000
 
 
-def _event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any],
-                   latest_us: int) -> str | None:
+def event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any],
+                  latest_us: int) -> str | None:
+    """Why an event is invalid (the schema's rules and the contract's limits), or None;
+    ``latest_us`` is the latest event time accepted (``latest_time_us``)."""
     if kind is None:
         return "event has no kind: set exactly one of " + ", ".join(EVENT_KINDS)
     if seq < 0:
@@ -432,7 +434,7 @@ def _read_event(raw: Any, run_id: str, attempt_id: str, latest_us: int) -> Event
         kind = parsed.WhichOneof("kind")
         fields = (parsed.seq, parsed.time_us, kind or "", _plain(getattr(parsed, kind)) if kind else {})
     seq, time_us, kind, body = fields
-    problem = _event_problem(kind or None, seq, time_us, body, latest_us)
+    problem = event_problem(kind or None, seq, time_us, body, latest_us)
     return problem if problem is not None else Event(run_id, attempt_id, seq, time_us, kind, body)
 
 

@@ -169,7 +169,7 @@ def test_values_past_the_contract_limits_are_rejected_not_dead_lettered():
         "checkpoint_manager_blocking_duration_secs must be seconds in 0..MAX_DURATION_S": {
             "job_name": "run", "event_type": "save", "step": 1.0, "wait_for_prev_start_time": t + 7,
             "checkpoint_manager_blocking_duration_secs": 1e12},
-        f"the step_start time is {ahead_s} s ahead of the importer's clock": {
+        f"is {ahead_s} s ahead of the pipeline's clock": {
             "job_name": "run", "step_count": 2.0, "step_start_time": t + ahead_s},
     }
     payloads = at_limits + list(past_limits.values())
