@@ -17,7 +17,7 @@ EVENT_PROTO = DIRECTORY / "goodput_event.proto"
 TABLES_DIRECTORY = DIRECTORY / "tables"
 #: Each table's day partitioning field and clustering fields.
 TABLE_OPTIONS = DIRECTORY / "table_options.json"
-#: Fleet SQL in BigQuery's dialect, one saved query per file.
+#: Fleet SQL in BigQuery's dialect, one saved query per file, with the tables' dataset as ``${dataset}``.
 SQL_DIRECTORY = DIRECTORY / "sql"
 #: Views over the tables, one per file: BigQuery SQL with the tables' dataset as ``${dataset}``.
 VIEWS_DIRECTORY = DIRECTORY / "views"
@@ -41,18 +41,24 @@ def table_options(name: str) -> dict[str, Any]:
     return options
 
 
-def saved_queries() -> dict[str, str]:
-    """Every saved fleet query by name (its file's stem), in BigQuery's dialect."""
-    return {path.stem: path.read_text() for path in sorted(SQL_DIRECTORY.glob("*.sql"))}
+def saved_queries(dataset: str) -> dict[str, str]:
+    """Every saved fleet query by name (its file's stem), in BigQuery's dialect, reading its tables
+    from ``dataset`` (e.g. ```project.dataset``` in BigQuery, ``main`` in DuckDB)."""
+    return {path.stem: _with_dataset(path.read_text(), dataset)
+            for path in sorted(SQL_DIRECTORY.glob("*.sql"))}
 
 
 def views(dataset: str) -> dict[str, str]:
     """Every view's query by name, reading its tables from ``dataset`` (e.g. ```project.dataset```
     in BigQuery, ``main`` in DuckDB)."""
-    from string import Template
-
-    return {path.stem: Template(path.read_text()).substitute(dataset=dataset)
+    return {path.stem: _with_dataset(path.read_text(), dataset)
             for path in sorted(VIEWS_DIRECTORY.glob("*.sql"))}
+
+
+def _with_dataset(sql: str, dataset: str) -> str:
+    """``sql`` with its one template parameter, ``${dataset}``, filled in. Any other ``$`` (a JSON
+    path's) stays as it is, as in Terraform's ``templatefile``, which fills the views."""
+    return sql.replace("${dataset}", dataset)
 
 
 def table_names() -> list[str]:

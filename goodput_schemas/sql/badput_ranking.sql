@@ -3,13 +3,13 @@
 -- (it is informational, not lost time) and is left out.
 WITH latest AS (
   SELECT run_id, snapshot_time, SAFE_DIVIDE(total_chip_s, total_time_s) AS chips
-  FROM goodput_snapshots
+  FROM ${dataset}.goodput_snapshots
   WHERE window_s = 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC) = 1
 ),
 costs AS (
   SELECT b.badput_source, b.run_id, b.seconds * IFNULL(l.chips, 0) AS chip_s
-  FROM badput_snapshots AS b
+  FROM ${dataset}.badput_snapshots AS b
   JOIN latest AS l USING (run_id, snapshot_time)
   WHERE b.window_s = 0 AND b.badput_source != 'DATA_LOADING_ASYNC' AND b.seconds > 0
 )

@@ -9,7 +9,7 @@ WITH saves AS (
     CAST(JSON_VALUE(body, '$.blocking_s') AS FLOAT64) AS save_s,
     TIMESTAMP_DIFF(event_time, LAG(event_time) OVER (PARTITION BY run_id, attempt_id ORDER BY event_time), SECOND)
       AS gap_s
-  FROM events
+  FROM ${dataset}.events
   WHERE kind = 'checkpoint_save'
 ),
 per_run AS (
@@ -19,7 +19,7 @@ per_run AS (
 ),
 latest AS (
   SELECT run_id, IFNULL(accelerator_type, 'unknown') AS accelerator_type, disruptions, total_time_s
-  FROM goodput_snapshots
+  FROM ${dataset}.goodput_snapshots
   WHERE window_s = 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC) = 1
 ),

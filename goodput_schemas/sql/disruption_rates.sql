@@ -4,13 +4,13 @@
 WITH latest AS (
   SELECT run_id, snapshot_time, IFNULL(accelerator_type, 'unknown') AS accelerator_type, disruptions,
     total_time_s, total_chip_s
-  FROM goodput_snapshots
+  FROM ${dataset}.goodput_snapshots
   WHERE window_s = 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC) = 1
 ),
 recovery AS (
   SELECT l.accelerator_type, AVG(d.recovery_s) AS mttr_s
-  FROM disruptions AS d
+  FROM ${dataset}.disruptions AS d
   JOIN latest AS l USING (run_id, snapshot_time)
   GROUP BY l.accelerator_type
 ),

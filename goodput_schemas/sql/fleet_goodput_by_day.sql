@@ -4,7 +4,7 @@
 -- in each day for what it did that day; the fleet figure weighs each run by its chips.
 WITH daily AS (
   SELECT run_id, DATE(snapshot_time) AS day, accelerator_type, run_group, productive_chip_s, total_chip_s
-  FROM goodput_snapshots
+  FROM ${dataset}.goodput_snapshots
   WHERE window_s = 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id, DATE(snapshot_time) ORDER BY snapshot_time DESC) = 1
 ),

@@ -4,18 +4,18 @@
 -- inside the interval counts from its start.
 WITH bounds AS (
   SELECT TIMESTAMP_SUB(MAX(snapshot_time), INTERVAL 1 HOUR) AS interval_start, MAX(snapshot_time) AS interval_end
-  FROM goodput_snapshots
+  FROM ${dataset}.goodput_snapshots
 ),
 at_end AS (
   SELECT g.run_id, g.snapshot_time, g.productive_time_s, g.total_time_s
-  FROM goodput_snapshots AS g
+  FROM ${dataset}.goodput_snapshots AS g
   CROSS JOIN bounds AS b
   WHERE g.window_s = 0 AND g.snapshot_time <= b.interval_end
   QUALIFY ROW_NUMBER() OVER (PARTITION BY g.run_id ORDER BY g.snapshot_time DESC) = 1
 ),
 at_start AS (
   SELECT g.run_id, g.productive_time_s, g.total_time_s
-  FROM goodput_snapshots AS g
+  FROM ${dataset}.goodput_snapshots AS g
   CROSS JOIN bounds AS b
   WHERE g.window_s = 0 AND g.snapshot_time <= b.interval_start
   QUALIFY ROW_NUMBER() OVER (PARTITION BY g.run_id ORDER BY g.snapshot_time DESC) = 1

@@ -4,19 +4,19 @@
 -- latest snapshot.
 WITH latest_window AS (
   SELECT run_id, snapshot_time, window_s, ended, productive_time_s, total_time_s
-  FROM goodput_snapshots
+  FROM ${dataset}.goodput_snapshots
   WHERE window_s > 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC, window_s) = 1
 ),
 latest_steps AS (
   SELECT run_id, step_time_p50_s, recent_step_time_p50_s
-  FROM step_stats
+  FROM ${dataset}.step_stats
   WHERE steps_measured > 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC) = 1
 ),
 last_step AS (
   SELECT run_id, MAX(event_time) AS last_step_time
-  FROM events
+  FROM ${dataset}.events
   WHERE kind = 'step_start'
   GROUP BY run_id
 ),

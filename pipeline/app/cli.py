@@ -8,7 +8,7 @@ file, imports of the reference's history, and the local emulators.
     goodput import exported.json --output events.jsonl             the reference's Cloud Logging history
     goodput query --list                              the saved fleet queries
     goodput query NAME --duckdb goodput.duckdb        run one, print a table
-    goodput query NAME --sql                          print its BigQuery SQL
+    goodput query NAME --sql --dataset PROJECT.DATASET  print its BigQuery SQL, ready to run there
     goodput emulator pubsub --port 8085               a local Pub/Sub emulator
     goodput emulator bigquery --port 9050             a local BigQuery API stand-in
     goodput emulator monitoring --port 8086           a local Cloud Monitoring stand-in
@@ -22,6 +22,7 @@ import argparse
 import csv
 import datetime
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,13 +67,21 @@ def _text(value: Any) -> str:
 
 
 def _query(args: argparse.Namespace, out: TextIO) -> int:
-    queries = saved_queries()
+    queries = saved_queries(args.dataset or "")  # their text is printed only with --dataset
     if args.list or not args.name:
         for name, sql in queries.items():
             out.write(f"{name:24} {_first_line(sql)}\n")
         return 0
     if args.name not in queries:
         print(f"goodput query: no saved query {args.name!r}; there are: {', '.join(queries)}",
+              file=sys.stderr)
+        return 2
+    if args.sql and not args.dataset:
+        print("goodput query: --sql needs --dataset PROJECT.DATASET, the BigQuery dataset of the tables",
+              file=sys.stderr)
+        return 2
+    if args.dataset and not args.sql:
+        print("goodput query: --dataset is for --sql; a query run on --duckdb FILE reads that file's tables",
               file=sys.stderr)
         return 2
     if args.sql:
@@ -187,6 +196,20 @@ def _emulator(args: argparse.Namespace, out: TextIO) -> int:
     return code
 
 
+#: A BigQuery dataset: a project id (``example.com:`` before it for a domain-scoped project), a
+#: dot, a dataset name.
+_DATASET = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]\.[A-Za-z0-9_]{1,1024}")
+
+
+def _dataset(text: str) -> str:
+    """``PROJECT.DATASET`` as BigQuery SQL names it: in backquotes (as Terraform names it in the
+    views), for a project id may hold hyphens."""
+    if not _DATASET.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"invalid dataset {text!r}: PROJECT.DATASET, e.g. "
+                                         "my-project.goodput")
+    return f"`{text}`"
+
+
 def _port(text: str) -> int:
     """A TCP port number (0: any free port)."""
     try:
@@ -226,13 +249,19 @@ def parser() -> argparse.ArgumentParser:
     importer.build_parser(imported)
     imported.set_defaults(handler=importer.run)
     query = commands.add_parser(
-        "query", help="run a saved fleet query (goodput_schemas/sql/) on a DuckDB file",
+        "query", help="run a saved fleet query (goodput_schemas/sql/) on a DuckDB file, or print it "
+                      "for BigQuery",
         description="Runs a saved fleet query, written in BigQuery's dialect, on the DuckDB file "
-                    "the pipeline wrote (python -m pipeline --duckdb FILE).")
+                    "the pipeline wrote (python -m pipeline --duckdb FILE); or prints it with its "
+                    "tables in a BigQuery dataset, to paste into the console or pipe into "
+                    "bq query --use_legacy_sql=false.")
     query.add_argument("name", nargs="?", help="the query (see --list)")
     query.add_argument("--duckdb", metavar="FILE", help="the DuckDB file to query")
     query.add_argument("--list", action="store_true", help="list the saved queries")
-    query.add_argument("--sql", action="store_true", help="print the query's BigQuery SQL")
+    query.add_argument("--sql", action="store_true",
+                       help="print the query's BigQuery SQL instead (with --dataset)")
+    query.add_argument("--dataset", metavar="PROJECT.DATASET", type=_dataset,
+                       help="the BigQuery dataset of the tables, named in the printed SQL")
     query.add_argument("--format", choices=("table", "csv", "json"), default="table",
                        help="output format (default: %(default)s)")
     query.set_defaults(handler=_query)

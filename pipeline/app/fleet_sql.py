@@ -1,11 +1,11 @@
 """Fleet SQL: the saved queries in ``goodput_schemas/sql/`` (BigQuery's dialect) run on a DuckDB file.
 
 The queries are written for BigQuery, where the tables live in production; locally and in tests
-they run on the DuckDB output of the pipeline after sqlglot transpiles them. One construct needs
-more than sqlglot does: ``TIMESTAMP_DIFF`` counts *whole* units elapsed in BigQuery
-(10:59 to 11:01 is 0 hours) while DuckDB's ``date_diff``, which sqlglot maps it to, counts unit
-*boundaries* crossed (1 hour). It is rewritten here to microsecond arithmetic, truncated toward
-zero as BigQuery does.
+they run on the DuckDB output of the pipeline after sqlglot transpiles them, with the file's
+schema ``main`` as their ``${dataset}``. One construct needs more than sqlglot does:
+``TIMESTAMP_DIFF`` counts *whole* units elapsed in BigQuery (10:59 to 11:01 is 0 hours) while
+DuckDB's ``date_diff``, which sqlglot maps it to, counts unit *boundaries* crossed (1 hour). It is
+rewritten here to microsecond arithmetic, truncated toward zero as BigQuery does.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import sqlglot
 from sqlglot import exp
 
 from goodput_schemas import saved_queries
+
+#: Where the tables of a DuckDB file the pipeline wrote are: its default schema.
+DUCKDB_DATASET = "main"
 
 _UNIT_US = {"MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000, "MINUTE": 60_000_000,
             "HOUR": 3_600_000_000, "DAY": 86_400_000_000}
@@ -44,7 +47,7 @@ def to_duckdb(sql: str) -> str:
 
 def run_saved(name: str, connection: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Runs saved query ``name`` on a DuckDB connection: (column names, rows)."""
-    queries = saved_queries()
+    queries = saved_queries(DUCKDB_DATASET)
     if name not in queries:
         raise KeyError(f"no saved query {name!r}; there are: {', '.join(queries)}")
     cursor = connection.execute(to_duckdb(queries[name]))

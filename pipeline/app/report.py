@@ -111,7 +111,7 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
     import duckdb
 
     from goodput_schemas import saved_queries
-    from pipeline.app.fleet_sql import run_saved
+    from pipeline.app.fleet_sql import DUCKDB_DATASET, run_saved
 
     tables = {row[0] for row in
               connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
@@ -132,7 +132,7 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
                        "(PARTITION BY run_id, disruption_index ORDER BY snapshot_time DESC) = 1 "
                        "ORDER BY restart_time, run_id")
     queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]] = []
-    for name, sql in saved_queries().items():
+    for name, sql in saved_queries(DUCKDB_DATASET).items():
         about = " ".join(line.removeprefix("--").strip() for line in sql.splitlines()
                          if line.startswith("--"))
         try:

@@ -143,6 +143,7 @@ def test_goodput_demo_runs_from_the_installed_wheels(wheels, tmp_path):
 
 def test_goodput_is_an_installed_command():
     result = subprocess.run([str(Path(sys.executable).with_name("goodput")), "query", "badput_ranking",
-                             "--sql"], capture_output=True, text=True, timeout=60, check=False)
+                             "--sql", "--dataset", "my-project.goodput"],
+                            capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == saved_queries()["badput_ranking"]
+    assert result.stdout == saved_queries("`my-project.goodput`")["badput_ranking"]

@@ -104,7 +104,7 @@ def test_every_saved_query_has_its_table(report: str, fleet_database: Path):
     """Each saved fleet query has an element with its result: as many rows, and its values."""
     queries = section(report, "fleet-queries")
     with duckdb.connect(str(fleet_database), read_only=True) as connection:
-        for name in saved_queries():
+        for name in saved_queries("main"):
             columns, rows = run_saved(name, connection)
             block = re.search(rf'<div class="query" id="query-{name}">(.*?)</div>(?=<div class="query"|$)',
                               queries, re.S)

@@ -167,6 +167,7 @@ def test_the_report_overwrites_no_file_but_an_earlier_report(tmp_path: Path, cap
     ([], "required: command"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["query", "--format", "xml"], "invalid choice: 'xml'"),
+    (["query", "badput_ranking", "--sql", "--dataset", "goodput`; DROP TABLE x"], "invalid dataset"),
     (["emulator", "pubsub", "--port", "70000"], "port"),
     (["emulator", "pubsub", "--port", "http"], "invalid"),
     (["report"], "--duckdb"),

@@ -92,7 +92,7 @@ def run(fleet: Path, name: str) -> list[dict[str, Any]]:
 
 
 def test_there_are_at_least_six_saved_queries_and_each_is_one_statement():
-    queries = saved_queries()
+    queries = saved_queries("main")
     assert len(queries) >= 6
     for sql in queries.values():
         assert "SELECT" in to_duckdb(sql)  # one statement, or it raises
@@ -195,8 +195,18 @@ def test_goodput_query_command(fleet, capsys):
     assert lines[2].split() == ["llm", "v5p", "1", "2500.0", "500.0", "2100.0"]
     assert lines[-1] == "(3 rows)"
     assert main(["query", "--list"]) == 0
-    assert set(saved_queries()) <= {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert set(saved_queries("main")) <= {line.split()[0] for line in capsys.readouterr().out.splitlines()}
     assert main(["query", "no_such_query", "--duckdb", str(fleet)]) == 2
     assert "no saved query" in capsys.readouterr().err
 
 
+def test_goodput_query_sql_names_the_tables_in_the_dataset_given(capsys):
+    """goodput query NAME --sql --dataset PROJECT.DATASET prints the query ready to run in BigQuery."""
+    assert main(["query", "lost_chip_hours", "--sql", "--dataset", "my-project.goodput"]) == 0
+    sql = capsys.readouterr().out
+    assert sql == saved_queries("`my-project.goodput`")["lost_chip_hours"]
+    assert "FROM `my-project.goodput`.goodput_snapshots" in sql and "${dataset}" not in sql
+    assert main(["query", "lost_chip_hours", "--sql"]) == 2
+    assert "--sql needs --dataset" in capsys.readouterr().err
+    assert main(["query", "lost_chip_hours", "--dataset", "my-project.goodput"]) == 2
+    assert "--dataset is for --sql" in capsys.readouterr().err
