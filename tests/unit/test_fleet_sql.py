@@ -25,9 +25,13 @@ def t(text: str) -> datetime.datetime:
 
 def goodput(run_id: str, at: str, total: float, productive: float, chips: int, disruptions: int = 0,
             ended: bool = False, window_s: int = 0, accelerator: str | None = None,
-            group: str | None = None) -> dict[str, Any]:
-    return {"run_id": run_id, "snapshot_time": t(at), "window_s": window_s, "window_start": t(at),
-            "window_end": t(at), "goodput_pct": 100 * productive / total if total else None,
+            group: str | None = None, end: str | None = None) -> dict[str, Any]:
+    """A goodput_snapshots row as of ``at``, measuring the run's last ``total`` seconds up to its
+    ``end`` (the snapshot's time while it runs)."""
+    window_end = t(end or at)
+    return {"run_id": run_id, "snapshot_time": t(at), "window_s": window_s,
+            "window_start": window_end - datetime.timedelta(seconds=total),
+            "window_end": window_end, "goodput_pct": 100 * productive / total if total else None,
             "productive_time_s": productive, "total_time_s": total, "disruptions": disruptions,
             "max_productive_step": 0, "productive_chip_s": productive * chips,
             "total_chip_s": total * chips, "chip_count": chips, "accelerator_type": accelerator,
@@ -175,16 +179,59 @@ def test_stalled_or_regressed(fleet):
     ]
 
 
-def test_interval_goodput_from_two_cumulative_snapshots(fleet):
-    start, end = datetime.datetime(2026, 11, 2, 11), datetime.datetime(2026, 11, 2, 12)
-    assert run(fleet, "interval_goodput") == [
-        {"run_id": "A", "interval_start": start, "interval_end": end, "elapsed_s": 86400.0,
-         "productive_s": 69300.0, "goodput_pct": 80.208},
-        {"run_id": "B", "interval_start": start, "interval_end": end, "elapsed_s": 7200.0,
-         "productive_s": 6480.0, "goodput_pct": 90.0},
-        {"run_id": "C", "interval_start": start, "interval_end": end, "elapsed_s": 100.0,
-         "productive_s": 50.0, "goodput_pct": 50.0},
+INTERVAL_START, INTERVAL_END = datetime.datetime(2026, 11, 2, 11), datetime.datetime(2026, 11, 2, 12)
+
+
+@pytest.fixture(scope="module")
+def interval_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fleet whose latest snapshot is at 12:00 on 2026-11-02: the interval is 11:00 to 12:00.
+    Run P has a snapshot before the interval, N started inside it, M started a day before with its
+    earlier snapshots gone, and E ended before it."""
+    path = tmp_path_factory.mktemp("interval") / "fleet.duckdb"
+    sink = DuckDBSink(path)
+    sink.write("goodput_snapshots", [
+        # P: started at 09:00, snapshotted before and inside the interval.
+        goodput("P", "2026-11-02 10:00:00", 3600, 3000, 8),
+        goodput("P", "2026-11-02 10:59:30", 7170, 6000, 8),
+        goodput("P", "2026-11-02 11:30:00", 9000, 7500, 8),
+        goodput("P", "2026-11-02 12:00:00", 10800, 9000, 8),
+        goodput("P", "2026-11-02 12:00:00", 300, 300, 8, window_s=300),  # rolling: not counted
+        # N: started at 11:20.
+        goodput("N", "2026-11-02 11:40:00", 1200, 1000, 8),
+        goodput("N", "2026-11-02 12:00:00", 2400, 1800, 8),
+        # M: started at 12:00 the day before; its snapshots before 11:15 have expired.
+        goodput("M", "2026-11-02 11:15:00", 83700, 60000, 8),
+        goodput("M", "2026-11-02 12:00:00", 86400, 62400, 8),
+        # E: ran from 08:00 to 10:30; a late message snapshotted it again at 11:10.
+        goodput("E", "2026-11-02 10:30:00", 9000, 8000, 8, ended=True),
+        goodput("E", "2026-11-02 11:10:00", 9000, 8000, 8, ended=True, end="2026-11-02 10:30:00"),
+    ])
+    sink.close()
+    return path
+
+
+def test_interval_goodput_counts_each_run_from_its_start_or_a_snapshot(interval_fleet):
+    """Each run counts from its start inside the interval, else from its latest snapshot at or
+    before the interval's start, else from its earliest snapshot inside it."""
+    # P: from its 10:59:30 snapshot (7,170 s elapsed, 6,000 productive) to its 12:00 one (10,800 s,
+    #    9,000): 3,630 s elapsed, the hour and the 30 s before it that counted_from shows; 3,000 s
+    #    productive; 3,000 / 3,630 = 82.645 %. Neither its 10:00 nor its 11:30 snapshot counts.
+    # N: from its start at 11:20 (12:00 less 2,400 s), from nothing: 2,400 s, 1,800 s, 75 %.
+    # M: from its 11:15 snapshot (83,700 s, 60,000) to 12:00 (86,400 s, 62,400): 2,700 s, 2,400 s,
+    #    2,400 / 2,700 = 88.889 %; not its whole 86,400 s.
+    # E: its figures end at 10:30, before the interval: not listed, though snapshotted at 11:10.
+    rows = run(interval_fleet, "interval_goodput")
+    bounds = {"interval_start": INTERVAL_START, "interval_end": INTERVAL_END}
+    assert rows == [
+        {"run_id": "M", **bounds, "counted_from": datetime.datetime(2026, 11, 2, 11, 15),
+         "elapsed_s": 2700.0, "productive_s": 2400.0, "goodput_pct": 88.889},
+        {"run_id": "N", **bounds, "counted_from": datetime.datetime(2026, 11, 2, 11, 20),
+         "elapsed_s": 2400.0, "productive_s": 1800.0, "goodput_pct": 75.0},
+        {"run_id": "P", **bounds, "counted_from": datetime.datetime(2026, 11, 2, 10, 59, 30),
+         "elapsed_s": 3630.0, "productive_s": 3000.0, "goodput_pct": 82.645},
     ]
+    for row in rows:
+        assert row["elapsed_s"] <= (INTERVAL_END - row["counted_from"]).total_seconds()
 
 
 def test_goodput_query_command(fleet, capsys):
@@ -198,6 +245,8 @@ def test_goodput_query_command(fleet, capsys):
     assert set(saved_queries("main")) <= {line.split()[0] for line in capsys.readouterr().out.splitlines()}
     assert main(["query", "no_such_query", "--duckdb", str(fleet)]) == 2
     assert "no saved query" in capsys.readouterr().err
+
+
 
 
 def test_goodput_query_sql_names_the_tables_in_the_dataset_given(capsys):
