@@ -3,6 +3,8 @@
 
 resource "google_bigquery_dataset" "goodput" {
   # checkov:skip=CKV_GCP_81: customer-managed encryption is optional (var.kms_key_name); Google-managed keys by default
+  project = var.project_id
+
   dataset_id                 = var.dataset_id
   location                   = var.dataset_location
   description                = "Fleet goodput: snapshots, badput, disruptions, step statistics and raw events of every training run."
@@ -16,12 +18,13 @@ resource "google_bigquery_dataset" "goodput" {
     }
   }
 
-  depends_on = [google_project_service.apis]
+  depends_on = [google_project_service.apis, google_kms_crypto_key_iam_member.agents]
 }
 
 resource "google_bigquery_table" "tables" {
   # checkov:skip=CKV_GCP_80: customer-managed encryption is inherited from the dataset's default (var.kms_key_name)
   for_each = local.table_options
+  project  = var.project_id
 
   dataset_id          = google_bigquery_dataset.goodput.dataset_id
   table_id            = each.key
@@ -43,6 +46,7 @@ resource "google_bigquery_table" "tables" {
 resource "google_bigquery_table" "views" {
   # checkov:skip=CKV_GCP_80: a view holds no data of its own to encrypt
   for_each = fileset("${local.schemas}/views", "*.sql")
+  project  = var.project_id
 
   dataset_id          = google_bigquery_dataset.goodput.dataset_id
   table_id            = trimsuffix(each.value, ".sql")
@@ -66,8 +70,16 @@ resource "google_storage_bucket_object" "accelerator_prices" {
   content_type = "text/csv"
 }
 
+# A load job is never changed, only replaced, and BigQuery refuses a job id used before (even by
+# a job since deleted from the state): each load takes a fresh id, made anew with what it loads.
+resource "terraform_data" "accelerator_prices_load" {
+  triggers_replace = [filemd5("${local.schemas}/accelerator_prices.csv"), var.dataset_location, local.labels]
+}
+
 resource "google_bigquery_job" "accelerator_prices" {
-  job_id   = "${replace(var.name, "-", "_")}_prices_${filemd5("${local.schemas}/accelerator_prices.csv")}"
+  project = var.project_id
+
+  job_id   = "${replace(var.name, "-", "_")}_prices_${terraform_data.accelerator_prices_load.id}"
   location = var.dataset_location
   labels   = local.labels
 

@@ -1,11 +1,11 @@
 # The streaming pipeline: a Dataflow flex template (spec written here from dataflow/metadata.json,
-# image built from dataflow/Dockerfile) launched as one streaming job with Streaming Engine.
-# Step names are fixed in the pipeline code, so a changed job is updated in place with its state.
+# image from images.tf) launched as one streaming job with Streaming Engine, its workers on the
+# network of network.tf.
 
 locals {
-  launch = var.container_image != null
+  launch = var.container_image != null || var.build_image
   template_spec = {
-    image    = var.container_image
+    image    = local.image
     sdkInfo  = { language = "PYTHON" }
     metadata = jsondecode(file("${path.module}/../dataflow/metadata.json"))
   }
@@ -13,6 +13,8 @@ locals {
 
 resource "google_storage_bucket" "dataflow" {
   # checkov:skip=CKV_GCP_62: holds only the template spec and the price seed; no user data to audit
+  project = var.project_id
+
   name                        = "${var.project_id}-${var.name}-dataflow"
   location                    = var.region
   labels                      = local.labels
@@ -27,7 +29,19 @@ resource "google_storage_bucket" "dataflow" {
   lifecycle_rule {
     condition {
       age            = 7
-      matches_prefix = ["temp/", "staging/"] # Dataflow's files, kept here by earlier versions
+      matches_prefix = ["build/", "temp/", "staging/"] # the build's sources; Dataflow's files of earlier versions
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  # Versions: the template spec keeps its last three; anything else replaced or deleted (the
+  # build's uploaded sources, files of earlier versions) goes a day later.
+  lifecycle_rule {
+    condition {
+      num_newer_versions = 3
+      with_state         = "ARCHIVED"
     }
     action {
       type = "Delete"
@@ -36,7 +50,9 @@ resource "google_storage_bucket" "dataflow" {
 
   lifecycle_rule {
     condition {
-      num_newer_versions = 3
+      days_since_noncurrent_time = 1
+      with_state                 = "ARCHIVED"
+      matches_prefix             = ["build/", "seed/", "temp/", "staging/"]
     }
     action {
       type = "Delete"
@@ -51,6 +67,8 @@ resource "google_storage_bucket" "dataflow" {
 resource "google_storage_bucket" "scratch" {
   # checkov:skip=CKV_GCP_62: only Dataflow's own staging and temporary files; no user data to audit
   # checkov:skip=CKV_GCP_78: scratch files that Dataflow rewrites and deletes; older versions would only be kept to be deleted
+  project = var.project_id
+
   name                        = "${var.project_id}-${var.name}-scratch"
   location                    = var.region
   labels                      = local.labels
@@ -82,21 +100,22 @@ resource "google_storage_bucket_object" "template" {
 resource "google_dataflow_flex_template_job" "pipeline" {
   provider = google-beta
   count    = local.launch ? 1 : 0
+  project  = var.project_id
 
   name                    = var.name
   region                  = var.region
   container_spec_gcs_path = "gs://${google_storage_bucket.dataflow.name}/${google_storage_bucket_object.template[0].name}"
-  sdk_container_image     = var.container_image
+  sdk_container_image     = local.image
   service_account_email   = google_service_account.pipeline.email
   temp_location           = "gs://${google_storage_bucket.scratch.name}/temp"
   staging_location        = "gs://${google_storage_bucket.scratch.name}/staging"
-  subnetwork              = var.subnetwork
-  ip_configuration        = "WORKER_IP_PRIVATE"
+  subnetwork              = local.subnetwork
+  ip_configuration        = var.public_worker_ips ? "WORKER_IP_PUBLIC" : "WORKER_IP_PRIVATE"
   kms_key_name            = var.kms_key_name
   labels                  = local.labels
 
   enable_streaming_engine = true
-  autoscaling_algorithm   = "THROUGHPUT_BASED"
+  autoscaling_algorithm   = "AUTOSCALING_ALGORITHM_BASIC" # throughput-based
   num_workers             = var.num_workers
   max_workers             = var.max_workers
   machine_type            = var.machine_type
@@ -120,6 +139,10 @@ resource "google_dataflow_flex_template_job" "pipeline" {
     google_bigquery_table_iam_member.pipeline,
     google_storage_bucket_iam_member.pipeline_scratch,
     google_storage_bucket_iam_member.pipeline_templates,
+    google_artifact_registry_repository_iam_member.pipeline,
     google_bigquery_table.tables,
+    google_compute_firewall.workers,
+    google_kms_crypto_key_iam_member.agents,
+    terraform_data.image,
   ]
 }

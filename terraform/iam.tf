@@ -1,15 +1,22 @@
 # Identity: one service account for the training jobs' emitters (publish to the events topic and
 # nothing else) and one for the pipeline (read its subscription, append rows to the tables it
-# writes, write metrics, run as a Dataflow worker, keep Dataflow's files in its scratch bucket).
+# writes, write metrics, run as a Dataflow worker, keep Dataflow's files in its scratch bucket,
+# pull its image); the image builder's account is in images.tf.
 # No primitive roles, no admin roles, no keys. Each binding and why it is needed is listed in the
 # cross-check that fails on any other (tests/support/terraform.py, IAM_ALLOWED).
 
 resource "google_service_account" "emitter" {
+  project = var.project_id
+
   account_id   = "${var.name}-emitter"
   display_name = "Fleet goodput emitter (training jobs publish events)"
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_pubsub_topic_iam_member" "emitter" {
+  project = var.project_id
+
   topic  = google_pubsub_topic.events.name
   role   = "roles/pubsub.publisher"
   member = google_service_account.emitter.member
@@ -24,8 +31,12 @@ resource "google_service_account_iam_member" "emitter_users" {
 }
 
 resource "google_service_account" "pipeline" {
+  project = var.project_id
+
   account_id   = "${var.name}-pipeline"
   display_name = "Fleet goodput pipeline (Dataflow)"
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_project_iam_member" "pipeline" {
@@ -45,6 +56,7 @@ resource "google_pubsub_subscription_iam_member" "pipeline" {
     "roles/pubsub.viewer", # the Pub/Sub source reads the subscription's settings
   ])
 
+  project      = var.project_id
   subscription = google_pubsub_subscription.pipeline.name
   role         = each.value
   member       = google_service_account.pipeline.member
@@ -66,6 +78,8 @@ resource "google_project_iam_custom_role" "table_appender" {
   title       = "Fleet goodput table appender"
   description = "Streaming inserts into a table: its metadata and new rows; no reads, no deletes, no schema changes."
   permissions = ["bigquery.tables.get", "bigquery.tables.updateData"]
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_bigquery_table_iam_member" "pipeline" {
@@ -79,6 +93,8 @@ resource "google_bigquery_table_iam_member" "pipeline" {
 }
 
 resource "google_bigquery_dataset_iam_member" "pipeline" {
+  project = var.project_id
+
   dataset_id = google_bigquery_dataset.goodput.dataset_id
   role       = "roles/bigquery.metadataViewer" # bigquery.datasets.get, which insertAll checks
   member     = google_service_account.pipeline.member
@@ -105,20 +121,29 @@ resource "google_storage_bucket_iam_member" "pipeline_templates" {
   }
 }
 
-# Pub/Sub's service agent moves undeliverable messages: it publishes to the dead-letter topic and
-# acknowledges them on the pipeline's subscription.
-locals {
-  pubsub_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+# Artifact Registry: the flex template launcher and the workers pull the pipeline's image.
+resource "google_artifact_registry_repository_iam_member" "pipeline" {
+  project    = var.project_id
+  location   = google_artifact_registry_repository.images.location
+  repository = google_artifact_registry_repository.images.name
+  role       = "roles/artifactregistry.reader"
+  member     = google_service_account.pipeline.member
 }
 
+# Pub/Sub's service agent (made in main.tf) moves undeliverable messages: it publishes to the
+# dead-letter topic and acknowledges them on the pipeline's subscription.
 resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
+  project = var.project_id
+
   topic  = google_pubsub_topic.dead_letter.name
   role   = "roles/pubsub.publisher"
-  member = local.pubsub_agent
+  member = google_project_service_identity.pubsub.member
 }
 
 resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
+  project = var.project_id
+
   subscription = google_pubsub_subscription.pipeline.name
   role         = "roles/pubsub.subscriber"
-  member       = local.pubsub_agent
+  member       = google_project_service_identity.pubsub.member
 }

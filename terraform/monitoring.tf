@@ -21,6 +21,8 @@ locals {
 }
 
 resource "google_monitoring_dashboard" "fleet" {
+  project = var.project_id
+
   dashboard_json = templatefile("${path.module}/dashboards/fleet_goodput.json.tftpl", {
     display_name               = "Fleet goodput (${var.name})"
     subscription               = google_pubsub_subscription.pipeline.name
@@ -37,6 +39,8 @@ resource "google_monitoring_dashboard" "fleet" {
 # -- Training runs ------------------------------------------------------------------------------
 
 resource "google_monitoring_alert_policy" "low_goodput" {
+  project = var.project_id
+
   display_name          = "${var.name}: goodput below ${var.goodput_threshold_pct}%"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -55,9 +59,13 @@ resource "google_monitoring_alert_policy" "low_goodput" {
     content   = local.alert_documentation
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_monitoring_alert_policy" "disruption" {
+  project = var.project_id
+
   display_name          = "${var.name}: a run was disrupted"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -76,9 +84,13 @@ resource "google_monitoring_alert_policy" "disruption" {
     content   = local.alert_documentation
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_monitoring_alert_policy" "step_deviation" {
+  project = var.project_id
+
   display_name          = "${var.name}: step time off its ideal"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -104,9 +116,13 @@ resource "google_monitoring_alert_policy" "step_deviation" {
     content   = local.alert_documentation
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_monitoring_alert_policy" "stalled" {
+  project = var.project_id
+
   display_name          = "${var.name}: a run is stalled"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -132,11 +148,15 @@ resource "google_monitoring_alert_policy" "stalled" {
     content   = local.alert_documentation
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }
 
 # -- The pipeline itself ------------------------------------------------------------------------
 
 resource "google_monitoring_alert_policy" "backlog" {
+  project = var.project_id
+
   display_name          = "${var.name}: the pipeline falls behind"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -188,9 +208,13 @@ resource "google_monitoring_alert_policy" "backlog" {
     content   = local.alert_documentation
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_monitoring_alert_policy" "dead_letters" {
+  project = var.project_id
+
   display_name          = "${var.name}: messages dead-lettered"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -214,9 +238,13 @@ resource "google_monitoring_alert_policy" "dead_letters" {
     content   = "${local.alert_documentation} Pub/Sub gave up delivering these messages to the pipeline: read them from the subscription ${google_pubsub_subscription.dead_letter.name}, fix the cause, and publish them again."
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_monitoring_alert_policy" "job_failed" {
+  project = var.project_id
+
   display_name          = "${var.name}: the Dataflow job failed"
   combiner              = "OR"
   notification_channels = var.notification_channels
@@ -240,4 +268,6 @@ resource "google_monitoring_alert_policy" "job_failed" {
     content   = local.alert_documentation
     mime_type = "text/markdown"
   }
+
+  depends_on = [google_project_service.apis]
 }

@@ -47,3 +47,13 @@ output "dashboard" {
   description = "The Cloud Monitoring dashboard's id."
   value       = google_monitoring_dashboard.fleet.id
 }
+
+output "image" {
+  description = "The image the Dataflow job runs: var.container_image, or the one built from this checkout."
+  value       = local.image
+}
+
+output "build_command" {
+  description = "The Cloud Build command that builds and pushes the image from this checkout (run from the repository's root); terraform apply runs it when build_image is on."
+  value       = local.build_command
+}

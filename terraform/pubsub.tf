@@ -2,6 +2,8 @@
 # cannot be delivered goes to a dead-letter topic, kept by a subscription of its own.
 
 resource "google_pubsub_schema" "events" {
+  project = var.project_id
+
   name       = "${var.name}-events"
   type       = "PROTOCOL_BUFFER"
   definition = file("${local.schemas}/goodput_event.proto")
@@ -11,6 +13,8 @@ resource "google_pubsub_schema" "events" {
 
 resource "google_pubsub_topic" "events" {
   # checkov:skip=CKV_GCP_83: customer-managed encryption is optional (var.kms_key_name); Google-managed keys by default
+  project = var.project_id
+
   name                       = "${var.name}-events"
   labels                     = local.labels
   message_retention_duration = var.message_retention_duration
@@ -20,9 +24,13 @@ resource "google_pubsub_topic" "events" {
     schema   = google_pubsub_schema.events.id
     encoding = "JSON"
   }
+
+  depends_on = [google_kms_crypto_key_iam_member.agents]
 }
 
 resource "google_pubsub_subscription" "pipeline" {
+  project = var.project_id
+
   name   = "${var.name}-pipeline"
   topic  = google_pubsub_topic.events.id
   labels = local.labels
@@ -50,13 +58,19 @@ resource "google_pubsub_subscription" "pipeline" {
 
 resource "google_pubsub_topic" "dead_letter" {
   # checkov:skip=CKV_GCP_83: customer-managed encryption is optional (var.kms_key_name); Google-managed keys by default
+  project = var.project_id
+
   name                       = "${var.name}-dead-letter"
   labels                     = local.labels
   message_retention_duration = var.message_retention_duration
   kms_key_name               = var.kms_key_name
+
+  depends_on = [google_project_service.apis, google_kms_crypto_key_iam_member.agents]
 }
 
 resource "google_pubsub_subscription" "dead_letter" {
+  project = var.project_id
+
   name                       = "${var.name}-dead-letter"
   topic                      = google_pubsub_topic.dead_letter.id
   labels                     = local.labels

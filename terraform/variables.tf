@@ -105,9 +105,15 @@ variable "deletion_protection" {
 # -- Dataflow -----------------------------------------------------------------------------------
 
 variable "container_image" {
-  description = "The pipeline image built from dataflow/Dockerfile (launcher and workers), e.g. \"REGION-docker.pkg.dev/PROJECT/REPO/fleet-goodput:TAG\". Null: everything but the Dataflow job is deployed."
+  description = "An image built from dataflow/Dockerfile to run (launcher and workers), e.g. \"REGION-docker.pkg.dev/PROJECT/REPO/fleet-goodput:TAG\". Null: the image is built from this checkout (build_image)."
   type        = string
   default     = null
+}
+
+variable "build_image" {
+  description = "With no container_image: build the image from this checkout with Cloud Build during terraform apply (gcloud, logged in, on the deployer's machine) whenever its sources change. False and no container_image: everything but the Dataflow job is deployed."
+  type        = bool
+  default     = true
 }
 
 variable "machine_type" {
@@ -134,9 +140,26 @@ variable "max_workers" {
 }
 
 variable "subnetwork" {
-  description = "Subnetwork of the workers as \"regions/REGION/subnetworks/NAME\" (null: the default network). Workers have no public IP: it needs Private Google Access."
+  description = "Your own subnetwork for the workers, as a self link or \"regions/REGION/subnetworks/NAME\" in the job's region; it needs Private Google Access unless public_worker_ips. Null: the module makes a network of its own (network.tf)."
   type        = string
   default     = null
+}
+
+variable "subnetwork_cidr" {
+  description = "IP range of the subnetwork the module makes when subnetwork is null."
+  type        = string
+  default     = "10.64.0.0/20"
+
+  validation {
+    condition     = can(cidrhost(var.subnetwork_cidr, 0))
+    error_message = "subnetwork_cidr must be an IPv4 range such as 10.64.0.0/20."
+  }
+}
+
+variable "public_worker_ips" {
+  description = "Give the workers public IPs. Off by default: the workers reach Google's APIs through Private Google Access, and nothing on the internet can reach them. Turn it on only for a subnetwork of yours without Private Google Access (organisation policies often forbid external IPs)."
+  type        = bool
+  default     = false
 }
 
 variable "snapshot_interval_s" {

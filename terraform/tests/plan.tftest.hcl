@@ -8,14 +8,38 @@ mock_provider "google" {
   }
 }
 
-mock_provider "google-beta" {}
+mock_provider "google-beta" {
+  mock_resource "google_project_service_identity" {
+    defaults = {
+      member = "serviceAccount:service-123456789012@gcp-sa-pubsub.iam.gserviceaccount.com"
+    }
+  }
+}
 
 variables {
   project_id = "goodput-test"
 }
 
+run "by_default_the_image_is_built_and_run" {
+  command = plan
+
+  assert {
+    condition     = google_dataflow_flex_template_job.pipeline[0].sdk_container_image == terraform_data.image[0].triggers_replace[0]
+    error_message = "The job runs the image the apply builds."
+  }
+
+  assert {
+    condition     = google_artifact_registry_repository.images.format == "DOCKER"
+    error_message = "The module makes the image's repository."
+  }
+}
+
 run "without_an_image_everything_but_the_job_is_deployed" {
   command = plan
+
+  variables {
+    build_image = false
+  }
 
   assert {
     condition     = length(google_dataflow_flex_template_job.pipeline) == 0
@@ -50,14 +74,18 @@ run "the_pipeline_streams_with_its_state_kept_on_update" {
 }
 
 run "undeliverable_messages_go_to_the_dead_letter_topic" {
+  variables {
+    build_image = false
+  }
+
   assert {
     condition     = google_pubsub_subscription.pipeline.dead_letter_policy[0].dead_letter_topic == google_pubsub_topic.dead_letter.id
     error_message = "The pipeline's subscription dead-letters to its dead-letter topic."
   }
 
   assert {
-    condition     = google_pubsub_topic_iam_member.dead_letter_publisher.member == "serviceAccount:service-123456789012@gcp-sa-pubsub.iam.gserviceaccount.com"
-    error_message = "Pub/Sub's service agent may publish to the dead-letter topic."
+    condition     = google_pubsub_topic_iam_member.dead_letter_publisher.member == google_project_service_identity.pubsub.member
+    error_message = "Pub/Sub's service agent, made first, may publish to the dead-letter topic."
   }
 
   assert {

@@ -1,7 +1,8 @@
 """The Terraform module, checked offline: formatting; ``terraform validate``, ``plan`` and
 ``test`` against the real google and google-beta provider schemas (served by the schema-only
-stand-in of ``tools/provider_stand_in``); the cross-checks of ``terraform_checks`` on the plan;
-checkov. Each kind of deliberate mistake in ``tests/e2e/terraform_mistakes/`` makes one of them fail."""
+stand-in of ``tools/provider_stand_in``); the cross-checks of ``support.terraform`` on the plan
+and its dependency graph (Google's API types, a brand-new project, least privilege); checkov.
+Each kind of deliberate mistake in ``tests/e2e/terraform_mistakes/`` makes one of them fail."""
 
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ TERRAFORM = shutil.which("terraform")
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
 
 
+#: What the module reads beside it: the schemas, the template and the image's sources.
+MODULE_READS = ("goodput_schemas", "dataflow", "emitter", "pipeline", "pyproject.toml", "README.md")
+
+
 def module_copy(root: Path, *mistakes: str) -> Path:
-    """The module in ``root/terraform`` beside the ``goodput_schemas/`` and ``dataflow/`` it reads, with
-    the named mistake files added."""
+    """The module in ``root/terraform`` beside what it reads, with the named mistake files added."""
     shutil.copytree(MODULE, root / "terraform", ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
-    for shared in ("goodput_schemas", "dataflow"):
+    for shared in MODULE_READS:
         (root / shared).symlink_to(REPO / shared)
     for mistake in mistakes:
         shutil.copy(MISTAKES / mistake, root / "terraform" / mistake)
@@ -48,13 +52,25 @@ def terraform(module: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def plan(module: Path, *variables: str) -> checks.Plan:
     """``terraform plan`` of the module with an image (so with the Dataflow job), and any other
     ``-var`` arguments given, as JSON."""
+    return plan_with(module, f"-var=container_image={IMAGE}", *variables)
+
+
+def plan_with(module: Path, *variables: str) -> checks.Plan:
+    """``terraform plan`` of the module with the ``-var`` arguments given, as JSON."""
     planned = terraform(module, "plan", "-input=false", "-out=tfplan", "-var=project_id=goodput-test",
-                        f"-var=container_image={IMAGE}", *variables)
+                        *variables)
     assert planned.returncode == 0, planned.stderr
     shown = terraform(module, "show", "-json", "tfplan")
     assert shown.returncode == 0, shown.stderr
     plan_json: checks.Plan = json.loads(shown.stdout)
     return plan_json
+
+
+def graph(module: Path) -> checks.Graph:
+    """The module's dependency graph (``terraform graph``)."""
+    drawn = terraform(module, "graph")
+    assert drawn.returncode == 0, drawn.stderr
+    return checks.dependency_graph(drawn.stdout)
 
 
 def checkov(module: Path) -> list[str]:
@@ -107,10 +123,36 @@ def test_terraform_test_passes(module: Path):
 
 def test_the_plan_passes_every_cross_check(module: Path):
     planned = plan(module)
-    assert checks.check_plan(planned) == []
+    assert checks.check_plan(planned, graph(module)) == []
     types = {r["type"] for r in checks.resources(planned)}
     assert {"google_dataflow_flex_template_job", "google_monitoring_dashboard",
-            "google_monitoring_alert_policy", "google_pubsub_schema"} <= types
+            "google_monitoring_alert_policy", "google_pubsub_schema", "google_compute_subnetwork"} <= types
+
+
+def test_by_default_the_image_is_built_from_the_checkout_and_run(module: Path):
+    """With no image given, the apply builds one with Cloud Build, tagged by its sources' digest,
+    into the module's repository, and the job runs it."""
+    planned = plan_with(module)
+    assert checks.check_plan(planned, graph(module)) == []
+    outputs = {name: output.get("value") for name, output in planned["planned_values"]["outputs"].items()}
+    job = next(checks.resources(planned, "google_dataflow_flex_template_job"))["values"]
+    assert job["sdk_container_image"] == outputs["image"]
+    assert outputs["image"].startswith("us-central1-docker.pkg.dev/goodput-test/fleet-goodput/fleet-goodput:")
+    assert f"--substitutions=_IMAGE={outputs['image']}" in outputs["build_command"]
+    assert any(r["type"] == "terraform_data" for r in checks.resources(planned))
+
+
+def test_with_a_customer_key_every_service_agent_may_use_it(module: Path):
+    key = "projects/keys/locations/us-central1/keyRings/goodput/cryptoKeys/goodput"
+    planned = plan(module, f"-var=kms_key_name={key}")
+    assert checks.check_plan(planned, graph(module)) == []
+    grants = [r["values"] for r in checks.resources(planned, "google_kms_crypto_key_iam_member")]
+    assert {g["crypto_key_id"] for g in grants} == {key}
+    assert {r["index"] for r in checks.resources(planned, "google_kms_crypto_key_iam_member")} == {
+        "artifact_registry", "bigquery", "compute", "dataflow", "pubsub"}
+    identities = {r["values"]["service"]
+                  for r in checks.resources(planned, "google_project_service_identity")}
+    assert identities == {f"{api}.googleapis.com" for api in ("artifactregistry", "dataflow", "pubsub")}
 
 
 def test_checkov_finds_nothing_and_every_skip_is_justified(module: Path):
@@ -138,12 +180,20 @@ def test_an_unknown_argument_fails_validation(tmp_path: Path):
     ("schema_drift_override.tf", "its schema is not goodput_schemas/tables/"),
     ("unknown_metric_override.tf", "no pipeline writes metric compute.googleapis.com/workload/step_time_v"),
     ("over_broad_role.tf", "over-broad role roles/editor"),
+    ("throughput_autoscaling_override.tf", "Invalid enum value THROUGHPUT_BASED"),
+    ("alert_comparison_override.tf", "Invalid enum value GREATER_THAN"),
+    ("default_network_override.tf", "private worker IPs with no subnetwork that has Private Google Access"),
+    ("agent_by_name_override.tf", "before anything makes sure it exists"),
+    ("no_api_wait.tf", "google_service_account.trainer: does not wait for the APIs"),
+    ("missing_api_override.tf", "API iam.googleapis.com is used but not enabled"),
+    ("provider_block.tf", "provider google is configured in the module"),
+    ("unnamed_project_override.tf", "google_pubsub_topic.dead_letter: does not name its project"),
 ])
 def test_a_mistake_fails_a_cross_check(tmp_path: Path, mistake: str, problem: str):
     if TERRAFORM is None:
         pytest.skip("terraform is not installed")
     copy = module_copy(tmp_path, mistake)
-    problems = checks.check_plan(plan(copy))
+    problems = checks.check_plan(plan(copy), graph(copy))
     assert problems and all(problem in p for p in problems), problems
 
 
@@ -167,7 +217,8 @@ def test_every_allowed_grant_is_made_and_has_a_reason(module: Path):
     """The IAM allow-list is exact: each (role, resource) in it is granted by the module (with
     training jobs allowed to act as the emitter), and each has a one-line reason."""
     trainers = '-var=emitter_members=["serviceAccount:goodput-test.svc.id.goog[training/trainer]"]'
-    granted = {(role, target) for _, role, target in checks.iam_grants(plan(module, trainers))}
+    key = "-var=kms_key_name=projects/keys/locations/us-central1/keyRings/goodput/cryptoKeys/goodput"
+    granted = {(role, target) for _, role, target in checks.iam_grants(plan_with(module, trainers, key))}
     assert set(checks.IAM_ALLOWED) == granted
     for reason in checks.IAM_ALLOWED.values():
         assert reason and "\n" not in reason

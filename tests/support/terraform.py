@@ -1,7 +1,10 @@
-"""Cross-checks of a Terraform plan (``terraform show -json``) against the rest of the project:
-the tables and views are the ones in ``goodput_schemas/``, the topic schema is the event schema, every
-metric a dashboard or alert uses is one the pipeline writes (with labels it sets), the Dataflow
-job's parameters are pipeline options of its template, and IAM is least privilege.
+"""Cross-checks of a Terraform plan (``terraform show -json``) against the rest of the project and
+against Google's APIs: the tables and views are the ones in ``goodput_schemas/``, the topic schema is
+the event schema, every metric a dashboard or alert uses is one the pipeline writes (with labels it
+sets), the Dataflow job's parameters are pipeline options of its template, IAM is least privilege,
+the planned values are valid messages of the services' own API types (enum values included), and
+the module deploys into a brand-new project (every resource waits for its API, names its project,
+grants service agents only once they exist, and private workers have a subnetwork).
 
 Each check returns the problems it found, as sentences; none means it passed.
 """
@@ -13,8 +16,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from google.cloud import monitoring_dashboard_v1
-from google.protobuf import json_format
+from google.cloud import bigquery, dataflow_v1beta3, monitoring_dashboard_v1, monitoring_v3
+from google.protobuf import descriptor, json_format, message
+from google.pubsub_v1 import types as pubsub_types
 
 from goodput_schemas import EVENT_PROTO, table_names, table_options, table_schema, views
 from pipeline.beam.options import GoodputOptions
@@ -62,7 +66,17 @@ IAM_ALLOWED: dict[tuple[str, str], str] = {
     ("roles/storage.objectUser", "google_storage_bucket.scratch"):
         "Dataflow creates, reads, lists and deletes its staging and temporary files",
     ("roles/storage.objectViewer", "google_storage_bucket.dataflow"):
-        "the flex template launcher reads the template spec (a condition limits it to templates/)",
+        "the flex template launcher reads the template spec, Cloud Build the uploaded sources "
+        "(each grant limited by a condition to its own folder)",
+    ("roles/artifactregistry.reader", "google_artifact_registry_repository.images"):
+        "the flex template launcher and the workers pull the pipeline's image",
+    ("roles/artifactregistry.writer", "google_artifact_registry_repository.images"):
+        "Cloud Build pushes the image it builds",
+    ("roles/logging.logWriter", "project"):
+        "Cloud Build writes the build's log (log entries belong to the project)",
+    ("roles/cloudkms.cryptoKeyEncrypterDecrypter", "var.kms_key_name"):
+        "service agents encrypt with the customer's key: Pub/Sub, BigQuery, Dataflow, Compute "
+        "Engine, Artifact Registry",
 }
 #: The permissions of each custom role, the least that its grants need.
 CUSTOM_ROLES: dict[str, frozenset[str]] = {
@@ -77,10 +91,18 @@ _IAM_SCOPE = {
     "google_bigquery_dataset_iam_member": "dataset_id",
     "google_storage_bucket_iam_member": "bucket",
     "google_service_account_iam_member": "service_account_id",
+    "google_artifact_registry_repository_iam_member": "repository",
+    "google_kms_crypto_key_iam_member": "crypto_key_id",
 }
-#: Grants allowed only with an IAM condition, and a text the condition's expression must hold.
-IAM_CONDITIONS = {("roles/storage.objectViewer", "google_storage_bucket.dataflow"): "/objects/templates/"}
-_RESOURCE_ADDRESS = re.compile(r"^(google[a-z0-9_]*\.[A-Za-z0-9_-]+)")
+#: Grants allowed only with an IAM condition: the grant's address and a text its condition's
+#: expression must hold (the one folder of the bucket it may read).
+IAM_CONDITIONS = {
+    ("roles/storage.objectViewer", "google_storage_bucket.dataflow"): {
+        "google_storage_bucket_iam_member.pipeline_templates": "/objects/templates/",
+        "google_storage_bucket_iam_member.builder": "/objects/build/",
+    },
+}
+_RESOURCE_ADDRESS = re.compile(r"^((?:data\.)?google[a-z0-9_]*\.[A-Za-z0-9_-]+|var\.[a-z0-9_]+)")
 
 Plan = dict[str, Any]
 
@@ -287,7 +309,8 @@ def check_dataflow(plan: Plan) -> list[str]:
 # -- IAM ----------------------------------------------------------------------------------------
 
 def _referenced_resource(expression: dict[str, Any]) -> str | None:
-    """The first resource (``type.name``) an expression of the configuration refers to."""
+    """The first resource or data source (``type.name``, ``data.type.name``) or variable
+    (``var.name``) an expression of the configuration refers to."""
     for reference in expression.get("references", []):
         if match := _RESOURCE_ADDRESS.match(reference):
             return match.group(1)
@@ -337,11 +360,12 @@ def check_iam(plan: Plan) -> list[str]:
             where = "the whole project" if target == "project" else target
             problems.append(f"{address}: {role} on {where} is broader than the module needs "
                             "(not in IAM_ALLOWED)")
-        elif (role, target) in IAM_CONDITIONS and not any(
-                IAM_CONDITIONS[role, target] in condition.get("expression", "")
-                for condition in resource["values"].get("condition") or []):
-            problems.append(f"{address}: {role} on {target} is broader than the module needs "
-                            f"without a condition on {IAM_CONDITIONS[role, target]!r}")
+        elif (role, target) in IAM_CONDITIONS:
+            folder = IAM_CONDITIONS[role, target].get(resource["address"])
+            if folder is None or not any(folder in condition.get("expression", "")
+                                         for condition in resource["values"].get("condition") or []):
+                problems.append(f"{address}: {role} on {target} is broader than the module needs "
+                                f"without a condition on {folder or 'one folder'!r}")
     problems += [f"the pipeline writes table {table} but may not append to it"
                  for table in sorted(set(PIPELINE_TABLES) - appended)]
     problems += [f"the pipeline may append to table {table}, which it never writes"
@@ -358,9 +382,244 @@ def check_iam(plan: Plan) -> list[str]:
     return problems
 
 
-CHECKS = (check_tables, check_topic_schema, check_monitoring, check_dataflow, check_iam)
+# -- Google's API types -------------------------------------------------------------------------
+#
+# The stand-in provider checks names and types, not values: the real provider passes most values
+# to the API as they are, and the API refuses an enum value it does not know (Dataflow answers 400
+# to autoscaling_algorithm = "THROUGHPUT_BASED"). So the planned values of each resource the API
+# checks are read into that API's own message type, which refuses what the API refuses.
+
+#: Planned attributes named otherwise in the API message, by resource type.
+_API_NAMES = {"google_dataflow_flex_template_job": {"labels": "additional_user_labels"}}
 
 
-def check_plan(plan: Plan) -> list[str]:
-    """Every cross-check's problems."""
-    return [problem for check in CHECKS for problem in check(plan)]
+def _message_dict(values: dict[str, Any], fields: descriptor.Descriptor,
+                  renames: dict[str, str]) -> dict[str, Any]:
+    """Planned values as the JSON of a message: the attributes that are fields of the message
+    (renamed as the API names them), single blocks unwrapped from their list, empty and unknown
+    values left out (the provider sends none)."""
+    known = fields.fields_by_name
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        field = known.get(renames.get(name, name))
+        if field is None or value in (None, "", [], {}):
+            continue
+        if field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            nested = field.message_type
+            if nested.full_name.startswith("google.protobuf."):
+                out[field.name] = value  # a Duration ("600s"), a wrapper: JSON as the API takes it
+                continue
+            blocks = value if isinstance(value, list) else [value]
+            converted = [_message_dict(block, nested, {}) for block in blocks]
+            out[field.name] = converted if field.is_repeated else converted[0]
+        else:
+            out[field.name] = value
+    return out
+
+
+def api_problems(values: dict[str, Any], message_type: type[message.Message],
+                 renames: dict[str, str] | None = None) -> list[str]:
+    """What the API's message type refuses in a resource's planned values (none if it reads them)."""
+    try:
+        json_format.ParseDict(_message_dict(values, message_type.DESCRIPTOR, renames or {}), message_type())
+    except json_format.ParseError as error:
+        return [str(error)]
+    return []
+
+
+def check_api_types(plan: Plan) -> list[str]:
+    """The Dataflow job's launch request, the alert policies, the topics and subscriptions are
+    valid API messages; the tables' partitioning and clustering are what BigQuery takes."""
+    problems = []
+    for resource in resources(plan):
+        values, address = resource["values"], resource["address"]
+        match resource["type"]:
+            case "google_dataflow_flex_template_job":
+                launch = {"job_name": values["name"],
+                          "container_spec_gcs_path": values["container_spec_gcs_path"],
+                          "parameters": values.get("parameters") or {},
+                          "environment": _message_dict(
+                              values, dataflow_v1beta3.FlexTemplateRuntimeEnvironment.pb().DESCRIPTOR,
+                              _API_NAMES[resource["type"]])}
+                found = api_problems(launch, dataflow_v1beta3.LaunchFlexTemplateParameter.pb())
+            case "google_monitoring_alert_policy":
+                found = api_problems(values, monitoring_v3.AlertPolicy.pb())
+            case "google_pubsub_topic":
+                found = api_problems(values, pubsub_types.Topic.pb())
+            case "google_pubsub_subscription":
+                found = api_problems(values, pubsub_types.Subscription.pb())
+            case "google_bigquery_table" if not values.get("view"):
+                found = _bigquery_table_problems(values)
+            case _:
+                continue
+        problems += [f"{address}: {problem}" for problem in found]
+    return problems
+
+
+_CLUSTERING_TYPES = {"STRING", "INT64", "INTEGER", "DATE", "TIMESTAMP", "BOOL", "BOOLEAN", "DATETIME",
+                     "NUMERIC", "BIGNUMERIC", "GEOGRAPHY"}
+
+
+def _bigquery_table_problems(values: dict[str, Any]) -> list[str]:
+    """BigQuery's rules for a table's partitioning and clustering (the API is not protobuf)."""
+    problems = []
+    columns = {field["name"]: field["type"] for field in json.loads(values["schema"])}
+    for partitioning in values.get("time_partitioning") or []:
+        if partitioning["type"] not in vars(bigquery.TimePartitioningType).values():
+            problems.append(f"time partitioning type {partitioning['type']!r} is not one of BigQuery's")
+        if columns.get(partitioning.get("field")) not in ("TIMESTAMP", "DATE", "DATETIME"):
+            problems.append(f"partitioned on {partitioning.get('field')!r}, not a time column")
+    clustering = values.get("clustering") or []
+    if len(clustering) > 4:
+        problems.append(f"clustered on {len(clustering)} columns; BigQuery takes at most 4")
+    problems += [f"clustered on {name!r}, which is not a column that can cluster"
+                 for name in clustering if columns.get(name) not in _CLUSTERING_TYPES]
+    return problems
+
+
+# -- A brand-new project ------------------------------------------------------------------------
+
+#: The API each kind of resource calls, by type prefix (the longest prefix that matches).
+RESOURCE_APIS = {
+    "google_artifact_registry_": "artifactregistry.googleapis.com",
+    "google_bigquery_": "bigquery.googleapis.com",
+    "google_compute_": "compute.googleapis.com",
+    "google_dataflow_": "dataflow.googleapis.com",
+    "google_monitoring_": "monitoring.googleapis.com",
+    "google_project_iam_custom_role": "iam.googleapis.com",
+    "google_project_iam_": "cloudresourcemanager.googleapis.com",
+    "google_project": "cloudresourcemanager.googleapis.com",
+    "google_pubsub_": "pubsub.googleapis.com",
+    "google_service_account": "iam.googleapis.com",
+    "google_storage_": "storage.googleapis.com",
+}
+#: Calls made on the deployer's machine that need an API too.
+BUILD_API = "cloudbuild.googleapis.com"
+API_ENABLEMENT = "google_project_service.apis"
+#: Service agents by e-mail domain (accounts Google makes for a service, not there before), and
+#: what makes each exist before it is granted anything: a service identity, BigQuery's encryption
+#: account read (which makes it), or for Compute Engine's agent, the API enabled.
+SERVICE_AGENTS = {
+    "gcp-sa-": "google_project_service_identity.",
+    "dataflow-service-producer-prod": "google_project_service_identity.",
+    "bigquery-encryption": "data.google_bigquery_default_service_account.",
+    "compute-system": API_ENABLEMENT,
+}
+_SERVICE_AGENT = re.compile(r"@([a-z-]+)\.iam\.gserviceaccount\.com$")
+
+Graph = dict[str, set[str]]
+
+
+def dependency_graph(dot: str) -> Graph:
+    """``terraform graph``'s output as each resource's direct dependencies."""
+    graph: Graph = {}
+    for node, dependency in re.findall(r'^\s*"([^"]+)" -> "([^"]+)"', dot, re.M):
+        graph.setdefault(node, set()).add(dependency)
+    return graph
+
+
+def _waits_for(graph: Graph, node: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [node]
+    while todo:
+        for dependency in graph.get(todo.pop(), ()):
+            if dependency not in seen:
+                seen.add(dependency)
+                todo.append(dependency)
+    return seen
+
+
+def _api_of(type_: str) -> str | None:
+    prefixes = [prefix for prefix in RESOURCE_APIS if type_.startswith(prefix)]
+    return RESOURCE_APIS[max(prefixes, key=len)] if prefixes else None
+
+
+def _address(resource: dict[str, Any]) -> str:
+    """A resource's address in the graph: without its index, data sources with ``data.``."""
+    return re.sub(r"\[.*\]$", "", resource["address"])
+
+
+def check_new_project(plan: Plan, graph: Graph) -> list[str]:
+    """What a project where only billing is set up needs: the APIs are enabled by the module and
+    every resource waits for the enablement (a race or a 403 otherwise); every resource names its
+    project (the module has no provider blocks of its own); service agents are granted only
+    after something makes sure they exist; private workers have a subnetwork."""
+    problems = []
+    project = plan["variables"]["project_id"]["value"]
+    planned = list(_all_resources(plan))
+    enabled = {r["values"]["service"] for r in planned if r["type"] == "google_project_service"}
+    if any(r["type"] == "terraform_data" and r["name"] == "image" for r in planned):
+        enabled_needed = {BUILD_API}
+    else:
+        enabled_needed = set()
+    for resource in planned:
+        type_, values = resource["type"], resource["values"]
+        api = _api_of(type_)
+        if api is None or type_ == "google_project_service":
+            continue
+        enabled_needed.add(api)
+        if API_ENABLEMENT not in _waits_for(graph, _address(resource)):
+            problems.append(f"{resource['address']}: does not wait for the APIs to be enabled "
+                            f"({API_ENABLEMENT})")
+        unknown = _unknown_after(plan, resource["address"])
+        if ("project" in values or "project" in unknown) and values.get("project") != project:
+            problems.append(f"{resource['address']}: does not name its project (a module's provider "
+                            "settings are its caller's)")
+        agent = _SERVICE_AGENT.search(values.get("member") or "") if "_iam_" in type_ else None
+        maker = next((made for domain, made in SERVICE_AGENTS.items()
+                      if agent and agent.group(1).startswith(domain)), None)
+        if maker and not _member_made_by(plan, graph, resource, maker):
+            problems.append(f"{resource['address']}: grants service agent {values['member']} "
+                            f"before anything makes sure it exists ({maker.rstrip('.')})")
+        private = (type_ == "google_dataflow_flex_template_job"
+                   and values.get("ip_configuration") == "WORKER_IP_PRIVATE")
+        if private and plan["variables"].get("subnetwork", {}).get("value") is None \
+                and not any(subnetwork["values"].get("private_ip_google_access") for subnetwork in planned
+                            if subnetwork["type"] == "google_compute_subnetwork"
+                            and _address(subnetwork) in _waits_for(graph, _address(resource))):
+            problems.append(f"{resource['address']}: private worker IPs with no subnetwork that has "
+                            "Private Google Access: the workers cannot reach Google's APIs")
+    problems += [f"API {api} is used but not enabled by the module"
+                 for api in sorted(enabled_needed - enabled)]
+    problems += [f"provider {name} is configured in the module: a module takes its caller's providers"
+                 for name, provider in plan["configuration"].get("provider_config", {}).items()
+                 if provider.get("expressions")]
+    return problems
+
+
+def _member_made_by(plan: Plan, graph: Graph, grant: dict[str, Any], maker: str) -> bool:
+    """Whether a grant's member is read from ``maker`` (a service identity, a data source), or for
+    an agent made with its API, whether the grant waits for the API's enablement."""
+    if maker == API_ENABLEMENT:
+        return API_ENABLEMENT in _waits_for(graph, _address(grant))
+    configured_as = {r["address"]: r for r in configured(plan)}.get(_address(grant), {})
+    references = list(configured_as.get("expressions", {}).get("member", {}).get("references", []))
+    if "each.value" in references:
+        references += configured_as.get("for_each_expression", {}).get("references", [])
+    return any(reference.startswith(maker) for reference in references)
+
+
+def _all_resources(plan: Plan) -> Iterator[dict[str, Any]]:
+    """Planned resources and the data sources read at plan, and those left to apply."""
+    yield from resources(plan)
+    for change in plan.get("resource_changes", []):
+        if change["mode"] == "data" and not any(r["address"] == change["address"] for r in resources(plan)):
+            yield {**change, "values": change["change"].get("after") or {}}
+
+
+def _unknown_after(plan: Plan, address: str) -> dict[str, Any]:
+    """The attributes of a resource known only at apply."""
+    for change in plan.get("resource_changes", []):
+        if change["address"] == address:
+            unknown: dict[str, Any] = change["change"].get("after_unknown") or {}
+            return unknown
+    return {}
+
+
+CHECKS = (check_tables, check_topic_schema, check_monitoring, check_dataflow, check_iam, check_api_types)
+
+
+def check_plan(plan: Plan, graph: Graph | None = None) -> list[str]:
+    """Every cross-check's problems; with the module's dependency graph, the new-project ones too."""
+    problems = [problem for check in CHECKS for problem in check(plan)]
+    return problems if graph is None else problems + check_new_project(plan, graph)

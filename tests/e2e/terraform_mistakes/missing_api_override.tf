@@ -1,0 +1,15 @@
+# A deliberate mistake: the APIs enabled without IAM's, which the service accounts need.
+locals {
+  apis = toset([
+    "artifactregistry.googleapis.com",
+    "bigquery.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
+    "compute.googleapis.com",
+    "dataflow.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
+    "pubsub.googleapis.com",
+    "storage.googleapis.com",
+  ])
+}
