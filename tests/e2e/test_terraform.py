@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,80 @@ def test_check_query(query: str, group_by: list[str], problem: str | None):
 def test_check_promql(query: str, problem: str | None):
     problems = checks.check_promql(query)
     assert (problems == []) if problem is None else any(problem in p for p in problems), problems
+
+
+# -- The documented deploy ----------------------------------------------------------------------
+
+GCLOUD = shutil.which("gcloud")
+NEW_PROJECT = "goodput-new-project"
+
+
+def deploy_commands() -> list[str]:
+    """The README's commands from a clean checkout to a running job, in order."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("From a clean checkout and a project where only billing is set up"):]
+    start = section.index("```sh\n") + len("```sh\n")
+    block = section[start:section.index("\n```", start)]
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def gcloud(*args: str) -> subprocess.CompletedProcess[str]:
+    """gcloud with a configuration of its own: no account, no project, no prompts."""
+    if GCLOUD is None:
+        pytest.skip("gcloud is not installed")
+    with tempfile.TemporaryDirectory() as config:
+        env = {**os.environ, "CLOUDSDK_CONFIG": config, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+        return subprocess.run([GCLOUD, *args], env=env, cwd=REPO, text=True, capture_output=True, timeout=120)
+
+
+def test_the_readme_deploys_with_one_apply():
+    assert deploy_commands() == [
+        "gcloud auth login",
+        "gcloud auth application-default login",
+        "terraform -chdir=terraform init",
+        "terraform -chdir=terraform apply -var project_id=PROJECT",
+    ]
+
+
+@pytest.mark.parametrize("command", [c for c in deploy_commands() if c.startswith("gcloud ")])
+def test_the_readme_gcloud_commands_exist(command: str):
+    shown = gcloud(*command.split()[1:], "--help")
+    assert shown.returncode == 0, shown.stderr
+
+
+def test_the_readme_apply_plans_a_running_job_on_a_new_project(module: Path):
+    """The documented apply, run as a plan against the stand-ins up to where a real project is
+    needed (``terraform init`` needs the registry: the stand-in's development overrides stand in
+    for it): it passes every cross-check and the new-project lint, builds the image and runs the
+    job. Its build command is one gcloud takes, from the directory it runs in, up to the login."""
+    apply = next(c for c in deploy_commands() if " apply " in c).split()
+    variables = [arg.replace("PROJECT", NEW_PROJECT) for arg in apply[apply.index("apply") + 1:]]
+    planned = plan_with(module, *(f"-var={v}" for v in variables[1::2]))
+    assert checks.check_plan(planned, graph(module)) == []
+    types = {r["type"] for r in checks.resources(planned)}
+    assert {"google_dataflow_flex_template_job", "terraform_data"} <= types
+    build = planned["planned_values"]["outputs"]["build_command"]["value"].split()
+    assert build[:4] == ["gcloud", "builds", "submit", "."]
+    config = REPO / next(arg.split("=", 1)[1] for arg in build if arg.startswith("--config="))
+    assert config.is_file(), config
+    submitted = gcloud(*build[1:])
+    assert submitted.returncode == 1 and "gcloud auth login" in submitted.stderr, submitted.stderr
+
+
+def test_the_image_build_config_is_a_cloud_build_that_the_dockerfile_builds():
+    """dataflow/cloudbuild.yaml reads as Cloud Build's own ``Build`` message; its docker build names
+    a Dockerfile that exists from the repository's root, and each file that Dockerfile copies is
+    there too."""
+    import yaml
+    from google.cloud.devtools import cloudbuild_v1
+    from google.protobuf import json_format
+
+    build = yaml.safe_load((REPO / "dataflow" / "cloudbuild.yaml").read_text())
+    json_format.ParseDict(build, cloudbuild_v1.Build.pb()())
+    args = build["steps"][0]["args"]
+    dockerfile = REPO / next(arg.split("=", 1)[1] for arg in args if arg.startswith("--file="))
+    assert args[-1] == "." and dockerfile.is_file()
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                assert (REPO / source).exists(), f"{dockerfile.name} copies {source}, which is not there"
