@@ -15,7 +15,10 @@ Python plugin instead:
 What it checks: unknown arguments and blocks, attribute types, required arguments, block counts
 (``max_items = 1``, required blocks), references to attributes that do not exist, unknown resource
 and data source types; with ``terraform test``, assertions over planned values (with or without
-``mock_provider``). What it does not: the provider's own value validation (formats, enums, conflicting
+``mock_provider``). Against a state, a plan replaces a resource where the real provider would: when
+an attribute it marks ``ForceNew`` changes (``force_new.json``, read from the provider's Go source
+by :mod:`.force_new`); replacements its ``CustomizeDiff`` functions decide are only described
+there. What it does not: the provider's own value validation (formats, enums, conflicting
 arguments), defaults the provider would plan, descriptions, deprecation and sensitivity, provider
 functions and ephemeral resources, and of course any real API call. Computed attributes come out
 as ``stand-in-NAME`` strings, 0, false or empty collections after apply.

@@ -6,7 +6,9 @@ talks gRPC over a unix socket with mutual TLS (``PLUGIN_CLIENT_CERT``).
 
 It accepts every configuration (Terraform itself checks arguments, types and references against
 the schema), plans the proposed new state with null computed attributes unknown, and applies by
-filling unknowns with placeholders of the right type. It talks to no cloud.
+filling unknowns with placeholders of the right type. It talks to no cloud. A planned change of an
+attribute the real provider marks ForceNew (``force_new.json``, see
+:mod:`tools.provider_stand_in.force_new`) requires replacement, as it would there.
 """
 
 from __future__ import annotations
@@ -30,14 +32,25 @@ from tools.provider_stand_in import values
 
 JSON = Any
 _NESTING = {"single": 1, "list": 2, "set": 3, "map": 4, "group": 5}
+FORCE_NEW = Path(__file__).with_name("force_new.json")
+
+
+def force_new_paths(provider_source: str, path: Path = FORCE_NEW) -> dict[str, list[str]]:
+    """Per resource type, the attribute paths whose change makes the real provider replace it."""
+    document = json.loads(path.read_text())
+    own = document.get("provider differences", {}).get(provider_source.rsplit("/", 1)[-1], {})
+    return {**document["resources"], **own}
 
 
 class StandInProvider:
     """The Provider service's handlers, each taking and returning protobuf messages."""
 
-    def __init__(self, pb: Any, schema: dict[str, JSON]) -> None:
+    def __init__(
+        self, pb: Any, schema: dict[str, JSON], force_new: dict[str, list[str]] | None = None
+    ) -> None:
         self.pb = pb
         self.schema = schema
+        self.force_new = force_new or {}
         self.resources: dict[str, JSON] = schema.get("resource_schemas", {})
         self.data_sources: dict[str, JSON] = schema.get("data_source_schemas", {})
         self._schema_response: Any = None
@@ -146,8 +159,20 @@ class StandInProvider:
             if proposed is None or prior is not None
             else values.mark_computed(proposed, block, False)
         )
+        replace = []
+        if prior is not None and planned is not None:
+            force_new = self.force_new.get(request.type_name, [])
+            replace = [self._path(p) for p in values.replace_paths(prior, planned, block, force_new)]
         return self.pb.PlanResourceChange.Response(
-            planned_state=self._dynamic(planned), planned_private=request.prior_private
+            planned_state=self._dynamic(planned),
+            requires_replace=replace,
+            planned_private=request.prior_private,
+        )
+
+    def _path(self, steps: values.AttributePath) -> Any:
+        step = self.pb.AttributePath.Step
+        return self.pb.AttributePath(
+            steps=[step(attribute_name=s) if isinstance(s, str) else step(element_key_int=s) for s in steps]
         )
 
     def ApplyResourceChange(self, request: Any, context: Any) -> Any:
@@ -248,7 +273,9 @@ def serve(schema_path: Path, provider_source: str, gen_dir: Path) -> None:
     sys.path.insert(0, str(gen_dir))
     pb = importlib.import_module("tfplugin6_pb2")
     document = json.loads(schema_path.read_text())
-    provider = StandInProvider(pb, document["provider_schemas"][provider_source])
+    provider = StandInProvider(
+        pb, document["provider_schemas"][provider_source], force_new_paths(provider_source)
+    )
     stopped = threading.Event()
 
     handlers = {}

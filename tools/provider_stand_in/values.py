@@ -8,6 +8,7 @@ provider passes through comes back to Terraform byte for byte.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -168,3 +169,88 @@ def from_json(value: JSON, cty_type: JSON) -> Any:
     if kind == "tuple":
         return [from_json(v, t) for v, t in zip(value, cty_type[1], strict=False)]
     return {attr: from_json(value.get(attr), t) for attr, t in cty_type[1].items()}
+
+
+# ----------------------------------------------------------------- replacement
+
+AttributePath = list[str | int]  # attribute names and list indexes
+
+
+def replace_paths(
+    prior: Any, planned: Any, block: dict[str, JSON], force_new: Iterable[str]
+) -> list[AttributePath]:
+    """The ForceNew paths whose planned value differs from the prior one, as attribute paths.
+
+    ``force_new`` holds paths as ``force_new.json`` writes them: attribute names joined with ``.``
+    through nested blocks, ``BLOCK.#`` for the number of blocks. A returned path is a list of
+    attribute names and list indexes. Like Terraform core, a planned value that is unknown (or holds
+    an unknown) counts as a change. A path through a set of blocks stops at the set, as the SDK's
+    does: the set requires replacement when an element added or removed has the attribute set.
+    """
+    found: list[AttributePath] = []
+    for dotted in force_new:
+        for path in _changed(prior, planned, block, dotted.split("."), []):
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def _changed(
+    prior: Any, planned: Any, block: dict[str, JSON], names: list[str], steps: AttributePath
+) -> list[AttributePath]:
+    name, rest = names[0], names[1:]
+    old = prior.get(name) if isinstance(prior, dict) else None
+    new = planned.get(name) if isinstance(planned, dict) else None
+    if isinstance(planned, Unknown):
+        new = planned
+    here = [*steps, name]
+    nested = block.get("block_types", {}).get(name)
+    if nested is None:  # an attribute, or a name this provider's schema lacks
+        known = name in block.get("attributes", {})
+        return [here] if known and _differs(old, new) else []
+    if isinstance(new, Unknown):
+        return [here]
+    mode = nested["nesting_mode"]
+    if rest == ["#"]:
+        return [here] if _count(old, mode) != _count(new, mode) else []
+    inner = nested["block"]
+    if mode in ("single", "group"):
+        return _changed(old, new, inner, rest, here)
+    if mode == "map":  # the SDK has no such blocks: the whole map is compared
+        return [here] if _differs(old, new) else []
+    olds, news = old or [], new or []
+    if mode == "set":
+        added = [v for v in news if not any(_same(v, w) for w in olds)]
+        removed = [v for v in olds if not any(_same(v, w) for w in news)]
+        pairs = [(None, v) for v in added] + [(v, None) for v in removed]
+        return [here] if any(_changed(a, b, inner, rest, here) for a, b in pairs) else []
+    paths: list[AttributePath] = []
+    for index in range(max(len(olds), len(news))):  # a block added or removed compares with null
+        before = olds[index] if index < len(olds) else None
+        after = news[index] if index < len(news) else None
+        paths.extend(_changed(before, after, inner, rest, [*here, index]))
+    return paths
+
+
+def _count(value: Any, mode: str) -> int:
+    if value is None:
+        return 0
+    return 1 if mode in ("single", "group") else len(value)
+
+
+def _has_unknown(value: Any) -> bool:
+    if isinstance(value, Unknown):
+        return True
+    if isinstance(value, dict):
+        return any(_has_unknown(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_unknown(v) for v in value)
+    return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    return not _has_unknown(a) and not _has_unknown(b) and a == b
+
+
+def _differs(old: Any, new: Any) -> bool:
+    return _has_unknown(new) or old != new
