@@ -132,6 +132,13 @@ resource "google_dataflow_flex_template_job" "pipeline" {
 
   on_delete = "drain" # terraform destroy drains: every message read is written first
 
+  lifecycle {
+    # The provider replaces a job whose worker counts change (drain and relaunch: the new job
+    # starts every run from its next message); a running Streaming Engine job takes new bounds
+    # in place instead (terraform_data.autoscaling).
+    ignore_changes = [num_workers, max_workers]
+  }
+
   depends_on = [
     google_project_iam_member.pipeline,
     google_pubsub_subscription_iam_member.pipeline,
@@ -145,4 +152,27 @@ resource "google_dataflow_flex_template_job" "pipeline" {
     google_kms_crypto_key_iam_member.agents,
     terraform_data.image,
   ]
+}
+
+# The running job's autoscaling bounds, set in place whenever they change (and once at launch):
+# num_workers becomes the fewest workers autoscaling keeps, max_workers the most.
+resource "terraform_data" "autoscaling" {
+  count = local.launch ? 1 : 0
+
+  triggers_replace = [google_dataflow_flex_template_job.pipeline[0].job_id, var.num_workers, var.max_workers]
+
+  provisioner "local-exec" {
+    command = join(" ", [
+      "gcloud dataflow jobs update-options ${google_dataflow_flex_template_job.pipeline[0].job_id} --quiet",
+      "--project=${var.project_id} --region=${var.region}",
+      "--min-num-workers=${var.num_workers} --max-num-workers=${var.max_workers}",
+    ])
+  }
+
+  lifecycle {
+    precondition {
+      condition     = var.num_workers <= var.max_workers
+      error_message = "num_workers must not be more than max_workers."
+    }
+  }
 }

@@ -93,4 +93,8 @@ resource "terraform_data" "image" {
     google_project_iam_member.builder,
     google_storage_bucket_iam_member.builder,
   ]
+
+  lifecycle {
+    replace_triggered_by = [google_artifact_registry_repository.images.id] # a new repository is empty
+  }
 }

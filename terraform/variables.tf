@@ -6,13 +6,13 @@ variable "project_id" {
 }
 
 variable "region" {
-  description = "Region of the Dataflow job and its bucket."
+  description = "Region of the Dataflow job, its buckets, network and image repository. Changing it replaces them all (the job drained and relaunched): see the runbook."
   type        = string
   default     = "us-central1"
 }
 
 variable "name" {
-  description = "Prefix of every resource name (topic, subscriptions, service accounts, job)."
+  description = "Prefix of every resource name (topic, subscriptions, service accounts, job). Changing it makes another deployment: see the runbook."
   type        = string
   default     = "fleet-goodput"
 
@@ -35,7 +35,7 @@ variable "enable_apis" {
 }
 
 variable "kms_key_name" {
-  description = "Cloud KMS key for the topics, the dataset and the Dataflow job (null: Google-managed keys)."
+  description = "Cloud KMS key for the topics, the dataset, the image repository and the Dataflow job (null: Google-managed keys). Changing it makes the image repository anew (the image is built again); the rest is updated in place."
   type        = string
   default     = null
 }
@@ -79,13 +79,13 @@ variable "emitter_members" {
 # -- BigQuery -----------------------------------------------------------------------------------
 
 variable "dataset_id" {
-  description = "BigQuery dataset of the output tables and views."
+  description = "BigQuery dataset of the output tables and views. Changing it makes a new dataset: see the runbook."
   type        = string
   default     = "fleet_goodput"
 }
 
 variable "dataset_location" {
-  description = "Location of the BigQuery dataset."
+  description = "Location of the BigQuery dataset. Changing it replaces the dataset: see the runbook."
   type        = string
   default     = "US"
 }
@@ -123,13 +123,13 @@ variable "machine_type" {
 }
 
 variable "num_workers" {
-  description = "Dataflow workers at the start."
+  description = "Dataflow workers at launch, and the fewest autoscaling keeps. Changed on a running job in place (gcloud dataflow jobs update-options)."
   type        = number
   default     = 1
 }
 
 variable "max_workers" {
-  description = "Most Dataflow workers autoscaling may use."
+  description = "Most Dataflow workers autoscaling may use. Changed on a running job in place (gcloud dataflow jobs update-options)."
   type        = number
   default     = 10
 
@@ -146,7 +146,7 @@ variable "subnetwork" {
 }
 
 variable "subnetwork_cidr" {
-  description = "IP range of the subnetwork the module makes when subnetwork is null."
+  description = "IP range of the subnetwork the module makes when subnetwork is null. A range that holds the old one is changed in place; any other replaces the subnetwork (drain the job first)."
   type        = string
   default     = "10.64.0.0/20"
 

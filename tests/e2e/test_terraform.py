@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +23,8 @@ MODULE = REPO / "terraform"
 MISTAKES = Path(__file__).resolve().parent / "terraform_mistakes"
 CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
 IMAGE = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+KEY = "projects/keys/locations/us-central1/keyRings/goodput/cryptoKeys/goodput"
+TRAINERS = "serviceAccount:goodput-test.svc.id.goog[training/trainer]"
 TERRAFORM = shutil.which("terraform")
 
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
@@ -41,11 +44,13 @@ def module_copy(root: Path, *mistakes: str) -> Path:
     return root / "terraform"
 
 
-def terraform(module: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def terraform(module: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """terraform with the stand-in providers (and ``PATH``, if given)."""
     from tools.provider_stand_in import terraform_env
 
     # The stand-in serves every type the module, its example and the mistakes name.
-    env = {**os.environ, **terraform_env([MODULE, MISTAKES]), "TF_IN_AUTOMATION": "1"}
+    env = {**os.environ, **terraform_env([MODULE, MISTAKES]), "TF_IN_AUTOMATION": "1",
+           "PATH": path or os.environ["PATH"]}
     return subprocess.run([TERRAFORM or "terraform", f"-chdir={module}", *args], env=env, text=True,
                           capture_output=True, timeout=300)
 
@@ -144,11 +149,10 @@ def test_by_default_the_image_is_built_from_the_checkout_and_run(module: Path):
 
 
 def test_with_a_customer_key_every_service_agent_may_use_it(module: Path):
-    key = "projects/keys/locations/us-central1/keyRings/goodput/cryptoKeys/goodput"
-    planned = plan(module, f"-var=kms_key_name={key}")
+    planned = plan(module, f"-var=kms_key_name={KEY}")
     assert checks.check_plan(planned, graph(module)) == []
     grants = [r["values"] for r in checks.resources(planned, "google_kms_crypto_key_iam_member")]
-    assert {g["crypto_key_id"] for g in grants} == {key}
+    assert {g["crypto_key_id"] for g in grants} == {KEY}
     assert {r["index"] for r in checks.resources(planned, "google_kms_crypto_key_iam_member")} == {
         "artifact_registry", "bigquery", "compute", "dataflow", "pubsub"}
     identities = {r["values"]["service"]
@@ -217,9 +221,8 @@ def test_data_roles_broader_than_the_pipeline_needs_fail_the_iam_check(tmp_path:
 def test_every_allowed_grant_is_made_and_has_a_reason(module: Path):
     """The IAM allow-list is exact: each (role, resource) in it is granted by the module (with
     training jobs allowed to act as the emitter), and each has a one-line reason."""
-    trainers = '-var=emitter_members=["serviceAccount:goodput-test.svc.id.goog[training/trainer]"]'
-    key = "-var=kms_key_name=projects/keys/locations/us-central1/keyRings/goodput/cryptoKeys/goodput"
-    granted = {(role, target) for _, role, target in checks.iam_grants(plan_with(module, trainers, key))}
+    granted = {(role, target) for _, role, target in checks.iam_grants(
+        plan_with(module, f'-var=emitter_members=["{TRAINERS}"]', f"-var=kms_key_name={KEY}"))}
     assert set(checks.IAM_ALLOWED) == granted
     for reason in checks.IAM_ALLOWED.values():
         assert reason and "\n" not in reason
@@ -346,3 +349,119 @@ def test_the_image_build_config_is_a_cloud_build_that_the_dockerfile_builds():
         if line.startswith("COPY ") and "--from" not in line:
             for source in line.split()[1:-1]:
                 assert (REPO / source).exists(), f"{dockerfile.name} copies {source}, which is not there"
+
+
+# -- Changing a variable ------------------------------------------------------------------------
+#
+# The stand-in knows which attributes the real provider replaces a resource for (ForceNew and the
+# flex template job's CustomizeDiff): a plan against an applied state shows what a change drains,
+# relaunches or makes anew. The runbook's "Changing a variable" says the same.
+
+#: What holds data or run state: never replaced or removed by a change that updates in place.
+KEEPERS = ("google_dataflow_flex_template_job.", "google_bigquery_dataset.", "google_bigquery_table.tables",
+           "google_pubsub_topic.", "google_pubsub_subscription.", "google_storage_bucket.",
+           "google_artifact_registry_repository.")
+#: Replaced on purpose by in-place changes: commands that run again, the price load made anew.
+RERUN = {"terraform_data.autoscaling[0]", "terraform_data.image[0]",
+         "terraform_data.accelerator_prices_load", "google_bigquery_job.accelerator_prices"}
+#: Every variable's change that updates the deployment in place (all at once: a change that
+#: replaces nothing alone replaces nothing with others).
+IN_PLACE = {
+    "labels": '{team="ml-platform"}', "enable_apis": "false", "emitter_members": f'["{TRAINERS}"]',
+    "message_retention_duration": "86400s", "ack_deadline_seconds": "120", "max_delivery_attempts": "20",
+    "partition_expiration_days": "400", "deletion_protection": "false", "container_image": IMAGE,
+    "machine_type": "n2-standard-4", "num_workers": "2", "max_workers": "20", "public_worker_ips": "true",
+    "subnetwork_cidr": "10.64.0.0/19",  # an expansion: a range that does not hold the old one replaces
+    "snapshot_interval_s": "60", "rolling_windows_s": "[60, 600]", "monitoring_min_interval_s": "30",
+    "notification_channels": '["projects/goodput-test/notificationChannels/1"]',
+    "goodput_threshold_pct": "70",
+    "goodput_window_s": "600", "step_deviation_threshold_s": "2", "stall_after_s": "900",
+    "backlog_threshold": "5000", "oldest_unacked_threshold_s": "300", "system_lag_threshold_s": "120",
+}
+REGIONAL = {"google_artifact_registry_repository.images",
+            "google_artifact_registry_repository_iam_member.builder",
+            "google_artifact_registry_repository_iam_member.pipeline", "google_compute_subnetwork.workers[0]",
+            "google_dataflow_flex_template_job.pipeline[0]", "google_storage_bucket.dataflow",
+            "google_storage_bucket.scratch", "terraform_data.autoscaling[0]", "terraform_data.image[0]"}
+DATASET = {"google_bigquery_dataset.goodput", "google_bigquery_job.accelerator_prices"}
+#: What each change that cannot be made in place replaces.
+REPLACES = {
+    "region=europe-west4": REGIONAL,
+    "dataset_location=EU": DATASET | {"terraform_data.accelerator_prices_load"},
+    "dataset_id=goodput_two": DATASET | {"google_bigquery_dataset_iam_member.pipeline"} | {
+        f"{kind}[\"{table}\"]" for table in checks.PIPELINE_TABLES
+        for kind in ("google_bigquery_table.tables", "google_bigquery_table_iam_member.pipeline")} | {
+        'google_bigquery_table.tables["accelerator_prices"]',
+        *(f'google_bigquery_table.views["{view}.sql"]' for view in ("latest_badput", "latest_goodput"))},
+    # A new repository is empty: the image is built into it again.
+    f"kms_key_name={KEY}": {"google_artifact_registry_repository.images", "terraform_data.image[0]",
+                            "google_artifact_registry_repository_iam_member.builder",
+                            "google_artifact_registry_repository_iam_member.pipeline"},
+}
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The module applied with its defaults against the stand-in, and what the apply ran with
+    gcloud (a stand-in on PATH records the commands; the real gcloud checks them elsewhere)."""
+    if TERRAFORM is None:
+        pytest.skip("terraform is not installed")
+    root = tmp_path_factory.mktemp("applied")
+    copy = module_copy(root)
+    (root / "bin").mkdir()
+    (root / "bin" / "gcloud").write_text(f'#!/bin/sh\necho "gcloud $*" >> {root / "gcloud.log"}\n')
+    (root / "bin" / "gcloud").chmod(0o755)
+    applying = terraform(copy, "apply", "-auto-approve", "-input=false", "-var=project_id=goodput-test",
+                         path=f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert applying.returncode == 0, applying.stdout + applying.stderr
+    return copy, (root / "gcloud.log").read_text().splitlines()
+
+
+def replacements(module: Path, *variables: str) -> tuple[set[str], set[str], set[str]]:
+    """The resources a plan with these ``-var`` changes would (replace, update in place, remove)."""
+    planned = terraform(module, "plan", "-refresh=false", "-input=false", "-out=change.tfplan",
+                        "-var=project_id=goodput-test", *variables)
+    assert planned.returncode == 0, planned.stderr
+    changes = json.loads(terraform(module, "show", "-json", "change.tfplan").stdout)["resource_changes"]
+
+    def having(actions: list[str]) -> set[str]:
+        return {c["address"] for c in changes if sorted(c["change"]["actions"]) == actions}
+    return having(["create", "delete"]), having(["update"]), having(["delete"])
+
+
+def test_apply_builds_the_image_and_sets_the_autoscaling_bounds(applied: tuple[Path, list[str]]):
+    _, ran = applied
+    assert [command.split()[:4] for command in ran] == [
+        ["gcloud", "builds", "submit", "."], ["gcloud", "dataflow", "jobs", "update-options"]]
+    for command in ran:  # what gcloud takes, up to the login
+        checked = gcloud(*command.split()[1:])
+        assert checked.returncode == 1 and "gcloud auth login" in checked.stderr, checked.stderr
+
+
+def test_a_second_apply_changes_nothing(applied: tuple[Path, list[str]]):
+    assert replacements(applied[0]) == (set(), set(), set())
+
+
+def test_every_other_variable_changes_the_deployment_in_place(applied: tuple[Path, list[str]]):
+    declared = set(re.findall(r'^variable "(\w+)"', (MODULE / "variables.tf").read_text(), re.M))
+    covered = set(IN_PLACE) | {change.split("=")[0] for change in REPLACES}
+    # project_id and name make another deployment; build_image without an image removes the job.
+    assert declared - covered == {"project_id", "name", "build_image", "subnetwork"}
+    replaced, updated, removed = replacements(applied[0], *(f"-var={k}={v}" for k, v in IN_PLACE.items()))
+    assert replaced <= RERUN, replaced - RERUN
+    assert "google_dataflow_flex_template_job.pipeline[0]" in updated
+    assert not [address for address in removed if address.startswith(KEEPERS)], removed
+
+
+def test_your_own_subnetwork_updates_the_job_in_place_and_retires_the_module_network(applied):
+    mine = "-var=subnetwork=regions/us-central1/subnetworks/mine"
+    replaced, updated, removed = replacements(applied[0], mine)
+    assert replaced == set() and "google_dataflow_flex_template_job.pipeline[0]" in updated
+    assert removed == {"google_compute_network.workers[0]", "google_compute_subnetwork.workers[0]",
+                       "google_compute_firewall.workers[0]"}
+
+
+@pytest.mark.parametrize("change", REPLACES)
+def test_what_a_change_that_cannot_be_made_in_place_replaces(applied: tuple[Path, list[str]], change: str):
+    replaced, _, _ = replacements(applied[0], f"-var={change}")
+    assert replaced == REPLACES[change]
