@@ -53,6 +53,8 @@ run "without_an_image_everything_but_the_job_is_deployed" {
 }
 
 run "the_pipeline_streams_with_its_state_kept_on_update" {
+  command = plan # an apply would run gcloud (the job's autoscaling bounds)
+
   variables {
     container_image = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
   }
@@ -63,8 +65,8 @@ run "the_pipeline_streams_with_its_state_kept_on_update" {
   }
 
   assert {
-    condition     = google_dataflow_flex_template_job.pipeline[0].parameters["subscription"] == google_pubsub_subscription.pipeline.id
-    error_message = "The job reads the pipeline's subscription."
+    condition     = google_dataflow_flex_template_job.pipeline[0].autoscaling_algorithm == "AUTOSCALING_ALGORITHM_BASIC" && google_dataflow_flex_template_job.pipeline[0].ip_configuration == "WORKER_IP_PRIVATE"
+    error_message = "Throughput-based autoscaling, as the API names it; workers without public IPs."
   }
 
   assert {
