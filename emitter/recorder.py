@@ -175,6 +175,14 @@ def _number(value: object, name: str) -> float:
     return float(value)
 
 
+def _metric(value: object, name: str) -> float | str:
+    """A model metric as the event carries it: a finite float as it is, a non-finite one as its
+    proto3 JSON string, anything else converted (numpy and jax scalars) or refused."""
+    if type(value) is float and value - value == 0.0:  # finite: inf - inf and nan - nan are nan
+        return value
+    return json_double(_number(value, name))
+
+
 class GoodputRecorder:
     """Records the goodput events of one attempt of a training run.
 
@@ -639,12 +647,22 @@ class GoodputRecorder:
         if self._worker is None:
             return
         try:
-            body: dict[str, Any] = {"step": _count(step, "step")}
-            for name, value in (("loss", loss), ("step_time_s", step_time_s),
-                                ("tokens_per_s", tokens_per_s), ("samples_per_s", samples_per_s),
-                                ("mfu", mfu), ("tflops_per_device", tflops_per_device)):
-                if value is not None:
-                    body[name] = json_double(_number(value, name))
+            if type(step) is not int or not 0 <= step <= MAX_COUNT:
+                step = _count(step, "step")
+            body: dict[str, Any] = {"step": step}
+            # Written out rather than looped over: this runs every step, in the training loop.
+            if loss is not None:
+                body["loss"] = _metric(loss, "loss")
+            if step_time_s is not None:
+                body["step_time_s"] = _metric(step_time_s, "step_time_s")
+            if tokens_per_s is not None:
+                body["tokens_per_s"] = _metric(tokens_per_s, "tokens_per_s")
+            if samples_per_s is not None:
+                body["samples_per_s"] = _metric(samples_per_s, "samples_per_s")
+            if mfu is not None:
+                body["mfu"] = _metric(mfu, "mfu")
+            if tflops_per_device is not None:
+                body["tflops_per_device"] = _metric(tflops_per_device, "tflops_per_device")
             self._record("model_metrics", time_, "time_", body)
         except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
             self._invalid_call("record_model_metrics", error)

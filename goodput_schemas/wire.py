@@ -62,12 +62,21 @@ def json_double(value: float) -> float | str:
 
 
 def _encode_event(seq: int, time_us: int, kind: str, body: dict[str, Any]) -> str:
-    # Kinds are the schema's field names and steps are validated ints, so the two commonest
-    # shapes are formatted directly: the JSON encoder costs several times more per event.
+    # Kinds are the schema's field names, and the commonest bodies hold only the emitter's own
+    # validated numbers (a step; model metrics, non-finite ones already strings): those are
+    # formatted directly, since the JSON encoder costs several times more per event. A float's
+    # repr is its shortest round-tripping form, which is what the encoder writes too.
     if kind == "step_start":
         return f'{{"seq":{seq},"time_us":{time_us},"step_start":{{"step":{body["step"]}}}}}'
     if not body:
         return f'{{"seq":{seq},"time_us":{time_us},"{kind}":{{}}}}'
+    fields = []
+    for name, value in body.items():
+        if type(value) is not float and type(value) is not int:
+            break
+        fields.append(f'"{name}":{value!r}')
+    else:
+        return f'{{"seq":{seq},"time_us":{time_us},"{kind}":{{{",".join(fields)}}}}}'
     return f'{{"seq":{seq},"time_us":{time_us},"{kind}":{_ENCODER.encode(body)}}}'
 
 

@@ -283,3 +283,18 @@ def test_strings_in_event_bodies_read_alike_in_columns_and_in_general(kind, text
         return  # a lone surrogate written raw: the bytes are not UTF-8, so there is no text form
     with _in_columns_however_many_others():
         assert parse_batch(data) == parse_batch(message)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["model_metrics", "checkpoint_save", "elastic_slice_counts"]),
+       body=st.dictionaries(st.sampled_from(["step", "loss", "mfu", "blocking_s", "active_slices"]),
+                            st.one_of(st.integers(0, 2**53 - 1),
+                                      st.floats(allow_nan=False, allow_infinity=False),
+                                      st.sampled_from(["NaN", "Infinity", "-Infinity"]), st.booleans()),
+                            min_size=1))
+@example(kind="model_metrics", body={"step": 3, "loss": 1e-05, "mfu": -0.0, "blocking_s": 1e+22})
+def test_bodies_of_numbers_are_written_as_the_json_encoder_writes_them(kind, body):
+    """The emitter formats bodies of plain numbers itself, for speed: the text is the JSON encoder's."""
+    data = encode_batch("run-1", "a1", [(0, T, kind, body)]).data
+    expected = json.dumps({"seq": 0, "time_us": T, kind: body}, separators=(",", ":"), allow_nan=False)
+    assert data.decode().endswith(f'"events":[{expected}]}}')
