@@ -6,6 +6,7 @@ Each kind of deliberate mistake in ``tests/e2e/terraform_mistakes/`` makes one o
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -181,25 +182,41 @@ def test_an_unknown_argument_fails_validation(tmp_path: Path):
                for d in diagnostics["diagnostics"]), validated.stdout
 
 
-@pytest.mark.parametrize(("mistake", "problem"), [
-    ("schema_drift_override.tf", "its schema is not goodput_schemas/tables/"),
-    ("unknown_metric_override.tf", "no pipeline writes metric compute.googleapis.com/workload/step_time_v"),
-    ("over_broad_role.tf", "over-broad role roles/editor"),
-    ("throughput_autoscaling_override.tf", "Invalid enum value THROUGHPUT_BASED"),
-    ("alert_comparison_override.tf", "Invalid enum value GREATER_THAN"),
-    ("default_network_override.tf", "private worker IPs with no subnetwork that has Private Google Access"),
-    ("agent_by_name_override.tf", "before anything makes sure it exists"),
-    ("no_api_wait.tf", "google_service_account.trainer: does not wait for the APIs"),
-    ("missing_api_override.tf", "API iam.googleapis.com is used but not enabled"),
-    ("provider_block.tf", "provider google is configured in the module"),
-    ("unnamed_project_override.tf", "google_pubsub_topic.dead_letter: does not name its project"),
-])
-def test_a_mistake_fails_a_cross_check(tmp_path: Path, mistake: str, problem: str):
+#: Each mistake file, and the problem the cross-checks find in the module with it.
+MISTAKE_PROBLEMS = {
+    "schema_drift_override.tf": "its schema is not goodput_schemas/tables/",
+    "unknown_metric_override.tf": "no pipeline writes metric compute.googleapis.com/workload/step_time_v",
+    "over_broad_role.tf": "over-broad role roles/editor",
+    "throughput_autoscaling_override.tf": "Invalid enum value THROUGHPUT_BASED",
+    "alert_comparison_override.tf": "Invalid enum value GREATER_THAN",
+    "default_network_override.tf": "private worker IPs with no subnetwork that has Private Google Access",
+    "agent_by_name_override.tf": "before anything makes sure it exists",
+    "no_api_wait.tf": "google_service_account.trainer: does not wait for the APIs",
+    "missing_api_override.tf": "API iam.googleapis.com is used but not enabled",
+    "provider_block.tf": "provider google is configured in the module",
+    "unnamed_project_override.tf": "google_pubsub_topic.dead_letter: does not name its project",
+}
+
+
+@pytest.fixture(scope="module")
+def mistakes_found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """The cross-checks' problems with each mistake file, planned two at a time (each plan is
+    mostly one process waiting on another)."""
     if TERRAFORM is None:
         pytest.skip("terraform is not installed")
-    copy = module_copy(tmp_path, mistake)
-    problems = checks.check_plan(plan(copy), graph(copy))
-    assert problems and all(problem in p for p in problems), problems
+
+    def found(mistake: str) -> list[str]:
+        copy = module_copy(tmp_path_factory.mktemp("mistake"), mistake)
+        return checks.check_plan(plan(copy), graph(copy))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return dict(zip(MISTAKE_PROBLEMS, pool.map(found, MISTAKE_PROBLEMS), strict=True))
+
+
+@pytest.mark.parametrize("mistake", MISTAKE_PROBLEMS)
+def test_a_mistake_fails_a_cross_check(mistakes_found: dict[str, list[str]], mistake: str):
+    problems = mistakes_found[mistake]
+    assert problems and all(MISTAKE_PROBLEMS[mistake] in p for p in problems), problems
 
 
 def test_data_roles_broader_than_the_pipeline_needs_fail_the_iam_check(tmp_path: Path):
