@@ -2,8 +2,9 @@
 ml-goodput-measurement 0.2.3 inside ``.venv-reference``, one JSON line in, one JSON line out.
 
 This file imports the standard library and the reference, nothing else: ``.venv-reference`` holds
-nothing of this project, and in this project's environment ``ml_goodput_measurement`` is this
-project's own package. The client starts it as ``.venv-reference/bin/python -I worker.py``
+nothing of this project (but the file of the benchmarks' shared training loop, which the
+operation ``training_loop`` loads), and in this project's environment ``ml_goodput_measurement``
+is this project's own package. The client starts it as ``.venv-reference/bin/python -I worker.py``
 (isolated: no ``PYTHONPATH``, no script folder on ``sys.path``), so the reference cannot be
 shadowed; it checks that it imported the installed distribution anyway.
 
@@ -23,6 +24,7 @@ import datetime
 import enum
 import gc
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -212,6 +214,19 @@ class Worker:
             recorder = self.modules["goodput"].GoodputRecorder(job_name, logger_name, True)
         return {"recorder": self.keep("recorder", recorder), "api": self.keep("api", api)}
 
+    def training_loop(self, module: str, recorder: str, api: str, config: dict[str, Any]) -> Any:
+        """The training loop of the ``training_loop`` benchmark, timed with a kept recorder from
+        ``logging_client_recorder`` whose entries the kept ``api`` counts: ``measure_reference``
+        of the file ``module`` (``benchmarks/jax_loop.py``, which imports the standard library,
+        numpy and JAX only, so that both benchmark processes run the same loop)."""
+        spec = importlib.util.spec_from_file_location("jax_loop", module)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot load {module}")
+        loop = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = loop  # dataclasses look their module up there
+        spec.loader.exec_module(loop)
+        return loop.measure_reference(self.objects[recorder], self.objects[api].count, config)
+
     def call(self, target: str, method: str, args: list[Any] | None = None,
              kwargs: dict[str, Any] | None = None) -> Any:
         """``method`` of a kept object: the one operation whose ``seconds`` is the call alone."""
@@ -277,8 +292,9 @@ class Worker:
 
 #: The operations a request may name.
 OPS: dict[str, Callable[..., Any]] = {name: getattr(Worker, name) for name in (
-    "hello", "log", "record", "entries", "append", "calculator", "logging_client_recorder", "call",
-    "time_calls", "step_info", "function", "signature", "members", "full_collections", "release")}
+    "hello", "log", "record", "entries", "append", "calculator", "logging_client_recorder",
+    "training_loop", "call", "time_calls", "step_info", "function", "signature", "members",
+    "full_collections", "release")}
 
 
 def serve(worker: Worker, requests: TextIO, answers: TextIO) -> None:

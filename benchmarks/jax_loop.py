@@ -1,0 +1,384 @@
+"""A JAX training loop timed with a goodput recorder on and off: the code that both processes of
+the ``training_loop`` benchmark run, so that both recorders are timed in the same loop.
+
+It imports the standard library, numpy and JAX, nothing of this project, because it runs in two
+environments: in this project's, as ``python -m benchmarks.jax_loop CONFIG OUTPUT`` with this
+project's recorder (``emitter.GoodputRecorder``, writing to a file in a temporary directory),
+and in the reference's ``.venv-reference``, whose worker (``tools.reference_runner``, operation
+``training_loop``) loads this file and calls ``measure`` with the reference's recorder.
+
+The model is ``pipeline/demo/jax_train.py``'s: an MLP regression (32 features, two hidden ReLU
+layers of one width, one output, mean squared error) trained by SGD with momentum, its update
+step compiled with ``jax.jit`` before anything is timed. A step, as a MaxText-style loop runs it:
+
+    data-loading start | the next batch onto the device | data-loading end, step start
+    | the update step, blocked on until ready | loss to the host | model metrics
+    [every CHECKPOINT_EVERY steps: checkpoint start | parameters to the host | checkpoint save]
+
+where ``|`` separates the loop's work from the recorder's hooks (``Plan``). With the recorder off
+the hooks do nothing; the loop calls them all the same, so both run the same instrumentation.
+Each hook is timed in thread CPU time (``time.thread_time``), which gives the caller's CPU of the
+record calls.
+
+Blocks of steps alternate on and off, in pairs whose order alternates (on, off; off, on; ...) so
+that a drift of the machine's speed cancels. Every block starts after a garbage collection; the
+objects alive after the compile are frozen out of the collector (``gc.freeze``) first.
+An on block ends with the recorder's flush. The CPU of the recorder's background thread is read
+from that thread's CPU clock at the block's start, before the flush and after it, so the work for
+the block's events is counted whether the thread did it during the steps or at the flush; a
+block's time per step adds the work done at the flush to its steps' time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FEATURES = 32
+CHECKPOINT_EVERY = 10
+#: Untimed blocks (one on, one off) after the compile, per size.
+WARMUP_PAIRS = 1
+#: The background thread of each recorder, by name.
+OURS_THREAD = "goodput-emitter"
+REFERENCE_THREAD = "google.cloud.logging.Worker"  # google-cloud-logging's BackgroundThreadTransport
+_UTC = datetime.timezone.utc
+
+
+class Plan:
+    """The recorder's hooks in a training step; this one records nothing (the recorder off)."""
+
+    #: Events one step records, and one checkpoint.
+    EVENTS_PER_STEP = 0
+    EVENTS_PER_CHECKPOINT = 0
+
+    def data_loading_start(self) -> None:
+        """Before the batch is loaded."""
+
+    def data_loading_end(self, step: int) -> None:
+        """After the batch is loaded, before the update step: the step starts."""
+
+    def step_end(self, step: int, loss: float, step_s: float) -> None:
+        """After the step's loss reached the host."""
+
+    def checkpoint_start(self) -> Any:
+        """Before a checkpoint; returns what ``checkpoint_end`` is given."""
+        return None
+
+    def checkpoint_end(self, step: int, started: Any) -> None:
+        """After a checkpoint of the parameters after ``step``."""
+
+    def job_start(self) -> None:
+        """Once, before the first step."""
+
+
+class OursPlan(Plan):
+    """This project's recorder: data loading, step start, model metrics, checkpoint saves."""
+
+    EVENTS_PER_STEP = 4
+    EVENTS_PER_CHECKPOINT = 1
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    def job_start(self) -> None:
+        self.recorder.record_job_start_time()
+
+    def data_loading_start(self) -> None:
+        self.recorder.record_data_loading_start_time()
+
+    def data_loading_end(self, step: int) -> None:
+        self.recorder.record_data_loading_end_time()
+        self.recorder.record_step_start_time(step)
+
+    def step_end(self, step: int, loss: float, step_s: float) -> None:
+        self.recorder.record_model_metrics(step, loss=loss, step_time_s=step_s)
+
+    def checkpoint_start(self) -> Any:
+        return datetime.datetime.now(_UTC)
+
+    def checkpoint_end(self, step: int, started: Any) -> None:
+        self.recorder.record_checkpoint_save(step, started, datetime.datetime.now(_UTC))
+
+
+class ReferencePlan(Plan):
+    """The reference's recorder: data loading and step start. It has no model metrics, and its
+    checkpoint call, ``record_checkpoint_progress``, records nothing (Orbax logs checkpoints
+    itself), but it is called as a loop would call it."""
+
+    EVENTS_PER_STEP = 3
+    EVENTS_PER_CHECKPOINT = 0
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    def job_start(self) -> None:
+        self.recorder.record_job_start_time()
+
+    def data_loading_start(self) -> None:
+        self.recorder.record_data_loading_start_time()
+
+    def data_loading_end(self, step: int) -> None:
+        self.recorder.record_data_loading_end_time()
+        self.recorder.record_step_start_time(step)
+
+    def checkpoint_start(self) -> Any:
+        return datetime.datetime.now(_UTC)
+
+    def checkpoint_end(self, step: int, started: Any) -> None:
+        self.recorder.record_checkpoint_progress(step, started)
+
+
+@dataclasses.dataclass
+class Subject:
+    """One recorder in the loop: its hooks, how to flush it, its background thread's name, and
+    the events it has recorded and delivered so far."""
+
+    plan: Plan
+    flush: Callable[[], Any]
+    thread_name: str
+    recorded: Callable[[], int]
+    delivered: Callable[[], int]
+
+
+class _Model:
+    """The MLP, its optimizer state, host batches, and the compiled update step."""
+
+    def __init__(self, hidden: int, batch: int, seed: int = 0) -> None:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        self._jax = jax
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+
+        def scale(fan_in: int) -> float:
+            return float((2.0 / fan_in) ** 0.5)
+
+        params = {
+            "w1": jax.random.normal(k1, (FEATURES, hidden)) * scale(FEATURES),
+            "b1": jnp.zeros(hidden),
+            "w2": jax.random.normal(k2, (hidden, hidden)) * scale(hidden),
+            "b2": jnp.zeros(hidden),
+            "w3": jax.random.normal(k3, (hidden, 1)) * scale(hidden),
+            "b3": jnp.zeros(1),
+        }
+        self.state = (params, jax.tree_util.tree_map(jnp.zeros_like, params))
+
+        def loss_fn(p: Any, x: Any, y: Any) -> Any:
+            h = jax.nn.relu(x @ p["w1"] + p["b1"])
+            h = jax.nn.relu(h @ p["w2"] + p["b2"])
+            return jnp.mean((h @ p["w3"] + p["b3"] - y) ** 2)
+
+        def update(state: Any, x: Any, y: Any) -> tuple[Any, Any]:
+            p, v = state
+            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+            v = jax.tree_util.tree_map(lambda vi, g: 0.9 * vi + g, v, grads)
+            p = jax.tree_util.tree_map(lambda pi, vi: pi - 0.01 * vi, p, v)
+            return (p, v), loss
+
+        rng = np.random.default_rng(seed)
+        true_w = (rng.normal(size=(FEATURES, 1)) / FEATURES**0.5).astype(np.float32)
+        self.batches = []
+        for _ in range(16):
+            x = rng.normal(size=(batch, FEATURES)).astype(np.float32)
+            y = np.sin(x @ true_w) + 0.05 * rng.normal(size=(batch, 1))
+            self.batches.append((x, y.astype(np.float32)))
+        x_spec = jax.ShapeDtypeStruct((batch, FEATURES), jnp.float32)
+        y_spec = jax.ShapeDtypeStruct((batch, 1), jnp.float32)
+        self.update = jax.jit(update).lower(self.state, x_spec, y_spec).compile()
+
+    def load(self, step: int) -> Any:
+        """The step's batch, put on the device."""
+        return self._jax.device_put(self.batches[step % len(self.batches)])
+
+    def checkpoint(self) -> Any:
+        """The parameters copied to the host, as a checkpoint save starts (nothing is written to
+        disk, whose timings would only add noise)."""
+        return self._jax.device_get(self.state[0])
+
+
+@dataclasses.dataclass
+class _Block:
+    steps: list[float]  # seconds of each step, hooks included
+    flush_s: float
+    hook_cpu_s: float  # thread CPU inside the hooks
+    hooks: int
+    background_cpu_s: float
+    background_at_flush_s: float  # of background_cpu_s, what the thread did during the flush
+    events: int
+    full_collections: int
+
+    @property
+    def per_step_s(self) -> float:
+        """The block's time per step: its steps' wall time, plus the background CPU of its closing
+        flush, as if the work still pending at the block's end had run in series with its steps.
+        (Not the flush's wall time: the reference's flush waits for its batch's latency to run
+        out, idle.)"""
+        return (sum(self.steps) + self.background_at_flush_s) / len(self.steps)
+
+
+def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: int,
+               background: Callable[[], float]) -> _Block:
+    gc.collect()
+    full_before = gc.get_stats()[2]["collections"]
+    recorded_before = subject.recorded()
+    background_before = background()
+    clock, cpu = time.perf_counter, time.thread_time
+    times: list[float] = []
+    hook_cpu, hooks = 0.0, 0
+    for step in range(first, first + steps):
+        started = clock()
+        spent = cpu()
+        plan.data_loading_start()
+        hook_cpu += cpu() - spent
+        x, y = model.load(step)
+        spent = cpu()
+        plan.data_loading_end(step)
+        hook_cpu += cpu() - spent
+        step_started = clock()
+        model.state, loss = model.update(model.state, x, y)
+        loss.block_until_ready()
+        value = float(loss)
+        step_s = clock() - step_started
+        spent = cpu()
+        plan.step_end(step, value, step_s)
+        hook_cpu += cpu() - spent
+        hooks += 3
+        if (step + 1) % CHECKPOINT_EVERY == 0:
+            spent = cpu()
+            token = plan.checkpoint_start()
+            hook_cpu += cpu() - spent
+            model.checkpoint()
+            spent = cpu()
+            plan.checkpoint_end(step, token)
+            hook_cpu += cpu() - spent
+            hooks += 2
+        times.append(clock() - started)
+    flush_s, background_steps = 0.0, background()
+    if plan is subject.plan:
+        started = clock()
+        subject.flush()
+        flush_s = clock() - started
+    background_after = background()
+    return _Block(times, flush_s, hook_cpu, hooks, background_after - background_before,
+                  background_after - background_steps, subject.recorded() - recorded_before,
+                  gc.get_stats()[2]["collections"] - full_before)
+
+
+def _thread_cpu_clock(name: str) -> Callable[[], float]:
+    """The CPU seconds so far of the one live thread called ``name``."""
+    found = [thread for thread in threading.enumerate() if thread.name == name]
+    if len(found) != 1 or found[0].ident is None:
+        raise RuntimeError(f"expected one live thread {name!r}, found {len(found)}")
+    clock_id = time.pthread_getcpuclockid(found[0].ident)
+    return lambda: time.clock_gettime(clock_id)
+
+
+def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) -> dict[str, Any]:
+    """Times ``size`` ({name, hidden, batch, block_steps, pairs}) with the recorder on and off."""
+    steps, pairs = int(size["block_steps"]), int(size["pairs"])
+    if steps % CHECKPOINT_EVERY:
+        raise ValueError(f"block_steps must be a multiple of {CHECKPOINT_EVERY}, got {steps}")
+    model = _Model(int(size["hidden"]), int(size["batch"]))
+    background = _thread_cpu_clock(subject.thread_name)
+    # What is alive now (JAX, the recorder's library, the model) stays out of the collections
+    # before each block, which would take tens of milliseconds each otherwise.
+    gc.collect()
+    gc.freeze()
+    off, step = Plan(), first_step
+    on_blocks: list[_Block] = []
+    off_blocks: list[_Block] = []
+    for pair in range(WARMUP_PAIRS + pairs):
+        order = (subject.plan, off) if pair % 2 == 0 else (off, subject.plan)
+        for plan in order:
+            block = _run_block(model, plan, subject, step, steps, background)
+            step += steps
+            if pair >= WARMUP_PAIRS:
+                (on_blocks if plan is subject.plan else off_blocks).append(block)
+    gc.unfreeze()
+    expected = pairs * steps * subject.plan.EVENTS_PER_STEP \
+        + pairs * (steps // CHECKPOINT_EVERY) * subject.plan.EVENTS_PER_CHECKPOINT
+    events = sum(block.events for block in on_blocks)
+    if events != expected or any(block.events for block in off_blocks):
+        raise RuntimeError(f"{size['name']}: the on blocks recorded {events} events, expected "
+                           f"{expected}; the off blocks {sum(b.events for b in off_blocks)}")
+    # The hooks' own timing costs CPU even when they do nothing: the off blocks measure it.
+    empty_hook_s = sum(b.hook_cpu_s for b in off_blocks) / sum(b.hooks for b in off_blocks)
+    return {
+        "name": size["name"], "hidden": size["hidden"], "batch": size["batch"], "block_steps": steps,
+        "pairs": [[on.per_step_s, off_.per_step_s] for on, off_ in zip(on_blocks, off_blocks, strict=True)],
+        "on_steps": [s for block in on_blocks for s in block.steps],
+        "off_steps": [s for block in off_blocks for s in block.steps],
+        "flush_s": [block.flush_s for block in on_blocks],
+        "events": events,
+        "caller_cpu_s": sum(b.hook_cpu_s for b in on_blocks) - empty_hook_s * sum(b.hooks for b in on_blocks),
+        "background_cpu_s": sum(block.background_cpu_s for block in on_blocks),
+        "background_at_flush_s": sum(block.background_at_flush_s for block in on_blocks),
+        "background_cpu_off_s": sum(block.background_cpu_s for block in off_blocks),
+        "full_collections_on": sum(block.full_collections for block in on_blocks),
+        "full_collections_off": sum(block.full_collections for block in off_blocks),
+        "last_step": step,
+    }
+
+
+def measure(subject: Subject, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each size of ``config["sizes"]`` measured in turn, after the job's start is recorded;
+    fails unless every event recorded was delivered."""
+    subject.plan.job_start()
+    subject.flush()
+    results, step = [], 0
+    for size in config["sizes"]:
+        result = measure_size(subject, size, step)
+        step = result["last_step"]
+        results.append(result)
+    subject.flush()
+    recorded, delivered = subject.recorded(), subject.delivered()
+    if delivered != recorded:
+        raise RuntimeError(f"{delivered:,} of {recorded:,} events were delivered")
+    return results
+
+
+def measure_reference(recorder: Any, delivered: Callable[[], int],
+                      config: dict[str, Any]) -> list[dict[str, Any]]:
+    """``measure`` with the reference's recorder (``ml_goodput_measurement.src.goodput``), its
+    entries counted by ``delivered``, the offline Cloud Logging API's counter. The reference
+    counts nothing itself, so an on block's events are the entries its API received by the end
+    of the block's flush, which ``measure_size`` checks against what the plan writes."""
+    return measure(Subject(ReferencePlan(recorder), recorder.flush, REFERENCE_THREAD, delivered,
+                           delivered), config)
+
+
+def measure_ours(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """``measure`` with this project's recorder, default settings, writing to a file in a
+    temporary directory."""
+    from emitter import EmitterSettings, GoodputRecorder
+
+    with tempfile.TemporaryDirectory() as directory:
+        recorder = GoodputRecorder("bench-training-loop", logging_enabled=True,
+                                   destination=f"file:{directory}/events.jsonl",
+                                   settings=EmitterSettings(spool_dir=Path(directory) / "spool"))
+        with recorder:
+            return measure(Subject(OursPlan(recorder), recorder.flush, OURS_THREAD,
+                                   lambda: recorder.stats.recorded, lambda: recorder.stats.sent),
+                           config)
+
+
+def main(argv: list[str]) -> int:
+    """``CONFIG OUTPUT``: measures the sizes of the JSON ``CONFIG`` with this project's recorder
+    and writes the results to the file ``OUTPUT`` as JSON."""
+    config, output = argv
+    Path(output).write_text(json.dumps(measure_ours(json.loads(config))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
