@@ -80,11 +80,8 @@ class Plan:
         """Once, before the first step."""
 
 
-class OursPlan(Plan):
-    """This project's recorder: data loading, step start, model metrics, checkpoint saves."""
-
-    EVENTS_PER_STEP = 4
-    EVENTS_PER_CHECKPOINT = 1
+class RecorderPlan(Plan):
+    """The hooks both recorders share: the job start, data loading and the step start."""
 
     def __init__(self, recorder: Any) -> None:
         self.recorder = recorder
@@ -99,39 +96,30 @@ class OursPlan(Plan):
         self.recorder.record_data_loading_end_time()
         self.recorder.record_step_start_time(step)
 
-    def step_end(self, step: int, loss: float, step_s: float) -> None:
-        self.recorder.record_model_metrics(step, loss=loss, step_time_s=step_s)
-
     def checkpoint_start(self) -> Any:
         return datetime.datetime.now(_UTC)
+
+
+class OursPlan(RecorderPlan):
+    """This project's recorder: data loading, step start, model metrics, checkpoint saves."""
+
+    EVENTS_PER_STEP = 4
+    EVENTS_PER_CHECKPOINT = 1
+
+    def step_end(self, step: int, loss: float, step_s: float) -> None:
+        self.recorder.record_model_metrics(step, loss=loss, step_time_s=step_s)
 
     def checkpoint_end(self, step: int, started: Any) -> None:
         self.recorder.record_checkpoint_save(step, started, datetime.datetime.now(_UTC))
 
 
-class ReferencePlan(Plan):
+class ReferencePlan(RecorderPlan):
     """The reference's recorder: data loading and step start. It has no model metrics, and its
     checkpoint call, ``record_checkpoint_progress``, records nothing (Orbax logs checkpoints
     itself), but it is called as a loop would call it."""
 
     EVENTS_PER_STEP = 3
     EVENTS_PER_CHECKPOINT = 0
-
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
-
-    def job_start(self) -> None:
-        self.recorder.record_job_start_time()
-
-    def data_loading_start(self) -> None:
-        self.recorder.record_data_loading_start_time()
-
-    def data_loading_end(self, step: int) -> None:
-        self.recorder.record_data_loading_end_time()
-        self.recorder.record_step_start_time(step)
-
-    def checkpoint_start(self) -> Any:
-        return datetime.datetime.now(_UTC)
 
     def checkpoint_end(self, step: int, started: Any) -> None:
         self.recorder.record_checkpoint_progress(step, started)

@@ -7,7 +7,7 @@ locals {
   template_spec = {
     image    = local.image
     sdkInfo  = { language = "PYTHON" }
-    metadata = jsondecode(file("${path.module}/../dataflow/metadata.json"))
+    metadata = jsondecode(file("${local.repository}/dataflow/metadata.json"))
   }
 }
 

@@ -2,22 +2,13 @@
 # pipeline: each service that encrypts with it may use it once its agent exists. Nothing here
 # without a key.
 
-resource "google_project_service_identity" "artifact_registry" {
+# The agents of the services that use the key besides Pub/Sub (whose agent main.tf makes).
+resource "google_project_service_identity" "key_users" {
   provider = google-beta
-  count    = var.kms_key_name == null ? 0 : 1
+  for_each = var.kms_key_name == null ? toset([]) : toset(["artifactregistry", "dataflow"])
 
   project = var.project_id
-  service = "artifactregistry.googleapis.com"
-
-  depends_on = [google_project_service.apis]
-}
-
-resource "google_project_service_identity" "dataflow" {
-  provider = google-beta
-  count    = var.kms_key_name == null ? 0 : 1
-
-  project = var.project_id
-  service = "dataflow.googleapis.com"
+  service = "${each.key}.googleapis.com"
 
   depends_on = [google_project_service.apis]
 }
@@ -41,9 +32,9 @@ data "google_project" "this" {
 
 locals {
   crypto_key_users = var.kms_key_name == null ? {} : {
-    artifact_registry = google_project_service_identity.artifact_registry[0].member                                           # the image repository
+    artifact_registry = google_project_service_identity.key_users["artifactregistry"].member                                  # the image repository
     bigquery          = data.google_bigquery_default_service_account.this[0].member                                           # the dataset's tables
-    dataflow          = google_project_service_identity.dataflow[0].member                                                    # the job's state
+    dataflow          = google_project_service_identity.key_users["dataflow"].member                                          # the job's state
     compute           = "serviceAccount:service-${data.google_project.this[0].number}@compute-system.iam.gserviceaccount.com" # the workers' disks
     pubsub            = google_project_service_identity.pubsub.member                                                         # the topics' messages
   }

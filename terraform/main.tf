@@ -7,8 +7,8 @@
 # provider settings it then takes (examples/basic/).
 
 locals {
+  repository = "${path.module}/.." # the checkout: the image's sources, the schemas
   # The single source of truth for the event and table schemas, shared with the pipeline.
-  repository    = "${path.module}/.."
   schemas       = "${local.repository}/goodput_schemas"
   table_options = jsondecode(file("${local.schemas}/table_options.json")).tables
   labels        = merge({ app = "fleet-goodput" }, var.labels)

@@ -548,10 +548,8 @@ def check_new_project(plan: Plan, graph: Graph) -> list[str]:
     project = plan["variables"]["project_id"]["value"]
     planned = list(_all_resources(plan))
     enabled = {r["values"]["service"] for r in planned if r["type"] == "google_project_service"}
-    if any(r["type"] == "terraform_data" and r["name"] == "image" for r in planned):
-        enabled_needed = {BUILD_API}
-    else:
-        enabled_needed = set()
+    builds = any(r["type"] == "terraform_data" and r["name"] == "image" for r in planned)
+    enabled_needed = {BUILD_API} if builds else set()
     for resource in planned:
         type_, values = resource["type"], resource["values"]
         api = _api_of(type_)
