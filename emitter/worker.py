@@ -1,18 +1,22 @@
 """The batching worker: a bounded in-memory queue drained by one background thread.
 
-``put`` is what every ``record_*`` call ends in: it takes a lock, numbers the event, appends it
-to a deque and returns; it never waits for the thread and never raises. When the queue is full
-it appends the event to the on-disk spool instead, and keeps doing so until the thread has
-drained the spool, so events stay in order and nothing is lost while the spool has room. When
-the spool refuses events too (a full or read-only disk), the queue keeps the newest events and
-drops the oldest, counted; the next event that overflows tries the spool again. An attempt's
-``job_start`` (it carries the run's metadata) is never spilled nor dropped: it stays in memory
-until it is sent, and is the last event the worker gives up.
+``put`` is what every ``record_*`` call ends in: it numbers the event, appends it to a deque and
+returns; it never waits for the thread and never raises. It runs in the training loop, so while
+the queue has room it takes no lock (a deque's append is atomic) and does nothing else; the
+thread wakes for a full batch, for a flush or close, and otherwise once every ``max_latency_s``.
+When the queue is full it appends the event to the on-disk spool instead, and keeps doing so
+until the thread has drained the spool, so events stay in order and nothing is lost while the
+spool has room. When the spool refuses events too (a full or read-only disk), the queue keeps
+the newest events and drops the oldest, counted; the next event that overflows tries the spool
+again. An attempt's ``job_start`` (it carries the run's metadata) is never spilled nor dropped:
+it stays in memory until it is sent, and is the last event the worker gives up.
 
 A signal handler may call into the emitter while the code it interrupted holds the lock (a
 SIGTERM handler that records the job's end and closes the recorder): the lock is re-entrant,
 every wait releases it, and sequence numbers are drawn from an atomic counter, so the handler
-neither deadlocks nor gives its event the number of the one it interrupted.
+neither deadlocks nor gives its event the number of the one it interrupted. (Its event may be
+queued before the interrupted one, whose number is lower: the pipeline orders an attempt's
+events by number.)
 
 The thread sends, in order: segments left in the spool by earlier attempts of the run, then the
 queue, then this attempt's own spooled events. A failed send is retried with exponential backoff
@@ -75,8 +79,8 @@ class EmitterStats:
             (too large for it): they are never retried.
         send_errors: Failed transport sends (each retried with backoff).
         messages_sent: Messages delivered (this attempt's and the backlog's).
-        queued: Events held in memory at the moment, never more than ``max_queue_events`` but
-            for the attempt's ``job_start``.
+        queued: Events held in memory at the moment: at most ``max_queue_events``, but for the
+            attempt's ``job_start`` and for a few more while several threads record at once.
         backlog_sent: Events left in the spool by earlier attempts of the run (a crash, a
             ``close()`` that ran out of time), delivered by this attempt.
         backlog_dropped: Events of earlier attempts dropped from a full spool to make room, or
@@ -123,17 +127,22 @@ class BatchWorker:
     def _init_runtime_state(self) -> None:
         # Re-entrant, and no plain Lock or Event on the caller's side: see the module docstring.
         self._lock = threading.RLock()
-        self._queue: collections.deque[Record] = collections.deque()
+        # The caller's side, which the recorder's calls made every step use directly, as ``put``
+        # does: while the queue is shorter than ``room``, append ``(next(seqs), time_us, kind,
+        # body)`` to it; else call ``put``. ``room`` is the room left in memory, less one so that
+        # the event that fills a batch goes through ``put`` and wakes the thread, and 0 while
+        # spilling; the thread keeps it so, holding the lock.
+        self.queue: collections.deque[Record] = collections.deque()
+        self.seqs = itertools.count()
         self._spilling = False
-        self._seqs = itertools.count()
-        self._next_seq = 0  # how many numbers were drawn
+        self._taken = 0  # numbers below this went to events taken off the queue, or spilled
         self._finished = 0  # own events sent or dropped; flush waits on it
         self._finished_changed = threading.Condition(self._lock)
         self._wakeup = threading.Condition(self._lock)
         self._wake_pending = False
         self._closing = threading.Event()
         self._inflight: list[Record] = []  # a batch taken from the queue, being sent
-        self._oldest_at = 0.0  # when the oldest queued event was queued
+        self.room = self._open_room()
         self._force = False  # send a partial batch now (flush, close)
         self._seen_seq = 0
         self._last_activity = time.monotonic()
@@ -146,22 +155,39 @@ class BatchWorker:
 
     def put(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
         """Queues one event; O(1), never blocks on I/O of the transport, never raises."""
+        queue = self.queue
+        if len(queue) < self.room:
+            # The number is drawn in one atomic step: a signal handler may run between any two.
+            queue.append((next(self.seqs), time_us, kind, body))
+        else:
+            self._put_with_lock(time_us, kind, body)
+
+    def _open_room(self) -> int:
+        """``room`` when not spilling (holding the lock)."""
+        return min(self._capacity - len(self._inflight), self._batch - 1)
+
+    def _put_with_lock(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
+        """Queues or spills one event when the queue is full or events wait in the spool."""
         with self._lock:
-            seq = next(self._seqs)  # one atomic step: a signal handler may run between any two
-            if seq >= self._next_seq:
-                self._next_seq = seq + 1
-            record = (seq, time_us, kind, body)
+            record = (next(self.seqs), time_us, kind, body)
+            self._taken = max(self._taken, record[0] + 1)
             if not self._spilling or kind in PROTECTED_KINDS:
-                queued = len(self._queue)
+                queued = len(self.queue)
                 if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
-                    if not queued:
-                        self._oldest_at = time.monotonic()
-                    self._queue.append(record)
-                    if queued + 1 == self._batch:
+                    self.queue.append(record)
+                    if queued + 1 >= self._batch:
                         self._wake()
                     return
                 self._spilling = True
+                self.room = 0
             self._spill(record)
+
+    def _recorded(self) -> int:
+        """How many numbers were drawn for events now queued or gone (holding the lock). A
+        signal handler's event may sit just before the one it interrupted: the last two
+        queued are looked at."""
+        return max([self._taken, *(record[0] + 1 for record in itertools.islice(
+            reversed(self.queue), 2))])
 
     def _wake(self) -> None:
         """Wakes the thread (holding the lock)."""
@@ -194,7 +220,7 @@ class BatchWorker:
         While events spilled earlier wait on disk, the event overtakes them: the pipeline puts
         an attempt's events back in order by sequence number.
         """
-        queue = self._queue
+        queue = self.queue
         if len(queue) + len(self._inflight) >= self._capacity:
             self._counts["dropped"] += 1
             self._finish(1)
@@ -203,8 +229,6 @@ class BatchWorker:
             if oldest is None:
                 return  # all in memory is being sent or protected: the event itself is the oldest
             del queue[oldest]
-        if not queue:
-            self._oldest_at = time.monotonic()
         queue.append(record)
         if len(queue) >= self._batch:
             self._wake()
@@ -220,7 +244,7 @@ class BatchWorker:
         """Waits until every event queued before the call is delivered (or dropped)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            target = self._next_seq
+            target = self._recorded()
             self._force = True
             self._wake()
             while self._finished < target:
@@ -249,8 +273,9 @@ class BatchWorker:
             self._lock.release()
         self._thread.join(max(0.0, min(deadline - time.monotonic(), 1.0)))
         with self._lock:
-            leftover = list(self._inflight) + list(self._queue)
-            self._queue.clear()
+            self._taken = self._recorded()
+            leftover = list(self._inflight) + list(self.queue)
+            self.queue.clear()
             self._inflight = []
             if leftover:
                 full_before = self._spool.dropped_events
@@ -284,14 +309,14 @@ class BatchWorker:
         with self._lock:
             counts = self._counts
             return EmitterStats(
-                recorded=self._next_seq,
+                recorded=self._recorded(),
                 sent=counts["sent"],
                 spilled=counts["spilled"],
                 dropped=counts["dropped"] + self._spool.dropped_events,
                 dropped_refused=counts["dropped_refused"],
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
-                queued=len(self._queue) + len(self._inflight),
+                queued=len(self.queue) + len(self._inflight),
                 backlog_sent=counts["backlog_sent"],
                 backlog_dropped=counts["backlog_dropped"] + self._spool.dropped_backlog_events,
             )
@@ -319,30 +344,28 @@ class BatchWorker:
         latency = self._settings.max_latency_s
         while not self._closing.is_set():
             with self._lock:
-                if not self._wake_pending:
-                    wait = latency if not self._queue else self._oldest_at + latency - time.monotonic()
-                    self._wakeup.wait(max(0.0, wait))
+                # Woken for a full batch, a flush or a close; else the latency has passed since
+                # the last wake, and whatever is queued is due.
+                woken = self._wake_pending or self._wakeup.wait(latency)
                 self._wake_pending = False
-            self._drain()
+            self._drain(partial=not woken)
             self._maybe_heartbeat()
 
-    def _drain(self) -> None:
-        """Sends the full batches queued now, and a partial one once it is due.
-
-        The queue goes first, then this attempt's spool. A partial batch is due when its oldest
-        event has waited ``max_latency_s``, or when a flush asks for everything.
-        """
-        latency = self._settings.max_latency_s
+    def _drain(self, *, partial: bool) -> None:
+        """Sends the full batches queued now, and a partial one if ``partial`` or a flush asks
+        for everything. The queue goes first, then this attempt's spool."""
         while not self._closing.is_set():
             segment = None
             with self._lock:
-                queued = len(self._queue)
-                due = self._force or time.monotonic() - self._oldest_at >= latency
+                queue = self.queue
+                queued = len(queue)
                 if self._inflight:
                     pass  # a batch whose sending an error interrupted: it goes first
-                elif queued >= self._batch or (queued and due):
-                    count = min(self._batch, queued)
-                    self._inflight = [self._queue.popleft() for _ in range(count)]
+                elif queued >= self._batch or (queued and (partial or self._force)):
+                    self._inflight = [queue.popleft() for _ in range(min(self._batch, queued))]
+                    self._taken = max(self._taken, *(record[0] + 1 for record in self._inflight[-2:]))
+                    if not self._spilling:
+                        self.room = self._open_room()
                 elif queued:
                     return  # a partial batch that is not due yet
                 elif self._spilling:
@@ -356,6 +379,7 @@ class BatchWorker:
                         return
                     if not own:
                         self._spilling = False
+                        self.room = self._open_room()
                         self._force = False
                         return
                     segment = own[0]
@@ -368,6 +392,8 @@ class BatchWorker:
             elif self._deliver(self._run_id, self._attempt_id, self._inflight, own=True):
                 with self._lock:
                     self._inflight = []
+                    if not self._spilling:
+                        self.room = self._open_room()
             else:
                 return
 
@@ -457,8 +483,10 @@ class BatchWorker:
         if self._heartbeat is None or interval is None:
             return
         now = time.monotonic()
-        if self._next_seq != self._seen_seq:
-            self._seen_seq = self._next_seq
+        with self._lock:
+            recorded = self._recorded()
+        if recorded != self._seen_seq:
+            self._seen_seq = recorded
             self._last_activity = now
         elif now - self._last_activity >= interval:
             self._last_activity = now

@@ -6,6 +6,7 @@ import datetime
 import json
 import logging
 import os
+import threading
 import time
 
 import pytest
@@ -53,6 +54,70 @@ def test_full_queue_spills_to_disk_and_loses_nothing(make_recorder, make_setting
     assert (stats.recorded, stats.sent, stats.dropped) == (500, 500, 0)
     recorder.close()
     assert not list(spool_dir.rglob("*.seg"))
+
+
+def _record_a_step(recorder: GoodputRecorder, step: int) -> None:
+    """What a training loop records every step, at the recorder's own clock."""
+    recorder.record_data_loading_start_time()
+    recorder.record_data_loading_end_time()
+    recorder.record_step_start_time(step)
+    recorder.record_model_metrics(step, loss=0.5, step_time_s=0.1)
+
+
+def test_calls_made_every_step_never_wait_for_the_worker(make_recorder, make_settings):
+    """While the worker's lock is held (its thread busy with the spool, say), the calls made every
+    step still queue at once; a full batch is sent when the lock is free, and nothing is lost."""
+    transport = GatedTransport()
+    transport.open()
+    recorder = make_recorder(destination=transport, settings=make_settings(max_batch_events=10,
+                                                                            max_latency_s=60))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with recorder._worker._lock:  # type: ignore[union-attr]
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    started = time.monotonic()
+    for step in range(2):
+        _record_a_step(recorder, step)
+    assert time.monotonic() - started < 1
+    release.set()
+    holder.join()
+    assert transport.seqs() == []
+    for step in range(2, 5):
+        _record_a_step(recorder, step)
+    assert wait_for(lambda: len(transport.seqs()) >= 10, timeout=5)  # a full batch, unflushed
+    assert recorder.flush(5)
+    assert transport.seqs() == list(range(20))
+
+
+def test_calls_made_every_step_spill_a_full_queue_and_count_every_event(
+    make_recorder, make_settings, spool_dir
+):
+    """At the recorder's own clock too, calls beyond max_queue_events go to the spool; what close()
+    cannot deliver stays there, and the counters account for every event."""
+    transport = GatedTransport()
+    recorder = make_recorder(destination=transport,
+                             settings=make_settings(max_queue_events=50, max_batch_events=20))
+    for step in range(125):
+        _record_a_step(recorder, step)
+    stats = recorder.stats
+    assert (stats.recorded, stats.queued + stats.spilled) == (500, 500)
+    assert stats.spilled >= 400
+    transport.open()
+    assert recorder.flush(10)
+    assert transport.seqs() == list(range(500))
+    again = make_recorder(destination=FlakyTransport(failures=10**9),
+                          settings=make_settings(max_batch_events=1000))
+    for step in range(10):
+        _record_a_step(again, step)
+    assert again.close(timeout=0.2) is False
+    assert again.stats.recorded == 40
+    assert list(spool_dir.rglob("*.seg"))
 
 
 def test_burst_of_a_million_calls_loses_nothing(make_recorder, make_settings, events_file):
