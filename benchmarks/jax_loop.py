@@ -20,13 +20,13 @@ the hooks do nothing; the loop calls them all the same, so both run the same ins
 Each hook is timed in thread CPU time (``time.thread_time``), which gives the caller's CPU of the
 record calls.
 
-Blocks of steps alternate on and off, in pairs whose order alternates (on, off; off, on; ...) so
-that a drift of the machine's speed cancels. Every block starts after a garbage collection; the
-objects alive after the compile are frozen out of the collector (``gc.freeze``) first.
-An on block ends with the recorder's flush. The CPU of the recorder's background thread is read
-from that thread's CPU clock at the block's start, before the flush and after it, so the work for
-the block's events is counted whether the thread did it during the steps or at the flush; a
-block's time per step adds the work done at the flush to its steps' time.
+Short blocks of steps (one checkpoint period each) alternate on and off, in pairs whose order
+alternates (on, off; off, on; ...), so that the machine's drift, which is far larger than the
+effect over seconds, cancels within each pair. Every block starts after a garbage collection;
+the objects alive after the compile are frozen out of the collector (``gc.freeze``) first. The
+recorder's background thread works when its batch fills, in on and off blocks alike, so the
+paired difference measures the record calls' own effect on the step; the thread's work is read
+from its CPU clock over the whole measurement, to its final flush, and counted on its own.
 """
 
 from __future__ import annotations
@@ -113,6 +113,24 @@ class OursPlan(RecorderPlan):
         self.recorder.record_checkpoint_save(step, started, datetime.datetime.now(_UTC))
 
 
+class OursStepsPlan(Plan):
+    """This project's recorder, step starts and model metrics only."""
+
+    EVENTS_PER_STEP = 2
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    def job_start(self) -> None:
+        self.recorder.record_job_start_time()
+
+    def data_loading_end(self, step: int) -> None:
+        self.recorder.record_step_start_time(step)
+
+    def step_end(self, step: int, loss: float, step_s: float) -> None:
+        self.recorder.record_model_metrics(step, loss=loss, step_time_s=step_s)
+
+
 class ReferencePlan(RecorderPlan):
     """The reference's recorder: data loading and step start. It has no model metrics, and its
     checkpoint call, ``record_checkpoint_progress``, records nothing (Orbax logs checkpoints
@@ -127,10 +145,11 @@ class ReferencePlan(RecorderPlan):
 
 @dataclasses.dataclass
 class Subject:
-    """One recorder in the loop: its hooks, how to flush it, its background thread's name, and
-    the events it has recorded and delivered so far."""
+    """One recorder in the loop: its hooks by name (a size's ``plan``, ``all`` by default), how
+    to flush it, its background thread's name, and the events it has recorded and delivered so
+    far."""
 
-    plan: Plan
+    plans: dict[str, Plan]
     flush: Callable[[], Any]
     thread_name: str
     recorded: Callable[[], int]
@@ -197,29 +216,18 @@ class _Model:
 @dataclasses.dataclass
 class _Block:
     steps: list[float]  # seconds of each step, hooks included
-    flush_s: float
     hook_cpu_s: float  # thread CPU inside the hooks
     hooks: int
-    background_cpu_s: float
-    background_at_flush_s: float  # of background_cpu_s, what the thread did during the flush
-    events: int
     full_collections: int
 
     @property
     def per_step_s(self) -> float:
-        """The block's time per step: its steps' wall time, plus the background CPU of its closing
-        flush, as if the work still pending at the block's end had run in series with its steps.
-        (Not the flush's wall time: the reference's flush waits for its batch's latency to run
-        out, idle.)"""
-        return (sum(self.steps) + self.background_at_flush_s) / len(self.steps)
+        return sum(self.steps) / len(self.steps)
 
 
-def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: int,
-               background: Callable[[], float]) -> _Block:
+def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: int) -> _Block:
     gc.collect()
     full_before = gc.get_stats()[2]["collections"]
-    recorded_before = subject.recorded()
-    background_before = background()
     clock, cpu = time.perf_counter, time.thread_time
     times: list[float] = []
     hook_cpu, hooks = 0.0, 0
@@ -251,15 +259,7 @@ def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: i
             hook_cpu += cpu() - spent
             hooks += 2
         times.append(clock() - started)
-    flush_s, background_steps = 0.0, background()
-    if plan is subject.plan:
-        started = clock()
-        subject.flush()
-        flush_s = clock() - started
-    background_after = background()
-    return _Block(times, flush_s, hook_cpu, hooks, background_after - background_before,
-                  background_after - background_steps, subject.recorded() - recorded_before,
-                  gc.get_stats()[2]["collections"] - full_before)
+    return _Block(times, hook_cpu, hooks, gc.get_stats()[2]["collections"] - full_before)
 
 
 def _thread_cpu_clock(name: str) -> Callable[[], float]:
@@ -272,10 +272,10 @@ def _thread_cpu_clock(name: str) -> Callable[[], float]:
 
 
 def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) -> dict[str, Any]:
-    """Times ``size`` ({name, hidden, batch, block_steps, pairs}) with the recorder on and off."""
-    steps, pairs = int(size["block_steps"]), int(size["pairs"])
-    if steps % CHECKPOINT_EVERY:
-        raise ValueError(f"block_steps must be a multiple of {CHECKPOINT_EVERY}, got {steps}")
+    """Times ``size`` ({name, hidden, batch, pairs, plan}) with the recorder on and off, in blocks
+    of one checkpoint period."""
+    pairs, on = int(size["pairs"]), subject.plans[size.get("plan", "all")]
+    steps = CHECKPOINT_EVERY
     model = _Model(int(size["hidden"]), int(size["batch"]))
     background = _thread_cpu_clock(subject.thread_name)
     # What is alive now (JAX, the recorder's library, the model) stays out of the collections
@@ -283,35 +283,41 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
     gc.collect()
     gc.freeze()
     off, step = Plan(), first_step
+    for pair in range(WARMUP_PAIRS):
+        for plan in (on, off):
+            _run_block(model, plan, subject, step, steps)
+            step += steps
+    subject.flush()
     on_blocks: list[_Block] = []
     off_blocks: list[_Block] = []
-    for pair in range(WARMUP_PAIRS + pairs):
-        order = (subject.plan, off) if pair % 2 == 0 else (off, subject.plan)
-        for plan in order:
-            block = _run_block(model, plan, subject, step, steps, background)
+    background_before, recorded_before = background(), subject.recorded()
+    for pair in range(pairs):
+        for plan in ((on, off) if pair % 2 == 0 else (off, on)):
+            block = _run_block(model, plan, subject, step, steps)
             step += steps
-            if pair >= WARMUP_PAIRS:
-                (on_blocks if plan is subject.plan else off_blocks).append(block)
+            (on_blocks if plan is on else off_blocks).append(block)
+    started = time.perf_counter()
+    subject.flush()
+    flush_s = time.perf_counter() - started
+    background_cpu_s = background() - background_before
     gc.unfreeze()
-    expected = pairs * steps * subject.plan.EVENTS_PER_STEP \
-        + pairs * (steps // CHECKPOINT_EVERY) * subject.plan.EVENTS_PER_CHECKPOINT
-    events = sum(block.events for block in on_blocks)
-    if events != expected or any(block.events for block in off_blocks):
-        raise RuntimeError(f"{size['name']}: the on blocks recorded {events} events, expected "
-                           f"{expected}; the off blocks {sum(b.events for b in off_blocks)}")
+    # The reference counts the entries written, by the end of the flush: the blocks' total.
+    expected = pairs * (steps * on.EVENTS_PER_STEP + on.EVENTS_PER_CHECKPOINT)
+    events = subject.recorded() - recorded_before
+    if events != expected:
+        raise RuntimeError(f"{size['name']}: the on blocks recorded {events} events, expected {expected}")
     # The hooks' own timing costs CPU even when they do nothing: the off blocks measure it.
     empty_hook_s = sum(b.hook_cpu_s for b in off_blocks) / sum(b.hooks for b in off_blocks)
     return {
-        "name": size["name"], "hidden": size["hidden"], "batch": size["batch"], "block_steps": steps,
-        "pairs": [[on.per_step_s, off_.per_step_s] for on, off_ in zip(on_blocks, off_blocks, strict=True)],
+        "name": size["name"], "hidden": size["hidden"], "batch": size["batch"],
+        "plan": size.get("plan", "all"), "block_steps": steps,
+        "pairs": [[on_.per_step_s, off_.per_step_s] for on_, off_ in zip(on_blocks, off_blocks, strict=True)],
         "on_steps": [s for block in on_blocks for s in block.steps],
         "off_steps": [s for block in off_blocks for s in block.steps],
-        "flush_s": [block.flush_s for block in on_blocks],
+        "flush_s": flush_s,
         "events": events,
         "caller_cpu_s": sum(b.hook_cpu_s for b in on_blocks) - empty_hook_s * sum(b.hooks for b in on_blocks),
-        "background_cpu_s": sum(block.background_cpu_s for block in on_blocks),
-        "background_at_flush_s": sum(block.background_at_flush_s for block in on_blocks),
-        "background_cpu_off_s": sum(block.background_cpu_s for block in off_blocks),
+        "background_cpu_s": background_cpu_s,
         "full_collections_on": sum(block.full_collections for block in on_blocks),
         "full_collections_off": sum(block.full_collections for block in off_blocks),
         "last_step": step,
@@ -321,7 +327,7 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
 def measure(subject: Subject, config: dict[str, Any]) -> list[dict[str, Any]]:
     """Each size of ``config["sizes"]`` measured in turn, after the job's start is recorded;
     fails unless every event recorded was delivered."""
-    subject.plan.job_start()
+    subject.plans["all"].job_start()
     subject.flush()
     results, step = [], 0
     for size in config["sizes"]:
@@ -339,10 +345,10 @@ def measure_reference(recorder: Any, delivered: Callable[[], int],
                       config: dict[str, Any]) -> list[dict[str, Any]]:
     """``measure`` with the reference's recorder (``ml_goodput_measurement.src.goodput``), its
     entries counted by ``delivered``, the offline Cloud Logging API's counter. The reference
-    counts nothing itself, so an on block's events are the entries its API received by the end
-    of the block's flush, which ``measure_size`` checks against what the plan writes."""
-    return measure(Subject(ReferencePlan(recorder), recorder.flush, REFERENCE_THREAD, delivered,
-                           delivered), config)
+    counts nothing itself, so a size's events are the entries its API received by the end of
+    the size's flush, which ``measure_size`` checks against what the plan writes."""
+    return measure(Subject({"all": ReferencePlan(recorder)}, recorder.flush, REFERENCE_THREAD,
+                           delivered, delivered), config)
 
 
 def measure_ours(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -355,7 +361,8 @@ def measure_ours(config: dict[str, Any]) -> list[dict[str, Any]]:
                                    destination=f"file:{directory}/events.jsonl",
                                    settings=EmitterSettings(spool_dir=Path(directory) / "spool"))
         with recorder:
-            return measure(Subject(OursPlan(recorder), recorder.flush, OURS_THREAD,
+            plans = {"all": OursPlan(recorder), "steps": OursStepsPlan(recorder)}
+            return measure(Subject(plans, recorder.flush, OURS_THREAD,
                                    lambda: recorder.stats.recorded, lambda: recorder.stats.sent),
                            config)
 
