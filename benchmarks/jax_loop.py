@@ -283,7 +283,7 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
     gc.collect()
     gc.freeze()
     off, step = Plan(), first_step
-    for pair in range(WARMUP_PAIRS):
+    for _ in range(WARMUP_PAIRS):
         for plan in (on, off):
             _run_block(model, plan, subject, step, steps)
             step += steps
