@@ -260,9 +260,9 @@ class GoodputRecorder:
     ) -> None:
         self._strict = bool(strict)
         self._worker: BatchWorker | None = None
-        # The worker while recording, None when disabled or closed: the calls made every step
-        # append to its queue themselves while it has room (``BatchWorker.put`` says how).
-        self._open: BatchWorker | None = None
+        # The worker's ``put`` while recording, None when disabled or closed: the calls made
+        # every step go straight to it when they are given no time (``_record`` does the rest).
+        self._put: Callable[[int, str, dict[str, Any]], None] | None = None
         self._closed = False
         self._close_lock = threading.RLock()  # a signal handler may close while close() runs
         self._explicit_time = False
@@ -311,7 +311,8 @@ class GoodputRecorder:
         self._transport = _Shared(transport)
         self._retired: list[_Retired] = []
         self._closed_stats = EmitterStats()  # of earlier attempts closed and forgotten
-        self._worker = self._open = self._new_worker()
+        self._worker = self._new_worker()
+        self._put = self._worker.put
         if capture is not None:
             capture.attach(self)
         atexit.register(self._exit_hook)
@@ -388,7 +389,8 @@ class GoodputRecorder:
         self._closed_stats = _summed([self._closed_stats, *(retired.worker.stats for retired in done)])
         self._retired = [retired for retired in self._retired if retired not in done]
         self._retired.append(_Retired(self._worker, self.settings.close_timeout_s))
-        self._worker = self._open = self._new_worker()
+        self._worker = self._new_worker()
+        self._put = self._worker.put
 
     def _record(self, kind: str, when: object, name: str, body: dict[str, Any],
                 clock_hint: bool = True) -> None:
@@ -455,14 +457,12 @@ class GoodputRecorder:
 
     def record_step_start_time(self, step: int, start_time: datetime.datetime | None = None) -> None:
         """Records the start of training step ``step``."""
-        # The calls made every step queue their event themselves when they can: each call and
-        # lookup less is time the training loop gets back (its caches are cold by then).
+        # The calls made every step skip ``_record`` when they can: each call and lookup less
+        # is time the training loop gets back (its caches are cold by then).
         try:
-            worker = self._open
-            if (worker is not None and start_time is None and type(step) is int
-                    and 0 <= step <= MAX_COUNT and len(worker.queue) < worker.room):
-                worker.queue.append((next(worker.seqs), self._now_ns() // 1000, "step_start",
-                                     {"step": step}))
+            put = self._put
+            if put is not None and start_time is None and type(step) is int and 0 <= step <= MAX_COUNT:
+                put(self._now_ns() // 1000, "step_start", {"step": step})
             elif self._worker is not None:
                 if type(step) is not int or not 0 <= step <= MAX_COUNT:
                     step = _count(step, "step")
@@ -501,9 +501,9 @@ class GoodputRecorder:
     def record_data_loading_start_time(self, start_time: datetime.datetime | None = None) -> None:
         """Records the start of a data-loading span."""
         try:
-            worker = self._open
-            if worker is not None and start_time is None and len(worker.queue) < worker.room:
-                worker.queue.append((next(worker.seqs), self._now_ns() // 1000, "data_loading_start", {}))
+            put = self._put
+            if put is not None and start_time is None:
+                put(self._now_ns() // 1000, "data_loading_start", {})
             elif self._worker is not None:
                 self._record("data_loading_start", start_time, "start_time", {})
         except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
@@ -512,9 +512,9 @@ class GoodputRecorder:
     def record_data_loading_end_time(self, end_time: datetime.datetime | None = None) -> None:
         """Records the end of a data-loading span."""
         try:
-            worker = self._open
-            if worker is not None and end_time is None and len(worker.queue) < worker.room:
-                worker.queue.append((next(worker.seqs), self._now_ns() // 1000, "data_loading_end", {}))
+            put = self._put
+            if put is not None and end_time is None:
+                put(self._now_ns() // 1000, "data_loading_end", {})
             elif self._worker is not None:
                 self._record("data_loading_end", end_time, "end_time", {})
         except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
@@ -678,9 +678,9 @@ class GoodputRecorder:
                 body["mfu"] = _metric(mfu, "mfu")
             if tflops_per_device is not None:
                 body["tflops_per_device"] = _metric(tflops_per_device, "tflops_per_device")
-            worker = self._open
-            if worker is not None and time_ is None and len(worker.queue) < worker.room:
-                worker.queue.append((next(worker.seqs), self._now_ns() // 1000, "model_metrics", body))
+            put = self._put
+            if put is not None and time_ is None:
+                put(self._now_ns() // 1000, "model_metrics", body)
             else:
                 self._record("model_metrics", time_, "time_", body)
         except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
@@ -753,7 +753,7 @@ class GoodputRecorder:
             if self._closed or self._worker is None:
                 return True
             self._closed = True
-            self._open = None
+            self._put = None
         atexit.unregister(self._exit_hook)
         if isinstance(self._transport.inner, DiscoveredTransport):
             limit = self._transport.inner.delivery_time(limit)  # nowhere: to the spool at once

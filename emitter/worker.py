@@ -127,13 +127,8 @@ class BatchWorker:
     def _init_runtime_state(self) -> None:
         # Re-entrant, and no plain Lock or Event on the caller's side: see the module docstring.
         self._lock = threading.RLock()
-        # The caller's side, which the recorder's calls made every step use directly, as ``put``
-        # does: while the queue is shorter than ``room``, append ``(next(seqs), time_us, kind,
-        # body)`` to it; else call ``put``. ``room`` is the room left in memory, less one so that
-        # the event that fills a batch goes through ``put`` and wakes the thread, and 0 while
-        # spilling; the thread keeps it so, holding the lock.
-        self.queue: collections.deque[Record] = collections.deque()
-        self.seqs = itertools.count()
+        self._queue: collections.deque[Record] = collections.deque()
+        self._seqs = itertools.count()
         self._spilling = False
         self._taken = 0  # numbers below this went to events taken off the queue, or spilled
         self._finished = 0  # own events sent or dropped; flush waits on it
@@ -142,7 +137,10 @@ class BatchWorker:
         self._wake_pending = False
         self._closing = threading.Event()
         self._inflight: list[Record] = []  # a batch taken from the queue, being sent
-        self.room = self._open_room()
+        # ``put`` appends without the lock while the queue is shorter than this: the room left in
+        # memory, less one so that the event that fills a batch takes the lock and wakes the
+        # thread, and 0 while spilling. The thread keeps it so, holding the lock.
+        self._room = self._open_room()
         self._force = False  # send a partial batch now (flush, close)
         self._seen_seq = 0
         self._last_activity = time.monotonic()
@@ -155,10 +153,10 @@ class BatchWorker:
 
     def put(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
         """Queues one event; O(1), never blocks on I/O of the transport, never raises."""
-        queue = self.queue
-        if len(queue) < self.room:
+        queue = self._queue
+        if len(queue) < self._room:
             # The number is drawn in one atomic step: a signal handler may run between any two.
-            queue.append((next(self.seqs), time_us, kind, body))
+            queue.append((next(self._seqs), time_us, kind, body))
         else:
             self._put_with_lock(time_us, kind, body)
 
@@ -169,17 +167,17 @@ class BatchWorker:
     def _put_with_lock(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
         """Queues or spills one event when the queue is full or events wait in the spool."""
         with self._lock:
-            record = (next(self.seqs), time_us, kind, body)
+            record = (next(self._seqs), time_us, kind, body)
             self._taken = max(self._taken, record[0] + 1)
             if not self._spilling or kind in PROTECTED_KINDS:
-                queued = len(self.queue)
+                queued = len(self._queue)
                 if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
-                    self.queue.append(record)
+                    self._queue.append(record)
                     if queued + 1 >= self._batch:
                         self._wake()
                     return
                 self._spilling = True
-                self.room = 0
+                self._room = 0
             self._spill(record)
 
     def _recorded(self) -> int:
@@ -187,7 +185,7 @@ class BatchWorker:
         signal handler's event may sit just before the one it interrupted: the last two
         queued are looked at."""
         return max([self._taken, *(record[0] + 1 for record in itertools.islice(
-            reversed(self.queue), 2))])
+            reversed(self._queue), 2))])
 
     def _wake(self) -> None:
         """Wakes the thread (holding the lock)."""
@@ -220,7 +218,7 @@ class BatchWorker:
         While events spilled earlier wait on disk, the event overtakes them: the pipeline puts
         an attempt's events back in order by sequence number.
         """
-        queue = self.queue
+        queue = self._queue
         if len(queue) + len(self._inflight) >= self._capacity:
             self._counts["dropped"] += 1
             self._finish(1)
@@ -274,8 +272,8 @@ class BatchWorker:
         self._thread.join(max(0.0, min(deadline - time.monotonic(), 1.0)))
         with self._lock:
             self._taken = self._recorded()
-            leftover = list(self._inflight) + list(self.queue)
-            self.queue.clear()
+            leftover = list(self._inflight) + list(self._queue)
+            self._queue.clear()
             self._inflight = []
             if leftover:
                 full_before = self._spool.dropped_events
@@ -316,7 +314,7 @@ class BatchWorker:
                 dropped_refused=counts["dropped_refused"],
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
-                queued=len(self.queue) + len(self._inflight),
+                queued=len(self._queue) + len(self._inflight),
                 backlog_sent=counts["backlog_sent"],
                 backlog_dropped=counts["backlog_dropped"] + self._spool.dropped_backlog_events,
             )
@@ -357,7 +355,7 @@ class BatchWorker:
         while not self._closing.is_set():
             segment = None
             with self._lock:
-                queue = self.queue
+                queue = self._queue
                 queued = len(queue)
                 if self._inflight:
                     pass  # a batch whose sending an error interrupted: it goes first
@@ -365,7 +363,7 @@ class BatchWorker:
                     self._inflight = [queue.popleft() for _ in range(min(self._batch, queued))]
                     self._taken = max(self._taken, *(record[0] + 1 for record in self._inflight[-2:]))
                     if not self._spilling:
-                        self.room = self._open_room()
+                        self._room = self._open_room()
                 elif queued:
                     return  # a partial batch that is not due yet
                 elif self._spilling:
@@ -379,7 +377,7 @@ class BatchWorker:
                         return
                     if not own:
                         self._spilling = False
-                        self.room = self._open_room()
+                        self._room = self._open_room()
                         self._force = False
                         return
                     segment = own[0]
@@ -393,7 +391,7 @@ class BatchWorker:
                 with self._lock:
                     self._inflight = []
                     if not self._spilling:
-                        self.room = self._open_room()
+                        self._room = self._open_room()
             else:
                 return
 

@@ -62,17 +62,18 @@ def json_double(value: float) -> float | str:
 
 
 def _encode_event(seq: int, time_us: int, kind: str, body: dict[str, Any]) -> str:
-    # Kinds are the schema's field names, and the commonest bodies hold only the emitter's own
-    # validated numbers (a step; model metrics, non-finite ones already strings): those are
+    # Kinds are the schema's field names, and the commonest bodies hold only finite numbers (a
+    # step; model metrics, whose non-finite values the emitter writes as strings): those are
     # formatted directly, since the JSON encoder costs several times more per event. A float's
-    # repr is its shortest round-tripping form, which is what the encoder writes too.
+    # repr is its shortest round-tripping form, which is what the encoder writes too; a
+    # non-finite float is left to the encoder, which refuses it.
     if kind == "step_start":
         return f'{{"seq":{seq},"time_us":{time_us},"step_start":{{"step":{body["step"]}}}}}'
     if not body:
         return f'{{"seq":{seq},"time_us":{time_us},"{kind}":{{}}}}'
     fields = []
     for name, value in body.items():
-        if type(value) is not float and type(value) is not int:
+        if (type(value) is not float and type(value) is not int) or value - value != 0:
             break
         fields.append(f'"{name}":{value!r}')
     else:
