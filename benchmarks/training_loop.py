@@ -67,7 +67,7 @@ from tools.reference_runner import REPO, ReferenceRunner
 LOOP = Path(__file__).resolve().with_name("jax_loop.py")
 #: The three sizes: MLP width and batch, and timed pairs of 10-step blocks. The widths are chosen
 #: for ~1 ms, ~10 ms and ~100 ms steps on a 2-core machine; the pairs for about 15, 25 and 50 s
-#: of blocks each, a section of about five minutes.
+#: of blocks each, with the reference and the baseline a section of about six and a half minutes.
 SIZES = (
     {"name": "~1 ms", "hidden": 192, "batch": 128, "pairs": 600},
     {"name": "~10 ms", "hidden": 768, "batch": 256, "pairs": 120},
