@@ -265,7 +265,7 @@ class _InsertPerBundle(beam.DoFn):
         deadline_s, initial_s, maximum_s = self.retry
         self._writer = BigQueryWriter(make_client(self.project, self.endpoint), self.project, self.dataset,
                                       retry_deadline_s=deadline_s, initial_backoff_s=initial_s,
-                                      max_backoff_s=maximum_s)
+                                      max_backoff_s=maximum_s, give_up=self.stopping)
 
     def start_bundle(self) -> None:
         self._elements, self._rows = [], 0
@@ -285,9 +285,9 @@ class _InsertPerBundle(beam.DoFn):
         if not elements:
             return
         lost: list[Row] = []
-        # A job that is stopping retries nothing: a bundle waiting out an outage would hold up
-        # the messages read before the stop until the job is cancelled and they are lost.
-        self._writer.retry_deadline_s = 0.0 if self.stopping() else self.retry[0]
+        # A job that is stopping retries nothing (the writer gives up): a bundle waiting out an
+        # outage would hold up the messages read before the stop until the job is cancelled and
+        # they are lost.
         self.dead_lettered.inc(self._writer.write(by_table(elements),
                                                   lambda table, row, reason: lost.append(row)))
         self.unwritten.inc(len(lost))
@@ -400,7 +400,8 @@ class _WritePoints(beam.DoFn):
 
         settings = self.settings
         self._writer = MetricWriter(make_client(self.endpoint), self.project, settings.retry_deadline_s,
-                                    settings.initial_backoff_s, settings.max_backoff_s)
+                                    settings.initial_backoff_s, settings.max_backoff_s,
+                                    give_up=self.stopping)
 
     def start_bundle(self) -> None:
         self._points = []
@@ -412,8 +413,6 @@ class _WritePoints(beam.DoFn):
         if not self._points:
             return
         letters: list[DeadLetter] = []
-        # As for BigQuery: a job that is stopping retries nothing.
-        self._writer.retry_deadline_s = 0.0 if self.stopping() else self.settings.retry_deadline_s
         self.refused.inc(self._writer.write(
             self._points, lambda point, reason: letters.append(point_dead_letter(point, reason))))
         self._points = []

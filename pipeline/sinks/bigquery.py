@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import hashlib
 import json
 import logging
 import math
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from goodput_schemas import ACCELERATOR_PRICES, table_names, table_options, table_schema
 from pipeline.core.events import DeadLetter
 from pipeline.core.rows import DEAD_LETTER, Row, dead_letter_row
 from pipeline.core.sanitize import clean_row
+from pipeline.sinks.retries import backoff, call_with_retries, never, pause
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS_PER_REQUEST = 500  # BigQuery's recommendation for insertAll
@@ -148,7 +149,8 @@ class BigQueryWriter:
 
     A request that fails transiently (5xx, rate limits, quotas, a lost connection) is retried with
     exponential backoff and full jitter, from ``initial_backoff_s`` up to ``max_backoff_s``, for
-    at most ``retry_deadline_s`` per ``write`` in all (a long outage costs a bundle that much once).
+    at most ``retry_deadline_s`` per ``write`` in all (a long outage costs a bundle that much once),
+    and no more once ``give_up()`` is true (a job that is stopping).
     Rows BigQuery rejects one by one for a transient reason are tried again, ``row_attempts``
     times in all. Then a row that is still not written — rejected for its content, or its request
     failed for good (a missing table, a bad request, an outage past the deadline) — becomes a
@@ -158,16 +160,13 @@ class BigQueryWriter:
 
     def __init__(self, client: Any, project: str, dataset: str, retry_deadline_s: float = 120.0,
                  initial_backoff_s: float = 1.0, max_backoff_s: float = 32.0, row_attempts: int = 3,
-                 request_timeout_s: float = 60.0) -> None:
-        from google.api_core import retry
-
+                 request_timeout_s: float = 60.0, give_up: Callable[[], bool] = never) -> None:
         self.client = client
         self.project, self.dataset = project, dataset
         self.retry_deadline_s, self.request_timeout_s = retry_deadline_s, request_timeout_s
         self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
         self.row_attempts = row_attempts
-        self.retry = retry.Retry(predicate=_retryable, initial=initial_backoff_s, maximum=max_backoff_s,
-                                 multiplier=2.0, timeout=retry_deadline_s)
+        self.give_up = give_up
 
     def write(self, rows_by_table: dict[str, list[Row]], on_unwritten: OnUnwritten | None = None) -> int:
         """Inserts every row; returns how many went to ``dead_letter`` instead of their table."""
@@ -195,19 +194,21 @@ class BigQueryWriter:
         failed: list[tuple[dict[str, Any], str]] = []
         reference = f"{self.project}.{self.dataset}.{table}"
         for chunk in chunks(rows):
-            pending, backoff = chunk, self._backoff()
+            pending, pauses = chunk, backoff(self.initial_backoff_s, self.max_backoff_s)
             for attempt in range(1, self.row_attempts + 1):
-                remaining = max(0.0, deadline - time.monotonic())
                 try:
-                    errors = self.client.insert_rows_json(
-                        reference, pending, row_ids=[insert_id(table, row) for row in pending],
-                        skip_invalid_rows=True, retry=self.retry.with_timeout(remaining),
-                        timeout=self.request_timeout_s)
+                    errors = call_with_retries(
+                        functools.partial(self.client.insert_rows_json, reference, pending,
+                                          row_ids=[insert_id(table, row) for row in pending],
+                                          skip_invalid_rows=True, retry=None,
+                                          timeout=self.request_timeout_s),
+                        _retryable, deadline, pauses, self.give_up)
                 except exceptions.GoogleAPIError as error:  # RetryError too: the deadline passed
                     _LOG.warning("BigQuery insert of %d rows into %s failed: %s", len(pending), table, error)
                     failed += [(row, f"BigQuery insert into {table} failed: {error}") for row in pending]
                     break
-                retry_rows, last = [], attempt == self.row_attempts or time.monotonic() >= deadline
+                retry_rows, last = [], (attempt == self.row_attempts or time.monotonic() >= deadline
+                                        or self.give_up())
                 for row_error in errors:
                     row = pending[row_error["index"]]
                     reasons = {e.get("reason") for e in row_error["errors"]}
@@ -220,15 +221,8 @@ class BigQueryWriter:
                 if not retry_rows:
                     break
                 pending = retry_rows
-                time.sleep(min(next(backoff), max(0.0, deadline - time.monotonic())))
+                pause(min(next(pauses), max(0.0, deadline - time.monotonic())), self.give_up)
         return failed
-
-    def _backoff(self) -> Iterator[float]:
-        """Exponential backoff with full jitter, as ``google.api_core.retry`` does."""
-        ceiling = self.initial_backoff_s
-        while True:
-            yield random.uniform(0.0, ceiling)
-            ceiling = min(ceiling * 2.0, self.max_backoff_s)
 
 
 def _dead_letter(table: str, row: dict[str, Any], reason: str) -> Row:

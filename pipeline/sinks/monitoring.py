@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import re
@@ -39,6 +40,7 @@ from typing import Any
 from pipeline.core.events import DeadLetter
 from pipeline.core.sanitize import label_value
 from pipeline.core.snapshot import CUSTOM_PREFIX, DATA_LOADING_ASYNC, Snapshot
+from pipeline.sinks.retries import backoff, call_with_retries, never
 
 _LOG = logging.getLogger(__name__)
 WORKLOAD = "compute.googleapis.com/Workload"
@@ -230,13 +232,22 @@ def make_client(endpoint: str | None = None) -> Any:
 OnFailure = Callable[[Point, str], None]
 
 
+def _retryable(error: Exception) -> bool:
+    """UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, RESOURCE_EXHAUSTED (a quota)."""
+    from google.api_core import exceptions
+
+    return isinstance(error, (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
+                              exceptions.InternalServerError, exceptions.ResourceExhausted))
+
+
 class MetricWriter:
     """Writes points with ``CreateTimeSeries``, within the service's rules.
 
     Transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, RESOURCE_EXHAUSTED: a quota) are
     retried with exponential backoff and full jitter, from ``initial_backoff_s`` up to
     ``max_backoff_s`` between tries, for at most ``retry_deadline_s`` per ``write`` in all: a long
-    outage costs a bundle that much time once, not once per request. A point that is still not
+    outage costs a bundle that much time once, not once per request; and not at all once
+    ``give_up()`` is true (a job that is stopping). A point that is still not
     written — refused by the service (logged with its series), or its request failed for good — is
     counted and handed to ``on_failure``, which the pipeline turns into a dead-letter row; the
     write never raises for it. Monitoring is telemetry: the run's next snapshot writes the series
@@ -245,16 +256,11 @@ class MetricWriter:
 
     def __init__(self, client: Any, project: str, retry_deadline_s: float = 60.0,
                  initial_backoff_s: float = 0.5, max_backoff_s: float = 10.0,
-                 request_timeout_s: float = 30.0) -> None:
-        from google.api_core import exceptions, retry
-
+                 request_timeout_s: float = 30.0, give_up: Callable[[], bool] = never) -> None:
         self.client, self.project = client, project
         self.retry_deadline_s, self.request_timeout_s = retry_deadline_s, request_timeout_s
-        self.retry = retry.Retry(
-            predicate=retry.if_exception_type(exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
-                                              exceptions.InternalServerError,
-                                              exceptions.ResourceExhausted),
-            initial=initial_backoff_s, maximum=max_backoff_s, multiplier=2.0, timeout=retry_deadline_s)
+        self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
+        self.give_up = give_up
 
     def write(self, points: Iterable[Point], on_failure: OnFailure | None = None) -> int:
         """Writes every point; returns how many were not written (each logged and handed to
@@ -289,11 +295,12 @@ class MetricWriter:
                     fail(point, f"not a valid point: {error}")
             if not series:
                 continue
-            remaining = max(0.0, deadline - time.monotonic())
             try:
-                self.client.create_time_series(name=f"projects/{self.project}", time_series=series,
-                                               retry=self.retry.with_timeout(remaining),
-                                               timeout=self.request_timeout_s)
+                call_with_retries(
+                    functools.partial(self.client.create_time_series, name=f"projects/{self.project}",
+                                      time_series=series, retry=None, timeout=self.request_timeout_s),
+                    _retryable, deadline, backoff(self.initial_backoff_s, self.max_backoff_s),
+                    self.give_up)
             except exceptions.InvalidArgument as error:  # the valid series of the request are kept
                 message = str(error.message)
                 for index in _refused_indexes(message, len(sent)):

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
@@ -193,3 +194,18 @@ def comparable(row: dict[str, Any]) -> str:
               if isinstance(value, datetime.datetime) and value.tzinfo else value
               for name, value in row.items() if name != "received_time"}
     return repr(sorted(values.items()))
+
+
+def test_a_write_backing_off_gives_up_as_soon_as_the_job_stops(client, emulator):
+    """BigQuery fails every request: a write backs off for up to its two minutes, but stops
+    retrying within a fraction of a second once ``give_up()`` turns true (a stream stopping);
+    what it could not write comes back."""
+    emulator.store.fail_next(100_000)
+    stop_at = time.monotonic() + 1.0
+    writer = BigQueryWriter(client, PROJECT, DATASET, initial_backoff_s=5.0,
+                            give_up=lambda: time.monotonic() >= stop_at)
+    unwritten: list[tuple[str, dict[str, Any], str]] = []
+    assert writer.write({"dead_letter": [letter()]}, lambda *failure: unwritten.append(failure)) == 1
+    assert time.monotonic() - stop_at < 0.5
+    ((_, _, reason),) = unwritten
+    assert "the job is stopping" in reason

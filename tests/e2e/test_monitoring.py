@@ -103,3 +103,17 @@ def test_a_replay_writes_monitoring_only_when_asked(tmp_path: Path):
         (labels, resource, end_s, value), = written
         assert started <= end_s <= time.time() and value > 0
         assert resource["workload_id"] == "demo-llm-run" and labels["accelerator_type"] == "v5p"
+
+
+def test_a_write_backing_off_gives_up_as_soon_as_the_job_stops(monitoring):
+    """Cloud Monitoring fails every request: a write backs off for up to its minute, but stops
+    retrying within a fraction of a second once ``give_up()`` turns true (a stream stopping)."""
+    monitoring.store.fail_next(100_000, grpc.StatusCode.UNAVAILABLE)
+    stop_at = time.monotonic() + 1.0
+    writer = MetricWriter(make_client(monitoring.host), PROJECT, initial_backoff_s=5.0,
+                          give_up=lambda: time.monotonic() >= stop_at)
+    failures: list[str] = []
+    points = stamped(snapshot_points(run_snapshot()))
+    assert writer.write(points, lambda point, reason: failures.append(reason)) == len(points)
+    assert time.monotonic() - stop_at < 0.5
+    assert failures and all("the job is stopping" in reason for reason in failures)

@@ -273,7 +273,7 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
             assert recorder.flush(timeout=20)
             output = stream.communicate(timeout=30)[0]
     assert stream.returncode == 0, output
-    assert stopped_s < 20  # an interval, the series' turn (5 s) and 2 s: not Monitoring's retries
+    assert stopped_s < 20, output  # an interval, the series' turn (5 s) and 2 s: not Monitoring's retries
     left = []
     while batch := emulator.broker.pull(SUBSCRIPTION, 100, wait_s=0.2):
         left.extend(e["seq"] for m in batch for e in json.loads(m.message.data)["events"])
