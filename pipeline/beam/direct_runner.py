@@ -12,6 +12,10 @@ they are processed. Two things follow that a local stream must not suffer:
   and the steps it was given to (the run tracker, the cloud sinks) report each message at once
   and retry nothing; then ``stop_reading()`` a while before it cancels: later pulls read nothing,
   and what was read is processed meanwhile.
+* Pub/Sub holds a pull with nothing to deliver open until its deadline (30 s here): a stop that
+  waited for it would break its word. ``stop_reading()`` cancels the pulls in flight instead, by
+  closing their clients; they had acknowledged nothing, so what they took is delivered again to
+  the next stream. A pull that reaches its deadline idle read nothing; it is no outage.
 
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
@@ -33,12 +37,15 @@ from typing import Any
 
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.utils.timestamp import Timestamp
-from google.api_core.exceptions import GoogleAPIError
+from google.api_core.exceptions import DeadlineExceeded, GoogleAPIError
 
 _LOG = logging.getLogger(__name__)
 _STOPPING = threading.Event()  # the job is stopping: report each message at once
 _STOPPED = threading.Event()  # the job reads no more
 _OUTAGE = threading.Event()  # the last pull failed
+_STOP_LOCK = threading.Lock()  # a pull begins, or the reading stops: one at a time
+#: A pull's deadline: an idle pull is held open this long (less a second), unless cancelled.
+PULL_TIMEOUT_S = 30.0
 #: Pause after a failed pull before the runner pulls again.
 RETRY_PAUSE_S = 1.0
 
@@ -53,6 +60,8 @@ def install() -> bool:
                      "stream, and a stop may lose the messages in flight")
         return False
     setattr(evaluator, "_read_from_pubsub", read)  # noqa: B010 -- a private method, replaced
+    for event in (_STOPPING, _STOPPED, _OUTAGE):  # a new stream in this process
+        event.clear()
     return True
 
 
@@ -60,15 +69,20 @@ def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any
     """What the runner's read does (pull ten messages, acknowledge them, stamp each with its
     publish time), but a failed pull reads nothing and a failed acknowledgement keeps what was
     pulled: the messages may come again, and the pipeline drops repeated events."""
-    if _STOPPED.is_set():
-        return []
     if timestamp_attribute:
         raise NotImplementedError("the local stream stamps messages with their publish time")
-    client = evaluator._get_subscriber_client(evaluator._applied_ptransform)
+    with _STOP_LOCK:
+        if _STOPPED.is_set():
+            return []
+        client = evaluator._get_subscriber_client(evaluator._applied_ptransform)
     try:
         received = list(client.pull(subscription=evaluator._sub_name, max_messages=10,
-                                    timeout=30).received_messages)
-    except GoogleAPIError as error:
+                                    timeout=PULL_TIMEOUT_S).received_messages)
+    except (GoogleAPIError, ValueError) as error:  # ValueError: a channel that stop_reading closed
+        if _STOPPED.is_set() or isinstance(error, DeadlineExceeded):
+            return []  # cancelled, or idle until its deadline: nothing was acknowledged
+        if not isinstance(error, GoogleAPIError):
+            raise
         if not _OUTAGE.is_set():
             _OUTAGE.set()
             _LOG.warning("pulling from Pub/Sub failed (%s); retrying until it answers", error)
@@ -81,7 +95,7 @@ def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any
     if received:
         try:
             client.acknowledge(subscription=evaluator._sub_name, ack_ids=[m.ack_id for m in received])
-        except GoogleAPIError as error:
+        except (GoogleAPIError, ValueError) as error:
             _LOG.warning("acknowledging %d messages failed (%s): they may be delivered again",
                          len(received), error)
     return [(Timestamp.from_utc_datetime(m.message.publish_time), PubsubMessage._from_message(m.message))
@@ -95,10 +109,15 @@ def _forget_client(evaluator: Any) -> None:
     with cls._subscriber_client_cache_lock:
         client = cls._subscriber_client_cache.pop(evaluator._applied_ptransform.transform, None)
     if client is not None:
-        try:
-            client.client.close()
-        except Exception as error:  # noqa: BLE001 -- a broken channel may fail to close; it is dropped
-            _LOG.debug("closing the Pub/Sub client failed: %s", error)
+        _close(client)
+
+
+def _close(client: Any) -> None:
+    """Closes a cached subscriber client's channel, cancelling its calls in flight."""
+    try:
+        client.client.close()
+    except Exception as error:  # noqa: BLE001 -- a broken channel may fail to close; it is dropped
+        _LOG.debug("closing the Pub/Sub client failed: %s", error)
 
 
 def start_stopping() -> None:
@@ -113,8 +132,21 @@ def stopping() -> bool:
 
 
 def stop_reading() -> None:
-    """From now on every pull reads nothing: what was read is processed, nothing more comes."""
-    _STOPPED.set()
+    """From now on every pull reads nothing: what was read is processed, nothing more comes. A
+    pull in flight is cancelled (its client closed): what it took, unacknowledged, stays in the
+    subscription for the next stream."""
+    from apache_beam.runners.direct import transform_evaluator
+
+    with _STOP_LOCK:
+        _STOPPED.set()
+    evaluator = getattr(transform_evaluator, "_PubSubReadEvaluator", None)
+    if evaluator is None or not hasattr(evaluator, "_subscriber_client_cache"):
+        return
+    with evaluator._subscriber_client_cache_lock:
+        clients = list(evaluator._subscriber_client_cache.values())
+        evaluator._subscriber_client_cache.clear()
+    for client in clients:
+        _close(client)
 
 
 def failure(result: Any) -> BaseException | None:

@@ -53,15 +53,23 @@ def run_streaming(options: GoodputOptions) -> int:
     """Runs the stream until SIGINT or SIGTERM, then stops it cleanly: every message read so far
     is in a snapshot before the pipeline is cancelled. A second signal cancels at once. On a
     runner that runs jobs on its own (Dataflow), submits the job and returns."""
-    goodput = options.view_as(GoodputOptions)
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
     stop, force = threading.Event(), threading.Event()
 
     def on_signal(*_: object) -> None:
         (force if stop.is_set() else stop).set()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, on_signal)
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _stream(options, stop, force)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Event) -> int:
+    """``run_streaming``'s work: ``stop`` set by the first signal, ``force`` by the second."""
+    goodput = options.view_as(GoodputOptions)
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
     direct = "Direct" in runner
     if direct:
         direct_runner.install()

@@ -142,7 +142,9 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
                             help="streaming: the Pub/Sub subscription to read (with --streaming)")
         parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
-                            help="streaming: snapshot each active run this often (default: %(default)s)")
+                            help="streaming: snapshot each active run this often; a stop (SIGINT or "
+                                 "SIGTERM) takes at most this + 2 s, plus --monitoring_min_interval_s "
+                                 "when writing Cloud Monitoring (default: %(default)s)")
         parser.add_argument("--silence_s", type=parse_seconds, default=300.0, metavar="S",
                             help="streaming: a run with no event for this long is stalled: it gets "
                                  "a snapshot showing the lost time, and another every snapshot "
@@ -189,7 +191,9 @@ def help_parser(prog: str) -> argparse.ArgumentParser:
                                "--subscription); output to DuckDB, BigQuery and Cloud Monitoring.",
         epilog="Beam's own options (--runner, --project, --region, --temp_location, ...) are "
                "taken as well. A mistake is one line on stderr and exit code 2, before anything "
-               "is read or written.")
+               "is read or written. The local stream stops on SIGINT or SIGTERM within the time "
+               "it prints (see --snapshot_interval_s), every message it read written; a second "
+               "signal stops it at once.")
     GoodputOptions._add_argparse_args(parser)
     return parser
 

@@ -11,7 +11,9 @@ or in-process: ``with PubSubEmulator() as emulator: os.environ["PUBSUB_EMULATOR_
 emulator.host``.
 
 Implemented: topics and subscriptions (create, get, list, delete), Publish, Pull, StreamingPull,
-Acknowledge, ModifyAckDeadline; ack deadlines with redelivery when they pass; ordering keys (a
+Acknowledge, ModifyAckDeadline; a Pull with nothing to deliver waits for a message, as the
+service does, and answers empty a second before its deadline (``PULL_EARLY_S``), as Google's
+emulator does; ack deadlines with redelivery when they pass; ordering keys (a
 key's messages are delivered in publish order, one batch at a time: the next waits until the
 outstanding ones are acknowledged); dead-letter policies (after ``max_delivery_attempts``
 deliveries a message moves to the dead-letter topic); the service's limits on a publish, refused
@@ -56,6 +58,11 @@ from pipeline.emulators import (
 
 _LOG = logging.getLogger(__name__)
 _DEFAULT_ACK_DEADLINE_S = 10
+#: An empty Pull answers this long before the caller's deadline, as Google's emulator does (the
+#: caller gets an empty answer rather than DEADLINE_EXCEEDED)...
+PULL_EARLY_S = 1.0
+#: ... and after at most this long, whatever its deadline.
+PULL_MAX_WAIT_S = 60.0
 _MAX_ACK_DEADLINE_S = 600
 # The service's limits on a publish (https://cloud.google.com/pubsub/quotas#resource_limits).
 #: The serialized PublishRequest: topic name, messages with their data, attributes and ordering
@@ -230,8 +237,10 @@ class PubSubBroker:
                     subscription.pending.append(_Delivery(types.PubsubMessage(published)))
         return published.message_id
 
-    def pull(self, name: str, max_messages: int, wait_s: float = 0.0) -> list[types.ReceivedMessage]:
-        """Up to ``max_messages`` deliverable messages, waiting up to ``wait_s`` for one."""
+    def pull(self, name: str, max_messages: int, wait_s: float = 0.0,
+             gone: Callable[[], bool] = lambda: False) -> list[types.ReceivedMessage]:
+        """Up to ``max_messages`` deliverable messages, waiting up to ``wait_s`` for one, or until
+        ``gone()`` (the caller cancelled, the emulator stops)."""
         deadline = self._clock() + wait_s
         with self._lock:
             failing = self._failing_pulls.get(name) or self._failing_pulls.get(None)
@@ -241,7 +250,7 @@ class PubSubBroker:
                 subscription = self._subscription(name)
                 received = self._take(subscription, max(1, max_messages))
                 remaining = deadline - self._clock()
-                if received or remaining <= 0:
+                if received or remaining <= 0 or gone():
                     return received
                 self._lock.wait(min(remaining, 0.1))
 
@@ -385,13 +394,14 @@ def _check_name(name: str, kind: str) -> None:
 
 
 def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.GenericRpcHandler]:
-    def unary(call: Callable[[Any], Any], request_type: Any, response_type: Any | None,
-              max_request_bytes: int = FRONT_END_MAX_REQUEST_BYTES) -> Any:
+    def unary(call: Callable[..., Any], request_type: Any, response_type: Any | None,
+              max_request_bytes: int = FRONT_END_MAX_REQUEST_BYTES, with_context: bool = False) -> Any:
+        """A handler of ``call(request)``, or of ``call(request, context)`` ``with_context``."""
         def handle(request: Sized, context: grpc.ServicerContext) -> Any:
             if request.request is None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, payload_too_large(max_request_bytes))
             try:
-                result = call(request.request)
+                result = call(request.request, context) if with_context else call(request.request)
             except _Abort as error:
                 context.abort(error.code, str(error))
             return empty_pb2.Empty() if response_type is None else result
@@ -401,6 +411,16 @@ def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.Gene
         return grpc.unary_unary_rpc_method_handler(
             handle, request_deserializer=sized(request_type.deserialize, max_request_bytes),
             response_serializer=serializer)
+
+    def pull(request: types.PullRequest, context: grpc.ServicerContext) -> types.PullResponse:
+        """Waits for a message unless asked not to, as the service does (see PULL_EARLY_S)."""
+        wait_s = 0.0
+        if not request.return_immediately:
+            remaining = context.time_remaining()
+            wait_s = PULL_MAX_WAIT_S if remaining is None else min(PULL_MAX_WAIT_S, remaining - PULL_EARLY_S)
+        return types.PullResponse(received_messages=broker.pull(
+            request.subscription, request.max_messages, max(0.0, wait_s),
+            gone=lambda: stopping.is_set() or not context.is_active()))
 
     publisher = {
         "CreateTopic": unary(broker.create_topic, types.Topic, types.Topic),
@@ -425,9 +445,7 @@ def _handlers(broker: PubSubBroker, stopping: threading.Event) -> list[grpc.Gene
             types.ListSubscriptionsRequest, types.ListSubscriptionsResponse),
         "DeleteSubscription": unary(lambda r: broker.delete_subscription(r.subscription),
                                     types.DeleteSubscriptionRequest, None),
-        "Pull": unary(lambda r: types.PullResponse(received_messages=broker.pull(
-            r.subscription, r.max_messages, 0.0 if r.return_immediately else 1.0)),
-            types.PullRequest, types.PullResponse),
+        "Pull": unary(pull, types.PullRequest, types.PullResponse, with_context=True),
         "Acknowledge": unary(lambda r: broker.acknowledge(r.subscription, list(r.ack_ids)),
                              types.AcknowledgeRequest, None, MAX_ACK_REQUEST_BYTES),
         "ModifyAckDeadline": unary(

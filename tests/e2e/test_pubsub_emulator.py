@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,41 +24,11 @@ from pipeline.emulators.pubsub import (
     PubSubBroker,
     PubSubEmulator,
 )
+from support.pubsub import google_emulator
 
 PROJECT = "projects/local"
 TOPIC = f"{PROJECT}/topics/events"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/pipeline"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _google_emulator() -> Iterator[str]:
-    """Google's emulator (gcloud, Java), where this machine has it."""
-    gcloud = shutil.which("gcloud")
-    if gcloud is None:
-        pytest.skip("Google's Pub/Sub emulator (gcloud beta emulators pubsub) is not installed")
-    host = f"127.0.0.1:{_free_port()}"
-    # Its own process group: stopping gcloud alone would leave the Java emulator running.
-    process = subprocess.Popen([gcloud, "beta", "emulators", "pubsub", "start", f"--host-port={host}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", int(host.rsplit(":", 1)[1]))) == 0:
-                    break
-            time.sleep(0.2)
-        else:
-            pytest.fail("Google's Pub/Sub emulator did not start within 60 s")
-        yield host
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
 
 
 @pytest.fixture(params=["local", "google"])
@@ -74,7 +39,7 @@ def emulator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
             monkeypatch.setenv("PUBSUB_EMULATOR_HOST", running.host)
             yield running.host
     else:
-        with _google_emulator() as host:
+        with google_emulator() as host:
             monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
             yield host
 
@@ -106,8 +71,24 @@ def test_publish_pull_acknowledge(publisher, subscriber):
     assert received.message.message_id == message_id
     assert received.message.publish_time is not None
     subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[received.ack_id])
-    again = subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=10)
+    again = subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=2)  # held ~1 s
     assert not again.received_messages
+
+
+def test_an_empty_pull_waits_for_a_message_or_until_just_before_its_deadline(publisher, subscriber):
+    """As the service does: a pull with nothing to deliver is held until a message comes, and
+    then answered at once; with none, it is answered empty about a second before its deadline."""
+    subscriber.create_subscription(name=SUBSCRIPTION, topic=TOPIC)
+    started = time.monotonic()
+    empty = subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=3, retry=None)
+    assert not empty.received_messages and 1.5 <= time.monotonic() - started < 3
+    late = threading.Timer(1.0, lambda: publisher.publish(TOPIC, b"late").result(timeout=10))
+    late.start()
+    started = time.monotonic()
+    received = subscriber.pull(subscription=SUBSCRIPTION, max_messages=10, timeout=10, retry=None)
+    assert [m.message.data for m in received.received_messages] == [b"late"]
+    assert 0.9 <= time.monotonic() - started < 3
+    late.join()
 
 
 def test_nack_redelivers(publisher, subscriber):
@@ -155,7 +136,7 @@ def test_dead_letter_after_max_delivery_attempts(publisher, subscriber):
         subscriber.modify_ack_deadline(subscription=SUBSCRIPTION, ack_ids=[received.ack_id],
                                        ack_deadline_seconds=0)
     assert attempts == [1, 2, 3, 4, 5]
-    gone = subscriber.pull(subscription=SUBSCRIPTION, max_messages=1, timeout=10).received_messages
+    gone = subscriber.pull(subscription=SUBSCRIPTION, max_messages=1, timeout=2).received_messages
     assert not gone
     (dead,) = subscriber.pull(subscription=f"{PROJECT}/subscriptions/dead", max_messages=1,
                               timeout=10).received_messages

@@ -36,6 +36,7 @@ from pipeline.sinks.monitoring import (
     point_dead_letter,
 )
 from pipeline.sinks.monitoring import make_client as monitoring_client
+from pipeline.sinks.retries import backoff
 from support.runs import snapshot_at
 
 PROJECT, DATASET = "goodput-local", "goodput"
@@ -210,12 +211,12 @@ def test_bigquery_rows_rejected_for_good_go_to_dead_letter(bigquery):
 def test_bigquery_backoff_is_jittered_and_bounded(bigquery):
     """Waits are drawn at random below a ceiling that doubles up to max_backoff_s."""
     writer = bq_writer(bigquery, initial_backoff_s=1.0, max_backoff_s=8.0)
+    assert (writer.initial_backoff_s, writer.max_backoff_s, writer.retry_deadline_s) == (1.0, 8.0, 5.0)
     ceilings = [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     for _ in range(20):
-        waits = [wait for wait, _ in zip(writer._backoff(), ceilings, strict=False)]
+        waits = [wait for wait, _ in zip(backoff(1.0, 8.0), ceilings, strict=False)]
         assert all(0.0 <= wait <= ceiling for wait, ceiling in zip(waits, ceilings, strict=True))
-    assert len({next(writer._backoff()) for _ in range(10)}) > 1
-    assert (writer.retry._initial, writer.retry._maximum, writer.retry._timeout) == (1.0, 8.0, 5.0)
+    assert len({next(backoff(1.0, 8.0)) for _ in range(10)}) > 1
 
 
 def test_bigquery_failures_never_stop_a_beam_pipeline(bigquery):

@@ -1,7 +1,16 @@
 """For tests through the local Pub/Sub emulator: a topic with an ordered subscription, and what
-reached it."""
+reached it; and Google's emulator, where this machine has it."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -31,3 +40,35 @@ def pull_all(emulator: PubSubEmulator) -> list:
         emulator.broker.acknowledge(SUBSCRIPTION, [m.ack_id for m in batch])
         received.extend(batch)
     return received
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def google_emulator() -> Iterator[str]:
+    """Google's emulator (gcloud, Java), where this machine has it; its address. The test
+    skips where it is not installed."""
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        pytest.skip("Google's Pub/Sub emulator (gcloud beta emulators pubsub) is not installed")
+    host = f"127.0.0.1:{_free_port()}"
+    # Its own process group: stopping gcloud alone would leave the Java emulator running.
+    process = subprocess.Popen([gcloud, "beta", "emulators", "pubsub", "start", f"--host-port={host}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", int(host.rsplit(":", 1)[1]))) == 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("Google's Pub/Sub emulator did not start within 60 s")
+        yield host
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
