@@ -80,14 +80,18 @@ class Plan:
         """Once, before the first step."""
 
 
-class RecorderPlan(Plan):
-    """The hooks both recorders share: the job start, data loading and the step start."""
+class _Recording(Plan):
+    """Hooks that call a recorder, which records the job's start."""
 
     def __init__(self, recorder: Any) -> None:
         self.recorder = recorder
 
     def job_start(self) -> None:
         self.recorder.record_job_start_time()
+
+
+class RecorderPlan(_Recording):
+    """The hooks both recorders share: the job start, data loading and the step start."""
 
     def data_loading_start(self) -> None:
         self.recorder.record_data_loading_start_time()
@@ -113,16 +117,10 @@ class OursPlan(RecorderPlan):
         self.recorder.record_checkpoint_save(step, started, datetime.datetime.now(_UTC))
 
 
-class OursStepsPlan(Plan):
+class OursStepsPlan(_Recording):
     """This project's recorder, step starts and model metrics only."""
 
     EVENTS_PER_STEP = 2
-
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
-
-    def job_start(self) -> None:
-        self.recorder.record_job_start_time()
 
     def data_loading_end(self, step: int) -> None:
         self.recorder.record_step_start_time(step)

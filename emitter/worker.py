@@ -140,7 +140,8 @@ class BatchWorker:
         # ``put`` appends without the lock while the queue is shorter than this: the room left in
         # memory, less one so that the event that fills a batch takes the lock and wakes the
         # thread, and 0 while spilling. The thread keeps it so, holding the lock.
-        self._room = self._open_room()
+        self._room = 0
+        self._update_room()
         self._force = False  # send a partial batch now (flush, close)
         self._seen_seq = 0
         self._last_activity = time.monotonic()
@@ -160,9 +161,9 @@ class BatchWorker:
         else:
             self._put_with_lock(time_us, kind, body)
 
-    def _open_room(self) -> int:
-        """``room`` when not spilling (holding the lock)."""
-        return min(self._capacity - len(self._inflight), self._batch - 1)
+    def _update_room(self) -> None:
+        """Sets ``_room`` from the queue's state (holding the lock)."""
+        self._room = 0 if self._spilling else min(self._capacity - len(self._inflight), self._batch - 1)
 
     def _put_with_lock(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
         """Queues or spills one event when the queue is full or events wait in the spool."""
@@ -177,7 +178,7 @@ class BatchWorker:
                         self._wake()
                     return
                 self._spilling = True
-                self._room = 0
+                self._update_room()
             self._spill(record)
 
     def _recorded(self) -> int:
@@ -362,8 +363,7 @@ class BatchWorker:
                 elif queued >= self._batch or (queued and (partial or self._force)):
                     self._inflight = [queue.popleft() for _ in range(min(self._batch, queued))]
                     self._taken = max(self._taken, *(record[0] + 1 for record in self._inflight[-2:]))
-                    if not self._spilling:
-                        self._room = self._open_room()
+                    self._update_room()
                 elif queued:
                     return  # a partial batch that is not due yet
                 elif self._spilling:
@@ -377,7 +377,7 @@ class BatchWorker:
                         return
                     if not own:
                         self._spilling = False
-                        self._room = self._open_room()
+                        self._update_room()
                         self._force = False
                         return
                     segment = own[0]
@@ -390,8 +390,7 @@ class BatchWorker:
             elif self._deliver(self._run_id, self._attempt_id, self._inflight, own=True):
                 with self._lock:
                     self._inflight = []
-                    if not self._spilling:
-                        self._room = self._open_room()
+                    self._update_room()
             else:
                 return
 

@@ -22,13 +22,13 @@ from pipeline.beam.transforms import (
     WriteToBigQuery,
     WriteToDuckDB,
     WriteToMonitoring,
-    never,
 )
 from pipeline.core.events import read_lines
 from pipeline.core.rows import batch_rows
 from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
 from pipeline.sinks.monitoring import MonitoringSettings
 from pipeline.sinks.raw_events import backfill_messages
+from pipeline.sinks.retries import never
 
 
 def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: Stopping = never) -> None:

@@ -44,7 +44,7 @@ from pipeline.beam import direct_runner
 from pipeline.beam.graph import build_pipeline
 from pipeline.beam.live import next_snapshot_due
 from pipeline.beam.options import GoodputOptions, check_files, help_parser, parse_command_line
-from pipeline.beam.transforms import never
+from pipeline.sinks.retries import never
 
 DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
 

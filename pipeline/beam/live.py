@@ -55,9 +55,10 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.beam.restore import Restored
-from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure, never
+from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure
 from pipeline.core import engine, state_coder
 from pipeline.core.events import Batch, DeadLetter
+from pipeline.sinks.retries import never
 
 _US = 1_000_000
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few

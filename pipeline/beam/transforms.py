@@ -39,19 +39,15 @@ from pipeline.core.rows import (
 )
 from pipeline.core.snapshot import Snapshot
 from pipeline.sinks.monitoring import MonitoringSettings, Point, point_dead_letter, snapshot_points
+from pipeline.sinks.retries import never
 
 _LOG = logging.getLogger(__name__)
 DEAD_LETTER_TAG = "dead_letter"
 _ENGINE_FAILURES = Metrics.counter("goodput", "engine_failures")
 
 #: Says whether the job is stopping (``pipeline.beam.direct_runner.stopping`` for a local
-#: stream); the batch path and Dataflow never are.
+#: stream); the batch path and Dataflow never are (``never``).
 Stopping = Callable[[], bool]
-
-
-def never() -> bool:
-    """The ``Stopping`` of a job that drains on its own, or ends with its input."""
-    return False
 
 
 def engine_failure(run_id: str, error: Exception, batch: Batch | None = None) -> TaggedOutput:
@@ -263,6 +259,9 @@ class _InsertPerBundle(beam.DoFn):
         from pipeline.sinks.bigquery import BigQueryWriter, make_client
 
         deadline_s, initial_s, maximum_s = self.retry
+        # A job that is stopping retries nothing (the writer gives up): a bundle waiting out an
+        # outage would hold up the messages read before the stop until the job is cancelled and
+        # they are lost.
         self._writer = BigQueryWriter(make_client(self.project, self.endpoint), self.project, self.dataset,
                                       retry_deadline_s=deadline_s, initial_backoff_s=initial_s,
                                       max_backoff_s=maximum_s, give_up=self.stopping)
@@ -285,9 +284,6 @@ class _InsertPerBundle(beam.DoFn):
         if not elements:
             return
         lost: list[Row] = []
-        # A job that is stopping retries nothing (the writer gives up): a bundle waiting out an
-        # outage would hold up the messages read before the stop until the job is cancelled and
-        # they are lost.
         self.dead_lettered.inc(self._writer.write(by_table(elements),
                                                   lambda table, row, reason: lost.append(row)))
         self.unwritten.inc(len(lost))

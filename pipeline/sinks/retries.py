@@ -21,6 +21,7 @@ GIVE_UP_POLL_S = 0.1
 
 
 def never() -> bool:
+    """The ``give_up`` of a job that never stops early: a batch run, a job that drains."""
     return False
 
 

@@ -24,7 +24,7 @@ from pipeline.emulators.pubsub import (
     PubSubBroker,
     PubSubEmulator,
 )
-from support.pubsub import google_emulator
+from support.pubsub import emulator_host
 
 PROJECT = "projects/local"
 TOPIC = f"{PROJECT}/topics/events"
@@ -34,14 +34,9 @@ SUBSCRIPTION = f"{PROJECT}/subscriptions/pipeline"
 @pytest.fixture(params=["local", "google"])
 def emulator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The emulator's address: this project's, and Google's where it is installed."""
-    if request.param == "local":
-        with PubSubEmulator() as running:
-            monkeypatch.setenv("PUBSUB_EMULATOR_HOST", running.host)
-            yield running.host
-    else:
-        with google_emulator() as host:
-            monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
-            yield host
+    with emulator_host(request.param) as host:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
+        yield host
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ from google.cloud import pubsub_v1
 
 from goodput_schemas.wire import encode_batch
 from pipeline.beam.launcher import run
-from pipeline.emulators.pubsub import PubSubEmulator
-from support.pubsub import google_emulator
+from support.pubsub import emulator_host
 
 PROJECT = "projects/goodput-local"
 TOPIC = f"{PROJECT}/topics/goodput"
@@ -38,11 +37,7 @@ PUBLISH_AFTER_S = {0: 0.0, 1: INTERVAL_S}
 @pytest.fixture(params=["local", "google"])
 def pubsub(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The emulator's address, the topic and the subscription made by the real clients."""
-    with contextlib.ExitStack() as stack:
-        if request.param == "local":
-            host = stack.enter_context(PubSubEmulator()).host
-        else:
-            host = stack.enter_context(google_emulator())
+    with emulator_host(request.param) as host:
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
         pubsub_v1.PublisherClient().create_topic(name=TOPIC)
         subscriber = pubsub_v1.SubscriberClient()
@@ -57,7 +52,10 @@ def stop_when_reading(output: io.StringIO, publish: threading.Event) -> dict[str
     sent: dict[str, float] = {}
 
     def signal_it() -> None:
+        deadline = time.monotonic() + 120
         while "streaming from" not in output.getvalue():
+            if time.monotonic() > deadline:
+                return  # the stream never started: the test fails on the missing signal time
             time.sleep(0.01)
         time.sleep(RUN_S)
         sent["at"] = time.monotonic()

@@ -72,3 +72,15 @@ def google_emulator() -> Iterator[str]:
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def emulator_host(kind: str) -> Iterator[str]:
+    """The address of a running emulator: this project's (``local``) or Google's (``google``,
+    which skips the test where it is not installed)."""
+    if kind == "local":
+        with PubSubEmulator() as running:
+            yield running.host
+    else:
+        with google_emulator() as host:
+            yield host
