@@ -87,28 +87,35 @@ def _atomic_write(path: Path, text: str, mode: int | None = None) -> None:
 
 
 def fetch_wheel(provider: ProviderPackage, cache_dir: Path) -> Path:
-    """The provider's cdktn wheel, downloaded into the cache on first use."""
+    """The provider's cdktn wheel, downloaded into the cache on first use. The download lands in a
+    folder of its own and is moved into place whole, so that processes side by side (test workers)
+    never read a wheel half written."""
     wheels = cache_dir / "wheels"
     stem = f"{provider.package.replace('-', '_')}-{provider.version}-"
     found = sorted(wheels.glob(f"{stem}*.whl"))
     if not found:
-        wheels.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--dest",
-                str(wheels),
-                f"{provider.package}=={provider.version}",
-            ],
-            check=True,
-        )
+        staging = Path(tempfile.mkdtemp(dir=_mkdir(wheels), prefix=".tmp-"))
+        try:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--dest",
+                    str(staging),
+                    f"{provider.package}=={provider.version}",
+                ],
+                check=True,
+            )
+            for wheel in staging.glob(f"{stem}*.whl"):
+                os.replace(wheel, wheels / wheel.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         found = sorted(wheels.glob(f"{stem}*.whl"))
     if not found:
         raise RuntimeError(
