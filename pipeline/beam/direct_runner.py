@@ -10,8 +10,8 @@ they are processed. Two things follow that a local stream must not suffer:
 * Cancelling the pipeline loses the messages pulled (so acknowledged) but not yet processed. To
   stop cleanly the launcher first calls ``start_stopping()``: from then on ``stopping()`` is true,
   and the steps it was given to (the run tracker, the cloud sinks) report each message at once
-  and retry nothing; then ``stop_reading()`` a while before it cancels: later pulls read nothing,
-  and what was read is processed meanwhile.
+  and retry nothing; then ``stop_reading()``: later pulls read nothing, and what was read is
+  processed; ``drained`` tells when that is done, and the launcher cancels then.
 * Pub/Sub holds a pull with nothing to deliver open until its deadline (30 s here): a stop that
   waited for it would break its word. ``stop_reading()`` cancels the pulls in flight instead, by
   closing their clients; they had acknowledged nothing, so what they took is delivered again to
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from apache_beam.io.gcp.pubsub import PubsubMessage
@@ -44,6 +45,7 @@ _STOPPING = threading.Event()  # the job is stopping: report each message at onc
 _STOPPED = threading.Event()  # the job reads no more
 _OUTAGE = threading.Event()  # the last pull failed
 _STOP_LOCK = threading.Lock()  # a pull begins, or the reading stops: one at a time
+_PULLING = 0  # reads between their start and their return (under _STOP_LOCK)
 #: A pull's deadline: an idle pull is held open this long (less a second), unless cancelled.
 PULL_TIMEOUT_S = 30.0
 #: Pause after a failed pull before the runner pulls again.
@@ -71,10 +73,21 @@ def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any
     pulled: the messages may come again, and the pipeline drops repeated events."""
     if timestamp_attribute:
         raise NotImplementedError("the local stream stamps messages with their publish time")
+    global _PULLING
     with _STOP_LOCK:
         if _STOPPED.is_set():
             return []
         client = evaluator._get_subscriber_client(evaluator._applied_ptransform)
+        _PULLING += 1
+    try:
+        return _pull(evaluator, client)
+    finally:
+        with _STOP_LOCK:
+            _PULLING -= 1
+
+
+def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
+    """``read``'s pull and acknowledgement, with ``client``."""
     try:
         received = list(client.pull(subscription=evaluator._sub_name, max_messages=10,
                                     timeout=PULL_TIMEOUT_S).received_messages)
@@ -147,6 +160,47 @@ def stop_reading() -> None:
         evaluator._subscriber_client_cache.clear()
     for client in clients:
         _close(client)
+
+
+def drained(result: Any) -> Callable[[], bool] | None:
+    """For the pipeline of ``result``, after ``stop_reading()``: a check that turns true once
+    everything the stream read is processed, so that the launcher cancels as soon as cancelling
+    loses nothing. It is true when no pull is returning, every bundle that was queued or running
+    when the pulls had all returned is done (one may hold what they read), no step has input
+    waiting, and no timer is due (a due timer may release what a step holds, as the Monitoring
+    writer's do). It reads the runner's private structures (Beam is pinned); None, logged, if
+    they are gone: the launcher then waits its fixed grace."""
+    executor: Any = getattr(getattr(result, "_executor", None), "_executor", None)
+    try:
+        context = executor.evaluation_context
+        watermarks = context._watermark_manager._transform_to_watermarks
+        roots, scheduled, lock = executor.root_nodes, executor.transform_executor_services, context._lock
+    except AttributeError:
+        _LOG.warning("the DirectRunner has changed: a stop waits a fixed time for what was read")
+        return None
+    earlier: list[frozenset[Any]] = []  # the bundles queued or running once the pulls returned
+
+    def done() -> bool:
+        with _STOP_LOCK:
+            if _PULLING:
+                return False
+        running = scheduled.executors
+        if not earlier:
+            earlier.append(running)
+        if earlier[0] & running or any(e._applied_ptransform not in roots for e in running):
+            return False
+        with lock:  # a step's outputs become the next steps' input under this lock
+            for transform, marks in watermarks.items():
+                with marks._lock:
+                    if marks._fired_timers or (marks._pending and transform not in roots):
+                        return False
+                    now = marks._clock.time()
+                    if any(state.get_timers(watermark=marks._input_watermark, processing_time=now)[0]
+                           for state in marks._keyed_states.values()):
+                        return False
+        return True
+
+    return done
 
 
 def failure(result: Any) -> BaseException | None:

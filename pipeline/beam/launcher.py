@@ -47,6 +47,8 @@ from pipeline.beam.options import GoodputOptions, check_files, help_parser, pars
 from pipeline.sinks.retries import never
 
 DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
+DRAIN_MAX_S = 60.0  # more of it, on a machine too busy to write it within the grace
+DRAIN_POLL_S = 0.05  # how often a stop looks whether it is done
 
 
 def run_streaming(options: GoodputOptions) -> int:
@@ -105,7 +107,7 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
               "(signal again to stop at once)", file=sys.stderr, flush=True)
         _wait_until(due_s, force, failed)
         direct_runner.stop_reading()
-        _wait_until(time.time() + DRAIN_GRACE_S, force, failed)
+        _drain(direct_runner.drained(result), force, failed)
     if failed():  # its threads are daemons, and may be stuck: they end with the process
         print(f"python -m pipeline: the streaming pipeline failed: {errors[0]!r} (see the log above)",
               file=sys.stderr)
@@ -115,10 +117,32 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
     return 0
 
 
-def _wait_until(time_s: float, force: threading.Event, failed: Callable[[], bool]) -> None:
-    """Waits until ``time_s`` (the epoch), a second signal, or the pipeline's failure."""
-    while time.time() < time_s and not force.wait(0.1) and not failed():
-        pass
+def _wait_until(time_s: float, force: threading.Event, failed: Callable[[], bool],
+                done: Callable[[], bool] = lambda: False) -> bool:
+    """Waits until ``time_s`` (the epoch), a second signal, the pipeline's failure, or ``done``;
+    whether ``done`` ended it."""
+    while time.time() < time_s and not failed():
+        if done():
+            return True
+        if force.wait(DRAIN_POLL_S):
+            break
+    return False
+
+
+def _drain(drained: Callable[[], bool] | None, force: threading.Event, failed: Callable[[], bool]) -> None:
+    """Once the reading stops: waits until what was read is written (``drained``), within
+    ``DRAIN_GRACE_S`` as printed. A machine too busy for that gets up to ``DRAIN_MAX_S`` more,
+    said on stderr, rather than lose what was read (a second signal still stops at once)."""
+    if drained is None:  # the runner cannot tell: its fixed grace
+        _wait_until(time.time() + DRAIN_GRACE_S, force, failed)
+        return
+    if _wait_until(time.time() + DRAIN_GRACE_S, force, failed, drained) or force.is_set() or failed():
+        return
+    print(f"stopping: still writing what was read; waiting up to {DRAIN_MAX_S:.0f} s more "
+          "(signal again to stop at once and lose it)", file=sys.stderr, flush=True)
+    if not _wait_until(time.time() + DRAIN_MAX_S, force, failed, drained) and not force.is_set():
+        print("stopping: what was read is still not all written; stopping all the same: the "
+              "messages read last may be lost", file=sys.stderr, flush=True)
 
 
 def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:

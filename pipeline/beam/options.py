@@ -144,7 +144,8 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
                             help="streaming: snapshot each active run this often; a stop (SIGINT or "
                                  "SIGTERM) takes at most this + 2 s, plus --monitoring_min_interval_s "
-                                 "when writing Cloud Monitoring (default: %(default)s)")
+                                 "when writing Cloud Monitoring, unless what was read takes longer "
+                                 "to write (it says so) (default: %(default)s)")
         parser.add_argument("--silence_s", type=parse_seconds, default=300.0, metavar="S",
                             help="streaming: a run with no event for this long is stalled: it gets "
                                  "a snapshot showing the lost time, and another every snapshot "

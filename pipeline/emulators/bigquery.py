@@ -20,7 +20,8 @@ served: fleet SQL runs on DuckDB.
 Faults are injected through the store: ``fail_next(n, status, reason)`` fails the next n
 insertAll requests as a whole (503 ``backendError``, 429 ``rateLimitExceeded``, 403
 ``quotaExceeded``, ...), ``reject_rows_next(n, reason)`` rejects the next n valid rows one by one
-(a partial failure; ``backendError`` is transient, ``invalid`` is not).
+(a partial failure; ``backendError`` is transient, ``invalid`` is not), and
+``slow_next(n, seconds)`` answers the next n insertAll requests that much later (a slow service).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ class BigQueryStore:
         self._seen: dict[tuple[str, str, str], dict[str, float]] = {}
         self._failures: list[tuple[HTTPStatus, str]] = []
         self._row_rejections: list[str] = []
+        self._delays: list[float] = []
         self.insert_requests = 0
 
     def fail_next(self, count: int, status: HTTPStatus = HTTPStatus.SERVICE_UNAVAILABLE,
@@ -161,6 +163,12 @@ class BigQueryStore:
         others of their requests are kept): a partial failure."""
         with self._lock:
             self._row_rejections.extend([reason] * count)
+
+    def slow_next(self, count: int, seconds: float) -> None:
+        """The next ``count`` insertAll requests are answered ``seconds`` late, as they were
+        going to be (other requests are answered meanwhile)."""
+        with self._lock:
+            self._delays.extend([seconds] * count)
 
     def rows(self, project: str, dataset: str, table: str) -> list[dict[str, Any]]:
         """The table's rows in insert order, values as Python (timestamps as aware datetimes)."""
@@ -215,6 +223,9 @@ class BigQueryStore:
     def insert_all(self, project: str, dataset: str, table: str, request: dict[str, Any]) -> dict[str, Any]:
         """tabledata.insertAll: the response body, with ``insertErrors`` when rows failed."""
         key = (project, dataset, table)
+        with self._lock:
+            delay_s = self._delays.pop(0) if self._delays else 0.0
+        time.sleep(delay_s)
         with self._lock:
             self.insert_requests += 1
             if self._failures:

@@ -282,6 +282,32 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
     assert sorted(read + left) == published_seqs(emulator.broker) == list(range(step + 1))
 
 
+def test_a_stop_waits_for_what_was_read_to_be_written_past_its_grace(
+        tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
+    """BigQuery answers every insert 3 s late, past the stop's 2 s grace for writing what was
+    read: the stop says so and waits for the writes instead of cancelling them, so the message
+    read just before the signal is in both BigQuery and DuckDB."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    live = tmp_path / "live.duckdb"
+    with BigQueryEmulator() as bigquery, streaming(
+            emulator.host, live, 1, "run-slow", make_settings(), "--bigquery_create_tables",
+            "--bigquery_dataset=goodput-local:goodput", f"--bigquery_endpoint={bigquery.endpoint}",
+    ) as (stream, recorder):
+        recorder.record_job_start_time(at(0))
+        assert recorder.flush(timeout=20)
+        deadline = time.monotonic() + 60
+        while not bigquery.store.rows("goodput-local", "goodput", "events") and time.monotonic() < deadline:
+            time.sleep(0.1)  # the stream runs and writes
+        bigquery.store.slow_next(1000, 3.0)
+        recorder.record_step_start_time(0, at(10))
+        assert recorder.flush(timeout=20)
+        wait_until_read(emulator.broker, 30)
+        output = stop_stream(stream)
+        seqs = sorted(row["seq"] for row in bigquery.store.rows("goodput-local", "goodput", "events"))
+    assert "still writing what was read" in output
+    assert seqs == table_seqs(live) == [0, 1]
+
+
 def test_a_failed_pipeline_exits_1_instead_of_serving_a_dead_stream(
         tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
     """A bundle that fails for good (a DuckDB file that cannot be written) stops the DirectRunner's
