@@ -178,16 +178,17 @@ def drained(result: Any) -> Callable[[], bool] | None:
     except AttributeError:
         _LOG.warning("the DirectRunner has changed: a stop waits a fixed time for what was read")
         return None
-    earlier: list[frozenset[Any]] = []  # the bundles queued or running once the pulls returned
+    earlier: frozenset[Any] | None = None  # the bundles queued or running once the pulls returned
 
     def done() -> bool:
+        nonlocal earlier
         with _STOP_LOCK:
             if _PULLING:
                 return False
         running = scheduled.executors
-        if not earlier:
-            earlier.append(running)
-        if earlier[0] & running or any(e._applied_ptransform not in roots for e in running):
+        if earlier is None:
+            earlier = running
+        if earlier & running or any(e._applied_ptransform not in roots for e in running):
             return False
         with lock:  # a step's outputs become the next steps' input under this lock
             for transform, marks in watermarks.items():

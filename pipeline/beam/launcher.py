@@ -140,7 +140,7 @@ def _drain(drained: Callable[[], bool] | None, force: threading.Event, failed: C
         return
     print(f"stopping: still writing what was read; waiting up to {DRAIN_MAX_S:.0f} s more "
           "(signal again to stop at once and lose it)", file=sys.stderr, flush=True)
-    if not _wait_until(time.time() + DRAIN_MAX_S, force, failed, drained) and not force.is_set():
+    if not (_wait_until(time.time() + DRAIN_MAX_S, force, failed, drained) or force.is_set() or failed()):
         print("stopping: what was read is still not all written; stopping all the same: the "
               "messages read last may be lost", file=sys.stderr, flush=True)
 
