@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 from unittest import mock
 
@@ -172,7 +173,8 @@ def test_step_messages_in_columns_agree_with_the_general_path(run_id, attempt_id
     header = json.dumps({"schema_version": 1, "run_id": run_id, "attempt_id": attempt_id},
                         separators=(",", ":" + spacing), ensure_ascii=False)
     message = f'{header[:-1]},"events":[{events}]}}'
-    columnar, general = parse_batch(message.encode()), parse_batch(message)
+    now = _now_us()  # one clock for both: a reason may say how far ahead of it a time is
+    columnar, general = parse_batch(message.encode(), now_us=now), parse_batch(message, now_us=now)
     assert columnar[0] == general[0]
     assert [(d.reason, d.run_id) for d in columnar[1]] == [(d.reason, d.run_id) for d in general[1]]
 
@@ -217,10 +219,16 @@ def test_mixed_messages_read_in_columns_agree_with_the_general_path(events, asci
     message = json.dumps({"schema_version": 1, "run_id": "run", "attempt_id": "a", "events": events},
                          separators=(",", ":"), ensure_ascii=ascii)
     with _in_columns_however_many_others():
-        columnar, general = parse_batch(message.encode()), parse_batch(message)
+        now = _now_us()  # one clock for both: a reason may say how far ahead of it a time is
+        columnar, general = parse_batch(message.encode(), now_us=now), parse_batch(message, now_us=now)
     # By repr, which is exact for floats and equal for two NaNs (a diverged run's loss).
     assert repr(columnar[0]) == repr(general[0])
     assert [(d.reason, d.run_id) for d in columnar[1]] == [(d.reason, d.run_id) for d in general[1]]
+
+
+def _now_us() -> int:
+    """The wall clock, read once for calls whose results are compared."""
+    return round(time.time() * 1_000_000)
 
 
 def _in_columns_however_many_others() -> Any:
@@ -283,7 +291,8 @@ def test_strings_in_event_bodies_read_alike_in_columns_and_in_general(kind, text
     except UnicodeEncodeError:
         return  # a lone surrogate written raw: the bytes are not UTF-8, so there is no text form
     with _in_columns_however_many_others():
-        assert parse_batch(data) == parse_batch(message)
+        now = _now_us()
+        assert parse_batch(data, now_us=now) == parse_batch(message, now_us=now)
 
 
 @settings(max_examples=300, deadline=None)
