@@ -15,7 +15,9 @@ they are processed. Two things follow that a local stream must not suffer:
 * Pub/Sub holds a pull with nothing to deliver open until its deadline (30 s here): a stop that
   waited for it would break its word. ``stop_reading()`` cancels the pulls in flight instead, by
   closing their clients; they had acknowledged nothing, so what they took is delivered again to
-  the next stream. A pull that reaches its deadline idle read nothing; it is no outage.
+  the next stream, after its ack deadline (a Pub/Sub that does not notice the cancel holds the
+  pull to its deadline first, and may hand it a message published meanwhile). A pull that
+  reaches its deadline idle read nothing; it is no outage.
 
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
