@@ -59,9 +59,9 @@ check: lint typecheck $(REFERENCE)
 	$(PY) -m pytest tests/unit tests/beam
 
 # Everything, tests/e2e too (stand-ins, subprocesses, the browser, Terraform, installs, the soak):
-# what CI runs.
+# what CI runs. One worker per core, each test file whole on one worker (its module fixtures once).
 test: lint typecheck $(CHECKOV) $(CHROMIUM) $(REFERENCE)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 bench: $(STAMP) $(REFERENCE)
 	$(PY) -m benchmarks
