@@ -23,6 +23,11 @@ they are processed. Two things follow that a local stream must not suffer:
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
 that method is ever gone, and the stream then runs as Beam made it.
 
+And the runner counts a step's metrics only for its first bundle on each of its threads: a
+thread's state sampler keeps the scoped state it made for the step's first bundle, with that
+bundle's metrics container, and every later bundle's counters go to that container, already
+committed. ``count_every_bundle`` (which ``install`` calls) gives each bundle a sampler of its own.
+
 And when a bundle fails for good the runner tells only ``wait_until_finish``, which then waits for
 its worker threads and may never return: ``failure`` looks for the failure instead, so that the
 launcher stops and says so rather than serve a dead pipeline.
@@ -64,9 +69,33 @@ def install() -> bool:
                      "stream, and a stop may lose the messages in flight")
         return False
     setattr(evaluator, "_read_from_pubsub", read)  # noqa: B010 -- a private method, replaced
+    count_every_bundle()
     for event in (_STOPPING, _STOPPED, _OUTAGE):  # a new stream in this process
         event.clear()
     return True
+
+
+def count_every_bundle() -> None:
+    """Makes the DirectRunner count the metrics of every bundle, not only of each thread's first
+    (see the module docstring): each bundle runs under a state sampler of its own. Idempotent."""
+    from apache_beam.runners.direct.executor import TransformExecutor
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    call = TransformExecutor.call
+    if getattr(call, "counts_every_bundle", False):
+        return
+
+    def call_counted(executor: Any, thread_sampler: Any) -> Any:
+        sampler = statesampler.StateSampler("", CounterFactory())
+        statesampler.set_current_tracker(sampler)
+        try:
+            return call(executor, sampler)
+        finally:
+            statesampler.set_current_tracker(thread_sampler)
+
+    call_counted.counts_every_bundle = True  # type: ignore[attr-defined]
+    TransformExecutor.call = call_counted  # type: ignore[method-assign]
 
 
 def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any]]:
