@@ -34,7 +34,9 @@ letter.
 A snapshot is taken as of the run's own clock: its latest event time plus the processing time
 since that event arrived. For a live job that is now; for a replay it is the replayed time.
 
-Each worker keeps the runs it decoded (``DecodedStates``) for as long as they equal what Beam
+A run's state is stored as its state encoded whole plus a log of the messages added since
+(``StoredRun``): a message writes its own size plus a constant, whatever the run's history. Each
+worker process keeps the runs it decoded (``DecodedStates``) for as long as they are what Beam
 stores, so a message or a timer costs its own work, not a decode of the run's whole history, and
 a snapshot extends the run's last one instead of rebuilding it.
 """
@@ -42,6 +44,9 @@ a snapshot extends the run's last one instead of rebuilding it.
 from __future__ import annotations
 
 import collections
+import random
+import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -51,7 +56,8 @@ from apache_beam.coders import BytesCoder, VarIntCoder
 from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.beam.restore import Restored
@@ -64,6 +70,11 @@ _US = 1_000_000
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
 # times that, its step statistics included).
 DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
+#: A run's log of messages is compacted into its whole state from this size on (StoredRun).
+COMPACT_MIN_BYTES = 64 * 1024
+#: A record of StoredRun: token, the whole state's bytes, the log's messages and bytes.
+_RECORD = struct.Struct("<qqqq")
+_TIME_BYTES = 8  # a microsecond time in Beam state (a VarInt: 8 bytes from 2^49 to 2^56 µs)
 
 
 def next_snapshot_due(now_us: int, interval_s: float) -> int:
@@ -73,42 +84,130 @@ def next_snapshot_due(now_us: int, interval_s: float) -> int:
 
 
 class DecodedStates:
-    """Decoded run states by run id, each with the bytes it was decoded from or encoded to; the
-    least recently used go first once their encodings pass ``max_bytes`` in all."""
+    """Decoded run states by run id, each with the token of the stored state it equals and that
+    state's size in bytes; the least recently used go first once their sizes pass ``max_bytes``.
+    One is shared by the tracker's instances in a process (each bundle's thread)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: collections.OrderedDict[str, tuple[bytes, engine.RunState]] = (
+        self._entries: collections.OrderedDict[str, tuple[int, int, engine.RunState]] = (
             collections.OrderedDict())
         self._bytes = 0
+        self._lock = threading.Lock()
 
-    def get(self, run_id: str, encoded: bytes) -> engine.RunState:
-        """The state ``encoded`` holds: the kept one while its bytes are these, else decoded."""
-        entry = self._entries.get(run_id)
-        if entry is not None and entry[0] == encoded:
+    def get(self, run_id: str, token: int) -> engine.RunState | None:
+        """The kept state of the run if it is the stored one of ``token``, else None."""
+        with self._lock:
+            entry = self._entries.get(run_id)
+            if entry is None or entry[0] != token:
+                return None
             self._entries.move_to_end(run_id)
-            return entry[1]
-        state = state_coder.decode_state(encoded)
-        self.put(run_id, encoded, state)
-        return state
+            return entry[2]
 
-    def put(self, run_id: str, encoded: bytes, state: engine.RunState) -> None:
-        self.drop(run_id)
-        self._entries[run_id] = (encoded, state)
-        self._bytes += len(encoded)
-        while self._bytes > self.max_bytes and len(self._entries) > 1:
-            self.drop(next(iter(self._entries)))
+    def put(self, run_id: str, token: int, size: int, state: engine.RunState) -> None:
+        with self._lock:
+            self._drop(run_id)
+            self._entries[run_id] = (token, size, state)
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._entries) > 1:
+                self._drop(next(iter(self._entries)))
 
     def drop(self, run_id: str) -> None:
+        with self._lock:
+            self._drop(run_id)
+
+    def _drop(self, run_id: str) -> None:
         entry = self._entries.pop(run_id, None)
         if entry is not None:
-            self._bytes -= len(entry[0])
+            self._bytes -= entry[1]
+
+
+class StoredRun:
+    """One run's state as Beam stores it, through the state cells of one call of the tracker:
+    the state encoded whole as of its last compaction (``whole``), the messages added since
+    (``log``, a bag, each ``state_coder.encode_batch``), and a record of both (``info``: a token
+    drawn anew at every write, the whole state's size, the log's length and size).
+
+    A message appends to the log and rewrites the record: it writes its own size plus a constant,
+    whatever the run's history. A worker that holds the decoded state of the record's token
+    (``DecodedStates``) reads nothing more; another reads the whole state and the log once, and
+    replays the log (the engine adds messages deterministically). Compacting, on the interval
+    timer, writes the state whole again and clears the log once the log is at least as large as
+    the whole state (and ``COMPACT_MIN_BYTES``): the state written whole at least doubles in
+    between, so a run's life writes bytes in proportion to its length. A state stored whole
+    before the log existed is read as a whole state with an empty log."""
+
+    def __init__(self, fn: TrackRunDoFn, run_id: str, whole: Any, log: Any, info: Any) -> None:
+        self.fn, self.run_id, self.whole, self.log, self.info = fn, run_id, whole, log, info
+        self._record: tuple[int, int, int, int] | None = None  # token, whole, log entries, log bytes
+
+    def load(self) -> engine.RunState | None:
+        """The run's state (None for a run with none)."""
+        fn, run_id = self.fn, self.run_id
+        stored = self.info.read()
+        if stored is None:  # a new run, or one stored whole before the log existed
+            encoded = self.whole.read()
+            if encoded is None:
+                return None
+            fn.bytes_read.inc(len(encoded))
+            state = state_coder.decode_state(encoded)
+            self._write_record(len(encoded), 0, 0, state)
+            return state
+        fn.bytes_read.inc(len(stored))
+        self._record = record = _RECORD.unpack(stored)
+        token, whole_bytes, _, log_bytes = record
+        kept = fn.decoded.get(run_id, token)
+        if kept is not None:
+            return kept
+        state = state_coder.decode_state(self.whole.read()) if whole_bytes else engine.RunState(run_id)
+        for entry in self.log.read():
+            state.add_batch(state_coder.decode_batch(run_id, entry))
+        fn.bytes_read.inc(whole_bytes + log_bytes)
+        fn.decoded.put(run_id, token, whole_bytes + log_bytes, state)
+        return state
+
+    def append(self, batch: Batch, state: engine.RunState) -> None:
+        """Stores ``state``, which is the loaded one with ``batch`` added."""
+        entry = state_coder.encode_batch(batch)
+        self.log.add(entry)
+        self.fn.bytes_written.inc(len(entry))
+        _, whole_bytes, entries, log_bytes = self._record or (0, 0, 0, 0)
+        self._write_record(whole_bytes, entries + 1, log_bytes + len(entry), state)
+
+    def write_whole(self, state: engine.RunState) -> None:
+        """Stores ``state`` encoded whole, with an empty log."""
+        encoded = state_coder.encode_state(state)
+        self.whole.write(encoded)
+        self.log.clear()
+        self.fn.bytes_written.inc(len(encoded))
+        self._write_record(len(encoded), 0, 0, state)
+
+    def compact(self, state: engine.RunState) -> None:
+        """Stores the loaded ``state`` whole if its log has grown as large as the whole state."""
+        if self._record is not None:
+            _, whole_bytes, _, log_bytes = self._record
+            if log_bytes >= max(whole_bytes, COMPACT_MIN_BYTES):
+                self.write_whole(state)
+                self.fn.bytes_compacted.inc(self._record[1])
+
+    def clear(self) -> None:
+        for cell in (self.whole, self.log, self.info):
+            cell.clear()
+        self.fn.decoded.drop(self.run_id)
+
+    def _write_record(self, whole_bytes: int, entries: int, log_bytes: int, state: engine.RunState) -> None:
+        self._record = (random.getrandbits(63), whole_bytes, entries, log_bytes)
+        self.info.write(_RECORD.pack(*self._record))
+        self.fn.bytes_written.inc(_RECORD.size)
+        self.fn.decoded.put(self.run_id, self._record[0], whole_bytes + log_bytes, state)
 
 
 class TrackRunDoFn(beam.DoFn):
     """Keeps one run's state and emits its snapshots on the timers described above."""
 
-    RUN_STATE = ReadModifyWriteStateSpec("run_state", BytesCoder())
+    RUN_STATE = ReadModifyWriteStateSpec("run_state", BytesCoder())  # StoredRun: the whole state,
+    RUN_LOG = BagStateSpec("run_log", BytesCoder())  # the messages since,
+    RUN_INFO = ReadModifyWriteStateSpec("run_info", BytesCoder())  # and a record of both
     ARRIVED = ReadModifyWriteStateSpec("arrived_us", VarIntCoder())  # processing time, last event
     SNAPSHOT_DUE = ReadModifyWriteStateSpec("snapshot_due_us", VarIntCoder())  # pending timer
     SILENCE_DUE = ReadModifyWriteStateSpec("silence_due_us", VarIntCoder())  # pending silence timer
@@ -129,15 +228,22 @@ class TrackRunDoFn(beam.DoFn):
         self.stopping = stopping
         self.snapshots = Metrics.counter("goodput", "snapshots")
         self.stalled = Metrics.counter("goodput", "stalled_runs")
+        self.bytes_written = Metrics.counter("goodput", "state_bytes_written")
+        self.bytes_read = Metrics.counter("goodput", "state_bytes_read")
+        self.bytes_compacted = Metrics.counter("goodput", "state_bytes_compacted")  # written, too
+        self._decoded = Shared()  # one DecodedStates per process, kept between bundles
 
     def setup(self) -> None:
-        self.decoded = DecodedStates(DECODED_STATES_MAX_BYTES)
+        self.decoded: DecodedStates = self._decoded.acquire(
+            lambda: DecodedStates(DECODED_STATES_MAX_BYTES))
 
     def process(
         self,
         element: tuple[str, Batch | Restored],
         window: Any = beam.DoFn.WindowParam,
         run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+        run_log: Any = beam.DoFn.StateParam(RUN_LOG),
+        run_info: Any = beam.DoFn.StateParam(RUN_INFO),
         arrived: Any = beam.DoFn.StateParam(ARRIVED),
         snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
         silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
@@ -150,16 +256,15 @@ class TrackRunDoFn(beam.DoFn):
         run_id, message = element
         restore = message if isinstance(message, Restored) else None
         batch = message.batch if isinstance(message, Restored) else message
-        encoded = run_state.read()
-        restored = encoded is None and restore is not None
+        stored = StoredRun(self, run_id, run_state, run_log, run_info)
         try:
-            if encoded is None:
+            state = stored.load()  # a history sent again for a run held here is in its state
+            restored = state is None and restore is not None
+            if state is None:
                 state = engine.RunState(run_id)
                 final_timer.set(window.max_timestamp())
                 for earlier in restore.history if restore is not None else ():
                     state.add_batch(earlier)
-            else:  # a history sent again for a run held here is already in its state
-                state = self.decoded.get(run_id, encoded)
             was_ended = _ended(state)
             conflicts: list[DeadLetter] = []
             added = state.add_batch(batch, conflicts)
@@ -177,13 +282,15 @@ class TrackRunDoFn(beam.DoFn):
             return
         if restored and restore is not None and restore.reported_us is not None:
             reported.write(restore.reported_us)  # its snapshot times go on from the table's
-        encoded = state_coder.encode_state(state)
-        run_state.write(encoded)
-        self.decoded.put(run_id, encoded, state)
+        if restored:  # its history and the message, written whole
+            stored.write_whole(state)
+        else:
+            stored.append(batch, state)
         arrived.write(now_us)
         silence_at = now_us + round(self.silence_s * _US)
         silence_timer.set(Timestamp(micros=silence_at))
         silence_due.write(silence_at)
+        self.bytes_written.inc(2 * _TIME_BYTES)
         if (_ended(state) and not was_ended) or self.stopping():
             snapshot_due.clear()
             yield from self._snapshot(state, reported, now_us, now_us)
@@ -193,39 +300,49 @@ class TrackRunDoFn(beam.DoFn):
             due = next_snapshot_due(now_us, self.snapshot_interval_s)
             snapshot_timer.set(Timestamp(micros=due))
             snapshot_due.write(due)
+            self.bytes_written.inc(_TIME_BYTES)
 
     # The processing-time timers know when they fire without a clock: when they were set for.
 
     @on_timer(SNAPSHOT_TIMER)
     def on_snapshot(self, run_id: Any = beam.DoFn.KeyParam,
                     run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+                    run_log: Any = beam.DoFn.StateParam(RUN_LOG),
+                    run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                     arrived: Any = beam.DoFn.StateParam(ARRIVED),
                     snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
                     reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[Any]:
-        yield from self._report_pending(run_id, run_state, arrived, snapshot_due, reported)
+        yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
+                                        snapshot_due, reported)
 
     @on_timer(FINAL_TIMER)
     def on_final(self, run_id: Any = beam.DoFn.KeyParam,
                  run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+                 run_log: Any = beam.DoFn.StateParam(RUN_LOG),
+                 run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                  arrived: Any = beam.DoFn.StateParam(ARRIVED),
                  snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
                  reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[Any]:
-        yield from self._report_pending(run_id, run_state, arrived, snapshot_due, reported,
+        yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
+                                        snapshot_due, reported,
                                         round(self.clock() * _US))
 
     @on_timer(SILENCE_TIMER)
     def on_silence(self, run_id: Any = beam.DoFn.KeyParam,
                    run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+                   run_log: Any = beam.DoFn.StateParam(RUN_LOG),
+                   run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
                    silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
                    reported: Any = beam.DoFn.StateParam(REPORTED),
                    silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[Any]:
-        encoded, arrived_us, due = run_state.read(), arrived.read(), silence_due.read()
+        arrived_us, due = arrived.read(), silence_due.read()
         silence_due.clear()
         if due is None and arrived_us is not None:  # set by a job without SILENCE_DUE, then updated
             due = arrived_us + round(self.silence_s * _US)
-        if encoded and arrived_us is not None and due is not None:
-            state = self.decoded.get(run_id, encoded)
+        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        if arrived_us is not None and due is not None and (state := stored.load()) is not None:
+            stored.compact(state)
             if not _ended(state):
                 if due == arrived_us + round(self.silence_s * _US):
                     self.stalled.inc()
@@ -238,25 +355,28 @@ class TrackRunDoFn(beam.DoFn):
     @on_timer(GC_TIMER)
     def on_gc(self, run_id: Any = beam.DoFn.KeyParam,
               run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+              run_log: Any = beam.DoFn.StateParam(RUN_LOG),
+              run_info: Any = beam.DoFn.StateParam(RUN_INFO),
               arrived: Any = beam.DoFn.StateParam(ARRIVED),
               snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
               silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
               reported: Any = beam.DoFn.StateParam(REPORTED)) -> None:
-        encoded = run_state.read()
-        if encoded and _ended(self.decoded.get(run_id, encoded)):  # not restarted since
-            for state in (run_state, arrived, snapshot_due, silence_due, reported):
-                state.clear()
-            self.decoded.drop(run_id)
+        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        state = stored.load()
+        if state is not None and _ended(state):  # not restarted since
+            stored.clear()
+            for cell in (arrived, snapshot_due, silence_due, reported):
+                cell.clear()
 
-    def _report_pending(self, run_id: str, run_state: Any, arrived: Any, snapshot_due: Any,
-                        reported: Any, at_us: int | None = None) -> Iterator[Any]:
+    def _report_pending(self, stored: StoredRun, arrived: Any, snapshot_due: Any, reported: Any,
+                        at_us: int | None = None) -> Iterator[Any]:
         """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
-        when it is due."""
-        encoded, arrived_us, due = run_state.read(), arrived.read(), snapshot_due.read()
+        when it is due. The run's state is compacted first if its log is due for it."""
+        arrived_us, due = arrived.read(), snapshot_due.read()
         snapshot_due.clear()
-        if encoded and arrived_us is not None and due is not None:
-            yield from self._snapshot(self.decoded.get(run_id, encoded), reported, arrived_us,
-                                      due if at_us is None else at_us)
+        if arrived_us is not None and due is not None and (state := stored.load()) is not None:
+            stored.compact(state)
+            yield from self._snapshot(state, reported, arrived_us, due if at_us is None else at_us)
 
 
     def _snapshot(self, state: engine.RunState, reported: Any, arrived_us: int,
@@ -270,6 +390,7 @@ class TrackRunDoFn(beam.DoFn):
         if last is not None and as_of <= last:
             as_of = last + 1
         reported.write(as_of)
+        self.bytes_written.inc(_TIME_BYTES)
         try:
             snapshot = state.snapshot(as_of, self.windows_s)
         except Exception as error:  # noqa: BLE001 -- as in process: one run's bug stays its own

@@ -3,6 +3,11 @@
 A JSON header holds everything but the step history and the observations; each attempt's steps,
 step times and step seqs follow as raw little-endian int64 arrays (24 bytes per recorded step),
 then its observations' seqs, times and fingerprints (int64) and kinds (one byte each).
+
+A message added since the state was last encoded whole is encoded the same way
+(``encode_batch``): a JSON header with its events other than step starts, then the step starts'
+seqs, times and steps as int64 arrays. A run's state in Beam is the one and the others
+(``pipeline.beam.live``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import sys
 from array import array
 
 from pipeline.core.engine import Attempt, RunState
+from pipeline.core.events import Batch, Event
 
 _HEADER = struct.Struct("<4sI")
 _MAGIC = b"GPS1"
+_BATCH_MAGIC = b"GPB1"
 
 
 def encode_state(state: RunState) -> bytes:
@@ -80,6 +87,35 @@ def decode_state(data: bytes) -> RunState:
         attempt.records = {seq: (t, kind, body) for seq, t, kind, body in item.get("records", ())}
         attempts.append(attempt)
     return RunState.of(header["run"], attempts, header["events"], header["dups"])
+
+
+def encode_batch(batch: Batch) -> bytes:
+    """A compact, deterministic encoding of one message's events (see the module docstring)."""
+    header = json.dumps({"attempt": batch.attempt_id, "n": len(batch.steps),
+                         "others": [[e.seq, e.time_us, e.kind, e.body] for e in batch.others]},
+                        separators=(",", ":")).encode()
+    columns = (batch.step_seqs, batch.step_times, batch.steps)
+    return b"".join([_HEADER.pack(_BATCH_MAGIC, len(header)), header, *map(_little_endian, columns)])
+
+
+def decode_batch(run_id: str, data: bytes) -> Batch:
+    """The events of run ``run_id`` that ``encode_batch`` encoded."""
+    magic, length = _HEADER.unpack_from(data)
+    if magic != _BATCH_MAGIC:
+        raise ValueError("not an encoded message")
+    header = json.loads(data[_HEADER.size:_HEADER.size + length])
+    offset, count, attempt_id = _HEADER.size + length, header["n"], header["attempt"]
+    columns = []
+    for _ in range(3):
+        column = array("q")
+        column.frombytes(data[offset:offset + count * column.itemsize])
+        if sys.byteorder != "little":
+            column.byteswap()
+        offset += count * column.itemsize
+        columns.append(column)
+    others = tuple(Event(run_id, attempt_id, seq, time_us, kind, body)
+                   for seq, time_us, kind, body in header["others"])
+    return Batch(run_id, attempt_id, columns[0], columns[1], columns[2], others)
 
 
 def _little_endian(values: array[int]) -> memoryview | bytes:

@@ -11,11 +11,16 @@ from typing import Any
 
 import apache_beam as beam
 import duckdb
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
 from apache_beam.testing.util import assert_that
 
+from goodput_schemas.wire import encode_batch
+from pipeline.beam import direct_runner, live
 from pipeline.beam.live import DecodedStates, TrackRunsLive
+from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import SnapshotRows, WriteToDuckDB
 from pipeline.core import engine, state_coder
 from pipeline.core.events import Batch, Event, parse_batch
@@ -27,10 +32,8 @@ WINDOWS = (300,)
 
 
 @functools.cache
-def run_batches(end: bool) -> tuple[Batch, ...]:
+def run_batches(end: bool, run_id: str = "run") -> tuple[Batch, ...]:
     """Messages of a run with one restart, with its end or still running."""
-    from goodput_schemas.wire import encode_batch
-
     run = shape("restarted" if end else "running", seed=30)
     events = record_ours(run.attempts)
     batches = []
@@ -38,7 +41,7 @@ def run_batches(end: bool) -> tuple[Batch, ...]:
         mine = [e for e in events if e.attempt_id == attempt_id]
         for start in range(0, len(mine), 40):
             chunk = [(e.seq, e.time_us, e.kind, e.body) for e in mine[start:start + 40]]
-            batch, dead = parse_batch(encode_batch("run", attempt_id, chunk).data)
+            batch, dead = parse_batch(encode_batch(run_id, attempt_id, chunk).data)
             assert batch is not None and not dead
             batches.append(batch)
     return tuple(batches)
@@ -56,7 +59,7 @@ def track(stream: Stream, check: Any, stopping: Any = lambda: False, **timers: f
 
 
 def engine_snapshot(batches: tuple[Batch, ...], as_of_us: int) -> Snapshot:
-    state = engine.RunState("run")
+    state = engine.RunState(batches[0].run_id)
     for batch in batches:
         state.add_batch(batch)
     snapshot = state.snapshot(as_of_us, WINDOWS)
@@ -139,6 +142,34 @@ def test_duplicates_and_reordering_do_not_change_the_final_numbers():
     track(stream, check)
 
 
+def test_a_worker_without_the_run_decoded_replays_its_log_and_compacts_to_the_same_numbers(
+        monkeypatch: pytest.MonkeyPatch):
+    """Two runs' messages interleaved on a worker that keeps one decoded state at a time: every
+    message and timer reads its run's stored state and log and replays the log. Compaction is
+    due at every snapshot timer. The end snapshots are still the engine's for the same events."""
+    monkeypatch.setattr(live, "DECODED_STATES_MAX_BYTES", 1)
+    monkeypatch.setattr(live, "COMPACT_MIN_BYTES", 0)
+    runs = {run_id: run_batches(end=True, run_id=run_id) for run_id in ("run", "other")}
+    interleaved = [(batch.run_id, batch) for pair in zip(*runs.values(), strict=True)
+                   for batch in pair]
+    half = len(interleaved) // 2
+    stream = (keyed_stream()
+              .add_elements(interleaved[:half])
+              .advance_processing_time(31)  # SNAPSHOT_TIMER: the logs are compacted
+              .add_elements(interleaved[half:])
+              .advance_processing_time(31)
+              .advance_watermark_to_infinity())
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        for run_id, batches in runs.items():
+            ends = [r for r in rows if r["run_id"] == run_id and r["window_s"] == 0 and r["ended"]]
+            expected = engine_snapshot(batches, latest_time(batches))
+            assert ends and abs(ends[-1]["goodput_pct"] - expected.cumulative.goodput_pct) < 1e-9
+            assert ends[-1]["max_productive_step"] == expected.max_productive_step
+
+    track(stream, check)
+
+
 def test_state_is_cleared_after_the_run_ends():
     """After gc_after_s the ended run's state is gone: the same messages arriving again are news."""
     batches = run_batches(end=True)
@@ -209,24 +240,111 @@ def _state_with_steps(run_id: str, steps: int) -> tuple[bytes, engine.RunState]:
     return state_coder.encode_state(state), state
 
 
-def test_decoded_states_are_kept_while_their_bytes_are_what_beam_stores():
-    """A run's state is decoded once, then reused until the stored bytes change."""
+def test_decoded_states_are_kept_while_their_token_is_the_stored_one():
+    """A run's decoded state is reused while the stored record's token is the one it was kept
+    with; any other token means Beam stores another state (written elsewhere, or a retry)."""
     kept = DecodedStates(max_bytes=1 << 20)
-    encoded, _ = _state_with_steps("run", 10)
-    first = kept.get("run", encoded)
-    assert kept.get("run", bytes(encoded)) is first  # equal bytes, even in another object
-    newer, _ = _state_with_steps("run", 11)
-    assert kept.get("run", newer) is not first
-    assert len(kept.get("run", newer).attempts["a"].steps) == 11
+    encoded, state = _state_with_steps("run", 10)
+    kept.put("run", 7, len(encoded), state)
+    assert kept.get("run", 7) is state
+    assert kept.get("run", 8) is None
+    assert kept.get("other", 7) is None
 
 
 def test_decoded_states_drop_the_least_recently_used_past_their_byte_budget():
     """Past the budget the least recently used state goes; the newest always stays."""
-    encoded, _ = _state_with_steps("a", 100)
-    kept = DecodedStates(max_bytes=2 * len(encoded))
-    for run_id in ("a", "b", "c"):
-        kept.put(run_id, _state_with_steps(run_id, 100)[0], engine.RunState(run_id))
-    assert kept.get("a", _state_with_steps("a", 100)[0]).attempts  # decoded again: it was dropped
+    kept = DecodedStates(max_bytes=2 * 1000)
+    for token, run_id in enumerate(("a", "b", "c")):
+        kept.put(run_id, token, 1000, engine.RunState(run_id))
+    assert kept.get("a", 0) is None and kept.get("c", 2) is not None
     tiny = DecodedStates(max_bytes=1)
-    tiny.put("big", encoded, engine.RunState("big"))
-    assert tiny.get("big", encoded).attempts == {}  # the kept (empty) object, not a decode
+    tiny.put("big", 1, 1000, engine.RunState("big"))
+    assert tiny.get("big", 1) is not None
+
+
+def test_state_written_per_message_is_the_message_not_the_history():
+    """A run restored with 20,000 steps of history, then 200 messages of 2 steps: the whole
+    state is written once, with the restore, and each later message writes its own encoding
+    plus a constant, whatever the history (compaction is not due within these messages). The
+    worker keeps the run decoded, so a message reads only the stored record, not the state."""
+    direct_runner.count_every_bundle()
+
+    def message(first: int, count: int) -> Batch:
+        records = [(seq, 1_700_000_000_000_000 + seq * 1_000_000, "step_start", {"step": seq})
+                   for seq in range(first, first + count)]
+        batch, _ = parse_batch(encode_batch("run", "a", records).data)
+        assert batch is not None
+        return batch
+
+    history = tuple(message(first, 1000) for first in range(0, 20_000, 1000))
+    later = [message(first, 2) for first in range(20_000, 20_400, 2)]
+    state = engine.RunState("run")
+    for batch in history:
+        state.add_batch(batch)
+    whole = len(state_coder.encode_state(state))
+    messages = sum(len(state_coder.encode_batch(b)) for b in later)
+    stream = (keyed_stream().add_elements([("run", Restored(history, later[0], None))])
+              .add_elements([("run", b) for b in later[1:]]).advance_watermark_to_infinity())
+    pipeline = beam.Pipeline(options=streaming_options())
+    _ = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0)
+    result = pipeline.run()
+    result.wait_until_finish()
+
+    def counted(name: str) -> int:
+        [counter] = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+        return int(counter.committed)
+
+    constant = 32 + 3 * 8  # the record, and the times of the last event, silence and next snapshot
+    logged = messages - len(state_coder.encode_batch(later[0]))  # the first came with the history
+    assert whole + logged < counted("state_bytes_written") <= whole + 100 + logged + len(later) * constant
+    assert counted("state_bytes_read") <= 2 * 32 * len(later)  # records: by messages and timers
+
+
+class Cell:
+    """A Beam state cell's interface over memory: a value (read, write, clear) or a bag (read,
+    add, clear), to hold what an earlier version of the tracker stored."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value, self.items = value, []
+
+    def read(self) -> Any:
+        return self.value
+
+    def write(self, value: Any) -> None:
+        self.value = value
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+
+    def clear(self) -> None:
+        self.value, self.items = None, []
+
+
+class Bag(Cell):
+    def read(self) -> Any:
+        return list(self.items)
+
+
+def test_a_state_stored_whole_by_an_earlier_version_is_read_then_logged():
+    """A job updated in place holds runs stored whole in run_state with no record (before the
+    log). Such a run is read as it is, and its later messages go to the log; a worker that does
+    not keep it decoded reads the same state back from the whole state and the log."""
+    batches = run_batches(end=True)
+    earlier = engine.RunState("run")
+    for batch in batches[:-2]:
+        earlier.add_batch(batch)
+    fn = live.TrackRunDoFn(WINDOWS, 30.0, 300.0, 600.0)
+    fn.setup()
+    whole, log, info = Cell(state_coder.encode_state(earlier)), Bag(), Cell()
+    stored = live.StoredRun(fn, "run", whole, log, info)
+    state = stored.load()
+    assert state is not None and state.snapshot(latest_time(batches[:-2]), WINDOWS) == engine_snapshot(
+        batches[:-2], latest_time(batches[:-2]))
+    for batch in batches[-2:]:
+        state.add_batch(batch)
+        stored.append(batch, state)
+    assert info.read() is not None and len(log.read()) == 2 and whole.read() is not None
+    fn.decoded.drop("run")  # another worker: it reads the stored state and replays the log
+    again = live.StoredRun(fn, "run", whole, log, info).load()
+    assert again is not state and again is not None
+    assert again.snapshot(latest_time(batches), WINDOWS) == engine_snapshot(batches, latest_time(batches))
