@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from typing import Any
 
 import apache_beam as beam
 import pytest
@@ -46,15 +47,35 @@ def test_the_template_always_streams_on_dataflow():
     assert entry.template_args(given) == given
 
 
-def test_the_step_names_of_the_streaming_job_stay_the_same():
+def streaming_graph_labels() -> list[str]:
+    """Every transform's full label, at every depth, of a streaming graph built anew."""
     options = GoodputOptions(["--streaming", "--subscription=projects/goodput-test/subscriptions/pipeline",
                               "--bigquery_dataset=goodput-test:fleet_goodput",
                               "--monitoring_project=goodput-test"])
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, options)
-    names = [part.full_label for top in pipeline.transforms_stack[0].parts
-             for part in [top, *(top.parts if top.full_label != "ReadPubSub" else [])]]
-    assert names == STEP_NAMES
+    labels: list[str] = []
+
+    class Labels(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node: Any) -> None:
+            labels.append(node.full_label)
+
+        def visit_transform(self, node: Any) -> None:
+            labels.append(node.full_label)
+
+    pipeline.visit(Labels())
+    return [label for label in labels if label]  # the root has none
+
+
+def test_the_step_names_of_the_streaming_job_stay_the_same():
+    """Built twice, the graph has the same transforms by the same names, none derived from where
+    the code is (a lambda's line, an object's address), so an update (``--update``) finds every
+    step of the running job; the named steps are the ones listed above."""
+    labels = streaming_graph_labels()
+    assert labels == streaming_graph_labels()
+    assert not [label for label in labels if re.search(r"<lambda|at 0x|\.py:\d", label)]
+    assert [label for label in labels if label.count("/") <= 1 and not label.startswith("ReadPubSub/")
+            ] == STEP_NAMES
 
 
 def test_the_image_has_the_beam_and_python_the_project_pins():
