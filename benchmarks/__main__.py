@@ -1,7 +1,7 @@
 """Runs every benchmark and writes BENCHMARKS.md: ``make bench`` or ``python -m benchmarks``.
 
 ``python -m benchmarks NAME ...`` runs only the named sections (emitter, training_loop, engine,
-restarts, replay, fleet, streaming, costs, profile) and rewrites only those in BENCHMARKS.md,
+restarts, replay, fleet, streaming, state, costs, profile) and rewrites only those in BENCHMARKS.md,
 keeping the others and the header as they are (a comment line, ``<!-- section: NAME -->``, opens
 each section there). ``python -m benchmarks.restarts`` prints that one section and writes nothing.
 """
@@ -21,7 +21,7 @@ from benchmarks.common import machine
 SECTIONS = {"emitter": "benchmarks.emitter_overhead", "training_loop": "benchmarks.training_loop",
             "engine": "benchmarks.engine",
             "restarts": "benchmarks.restarts", "replay": "benchmarks.replay", "fleet": "benchmarks.fleet",
-            "streaming": "benchmarks.streaming",
+            "streaming": "benchmarks.streaming", "state": "benchmarks.state_io",
             "costs": "benchmarks.costs", "profile": "benchmarks.profile"}
 OUTPUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKER = re.compile(r"^<!-- section: (\w+) -->$", re.MULTILINE)

@@ -1,0 +1,280 @@
+"""Streaming state: the Beam state a message writes and reads, at any history and over a run's life.
+
+The run is the costs section's fleet run: a job start, then a step start and a model-metrics
+event every 1.5 s step, sent as live messages (the emitter's default latency). The streaming
+tracker (``pipeline.beam.live``) counts the state bytes it writes, reads and compacts as Beam
+metrics (``state_bytes_written``, ``state_bytes_read``, ``state_bytes_compacted``); every byte
+figure here is those counters.
+
+* At each history size the run comes with that history (a relaunch that restores it from the
+  warehouse, written whole once), then ``MESSAGES`` live messages follow, through the tracker on
+  the DirectRunner with its state in the runner. Per message: what a message writes on its own
+  path (its log entry, the record, its times), over the messages after the first; compaction
+  (``state_bytes_compacted``, on a timer, off that path) is shown apart. The message's own size
+  is its Pub/Sub data. The whole state, which every message wrote before the state kept a log,
+  is shown beside.
+* The life: ``LIFE_STEPS`` steps, message after message, with the interval snapshot (and the
+  compaction it may do) every 30 s of the run's time, through the tracker's own methods in this
+  process, with its state in memory: a runner adds nothing to what the tracker counts. The
+  counters are read every ``CHECKPOINT_STEPS`` steps; a least-squares line through them shows
+  how the life's bytes and CPU grow with its length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from benchmarks.costs import FLEET_RUN_ID, STEP_S, _fleet_records, _Line, _live_messages
+
+HISTORIES = (1_000, 10_000, 100_000)  # steps before the measured messages
+MESSAGES = 200
+LIFE_STEPS = 100_000
+CHECKPOINT_STEPS = 10_000
+SNAPSHOT_INTERVAL_S = 30.0
+FLAT_MAX = 1.5  # the largest per-message figure over the smallest
+MESSAGE_MARGIN_BYTES = 1_000  # a message writes at most its own size and this
+
+
+def _messages(steps: int) -> list[Any]:
+    """The fleet run's live messages up to ``steps`` steps, parsed: (Pub/Sub data bytes, batch)."""
+    from pipeline.core.events import parse_batch
+
+    parsed = []
+    for message in _live_messages(FLEET_RUN_ID, "attempt-1", _fleet_records(steps)):
+        batch, dead = parse_batch(message.data)
+        assert batch is not None and not dead
+        parsed.append((len(message.data), batch))
+    return parsed
+
+
+def _counted(result: Any, name: str) -> int:
+    from apache_beam.metrics.metric import MetricsFilter
+
+    counters = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+    return sum(int(counter.committed) for counter in counters)
+
+
+def _through_beam(history: list[Any], later: list[Any]) -> tuple[int, ...]:
+    """Bytes written (of them, by compaction) and read by the tracker on the DirectRunner: the
+    run restored with ``history`` and the first of ``later``, then the rest of ``later``."""
+    import apache_beam as beam
+    from apache_beam import coders
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.testing.test_stream import TestStream
+
+    from pipeline.beam import direct_runner
+    from pipeline.beam.live import TrackRunsLive
+    from pipeline.beam.restore import Restored
+
+    direct_runner.count_every_bundle()
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
+    options.view_as(StandardOptions).streaming = True
+    stream = (TestStream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.FastPrimitivesCoder()]))
+              .add_elements([(FLEET_RUN_ID, Restored(tuple(history), later[0], None))])
+              .add_elements([(FLEET_RUN_ID, batch) for batch in later[1:]])
+              .advance_watermark_to_infinity())
+    pipeline = beam.Pipeline(options=options)
+    _ = pipeline | stream | TrackRunsLive((300,), clock=lambda: 0.0)
+    result = pipeline.run()
+    result.wait_until_finish()
+    return tuple(_counted(result, f"state_bytes_{name}") for name in ("written", "compacted", "read"))
+
+
+def _per_message() -> list[dict[str, float]]:
+    from pipeline.core import engine, state_coder
+
+    messages = _messages(max(HISTORIES) + 2 * MESSAGES)
+    rows = []
+    for history_steps in HISTORIES:
+        first = next(i for i, (_, batch) in enumerate(messages)
+                     if batch.steps and batch.steps[-1] >= history_steps)
+        history = [batch for _, batch in messages[:first]]
+        later = messages[first:first + MESSAGES]
+        state = engine.RunState(FLEET_RUN_ID)
+        for batch in [*history, later[0][1]]:
+            state.add_batch(batch)
+        restored = len(state_coder.encode_state(state))
+        written, compacted, read = _through_beam(history, [batch for _, batch in later])
+        rows.append({"steps": history_steps, "message": statistics.median(n for n, _ in later),
+                     "whole": restored, "written": (written - restored - compacted) / (MESSAGES - 1),
+                     "compacted": compacted, "read": read / (MESSAGES - 1)})
+    return rows
+
+
+class _Value:
+    """A value state cell in memory, used as the tracker uses Beam's."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def read(self) -> Any:
+        return self.value
+
+    def write(self, value: Any) -> None:
+        self.value = value
+
+    def clear(self) -> None:
+        self.value = None
+
+
+class _Bag:
+    """A bag state cell in memory, used as the tracker uses Beam's."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def read(self) -> list[Any]:
+        return list(self.items)
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+
+    def clear(self) -> None:
+        self.items = []
+
+
+class _Timer:
+    def set(self, _: Any) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _counting() -> Iterator[Callable[[str], int]]:
+    """Beam metrics counted in this thread as a runner counts them (a metrics container in the
+    thread's state sampler): yields the value so far of a counter, by name."""
+    from apache_beam.metrics.execution import MetricsContainer
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    previous, sampler = statesampler.get_current_tracker(), statesampler.StateSampler("", CounterFactory())
+    statesampler.set_current_tracker(sampler)
+    container = MetricsContainer("bench")
+    try:
+        with sampler.scoped_state("bench", "process", metrics_container=container):
+            yield lambda name: sum(value for key, value in container.get_cumulative().counters.items()
+                                   if key.metric.name == name)
+    finally:
+        statesampler.set_current_tracker(previous)
+
+
+def _tracker() -> Any:
+    from pipeline.beam.live import TrackRunDoFn
+
+    fn = TrackRunDoFn((300,), SNAPSHOT_INTERVAL_S, silence_s=300.0, gc_after_s=600.0, clock=lambda: 0.0)
+    fn.setup()
+    return fn
+
+
+def state_writes(batches: list[Any]) -> tuple[float, int]:
+    """CPU seconds and bytes of the Beam state writes of a run's life as the tracker makes them
+    (``StoredRun``): each message appends its log entry and the record, once the engine has
+    added it (not timed); every snapshot interval of the run's time the log is compacted if it
+    is due. The bytes are the tracker's own counter."""
+    from pipeline.beam.live import StoredRun
+    from pipeline.core import engine
+
+    fn, state = _tracker(), engine.RunState(batches[0].run_id)
+    stored = StoredRun(fn, state.run_id, _Value(), _Bag(), _Value())
+    interval_us = round(SNAPSHOT_INTERVAL_S * 1e6)
+    next_snapshot_us, seconds = batches[0].max_time_us + interval_us, 0.0
+    with _counting() as counted:
+        for batch in batches:
+            state.add_batch(batch)
+            started = time.perf_counter()
+            stored.append(batch, state)
+            if batch.max_time_us >= next_snapshot_us:
+                stored.compact(state)
+                next_snapshot_us += interval_us
+            seconds += time.perf_counter() - started
+        return seconds, counted("state_bytes_written")
+
+
+def _life() -> list[tuple[int, int, int, int, float]]:
+    """(steps, messages, bytes written, of them by compaction, CPU s) at every checkpoint."""
+    from apache_beam.transforms.window import GlobalWindow
+
+    fn = _tracker()
+    cells = {name: _Value() for name in ("run_state", "run_info", "arrived", "snapshot_due",
+                                          "silence_due", "reported")}
+    cells["run_log"] = _Bag()
+    timers = [_Timer() for _ in range(4)]  # snapshot, silence, gc, final
+    points = []
+    messages = _messages(LIFE_STEPS)
+    interval_us = round(SNAPSHOT_INTERVAL_S * 1e6)
+    next_snapshot_us = messages[0][1].max_time_us + interval_us
+    next_checkpoint, cpu_s = CHECKPOINT_STEPS, 0.0
+
+    def drain(outputs: Iterator[Any]) -> None:
+        for _ in outputs:
+            pass
+
+    with _counting() as counted:
+        for count, (_, batch) in enumerate(messages, 1):
+            started = time.process_time()
+            drain(fn.process((FLEET_RUN_ID, batch), GlobalWindow(), cells["run_state"], cells["run_log"],
+                             cells["run_info"], cells["arrived"], cells["snapshot_due"],
+                             cells["silence_due"], cells["reported"], *timers))
+            if batch.max_time_us >= next_snapshot_us:  # the interval timer, as of that time
+                drain(fn.on_snapshot(FLEET_RUN_ID, cells["run_state"], cells["run_log"],
+                                     cells["run_info"], cells["arrived"], cells["snapshot_due"],
+                                     cells["reported"]))
+                next_snapshot_us += interval_us
+            cpu_s += time.process_time() - started
+            if batch.steps and batch.steps[-1] + 1 >= next_checkpoint:
+                points.append((next_checkpoint, count, counted("state_bytes_written"),
+                               counted("state_bytes_compacted"), cpu_s))
+                next_checkpoint += CHECKPOINT_STEPS
+    return points
+
+
+def run() -> str:
+    rows = _per_message()
+    life = _life()
+    written = [row["written"] for row in rows]
+    flat = max(written) / min(written)
+    bound_ok = all(row["written"] <= row["message"] + MESSAGE_MARGIN_BYTES for row in rows)
+    steps = [float(p[0]) for p in life]
+    bytes_line = _Line.fit(steps, [float(p[2]) for p in life])
+    cpu_line = _Line.fit(steps, [p[4] for p in life])
+    last_steps, last_messages, last_written, _, last_cpu = life[-1]
+    lines = [
+        "## Streaming state: bytes a message writes and reads, at any history",
+        "",
+        __doc__.split("\n\n", 1)[1].strip(),
+        "",
+        "| history (steps) | message (Pub/Sub data, bytes) | state written per message (bytes) "
+        f"| state read per message (bytes) | compaction in these {MESSAGES} messages (bytes) "
+        "| whole state, once written per message (bytes) |",
+        "|---|---|---|---|---|---|",
+        *(f"| {row['steps']:,} | {row['message']:,.0f} | {row['written']:,.1f} | {row['read']:,.1f} "
+          f"| {row['compacted']:,} | {row['whole']:,} |" for row in rows),
+        "",
+        f"Written per message: largest / smallest = {flat:.2f} (target ≤ {FLAT_MAX}); every size "
+        f"{'within' if bound_ok else 'NOT within'} the message's own size + {MESSAGE_MARGIN_BYTES:,} "
+        "bytes. A message reads only the 32-byte record of the run's state when its worker keeps "
+        "the run decoded.",
+        "",
+        "| over the life (steps) | messages | state written (bytes) | of it, compaction (bytes) "
+        "| tracker CPU (s) |",
+        "|---|---|---|---|---|",
+        *(f"| {p[0]:,} | {p[1]:,} | {p[2]:,} | {p[3]:,} | {p[4]:.2f} |" for p in life),
+        "",
+        f"Lines through the checkpoints: state written {bytes_line.intercept:,.0f} bytes + "
+        f"{bytes_line.slope:,.1f} bytes per step (R² {bytes_line.r_squared:.4f}); tracker CPU "
+        f"{cpu_line.intercept:.3f} s + {cpu_line.slope * 1e3:.3f} s per 1,000 steps "
+        f"(R² {cpu_line.r_squared:.4f}). Over {last_steps:,} steps the tracker wrote "
+        f"{last_written / last_messages:,.0f} bytes per message, compaction included, and spent "
+        f"{last_cpu / last_messages * 1e6:,.0f} µs per message ({STEP_S} s steps).",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(run())
