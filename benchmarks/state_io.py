@@ -150,18 +150,14 @@ def _counting() -> Iterator[Callable[[str], int]]:
     """Beam metrics counted in this thread as a runner counts them (a metrics container in the
     thread's state sampler): yields the value so far of a counter, by name."""
     from apache_beam.metrics.execution import MetricsContainer
-    from apache_beam.runners.worker import statesampler
-    from apache_beam.utils.counters import CounterFactory
 
-    previous, sampler = statesampler.get_current_tracker(), statesampler.StateSampler("", CounterFactory())
-    statesampler.set_current_tracker(sampler)
+    from pipeline.beam.direct_runner import own_state_sampler
+
     container = MetricsContainer("bench")
-    try:
-        with sampler.scoped_state("bench", "process", metrics_container=container):
-            yield lambda name: sum(value for key, value in container.get_cumulative().counters.items()
-                                   if key.metric.name == name)
-    finally:
-        statesampler.set_current_tracker(previous)
+    with own_state_sampler() as sampler, sampler.scoped_state("bench", "process",
+                                                              metrics_container=container):
+        yield lambda name: sum(value for key, value in container.get_cumulative().counters.items()
+                               if key.metric.name == name)
 
 
 def _tracker() -> Any:

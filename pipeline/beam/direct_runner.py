@@ -38,9 +38,10 @@ jobs itself; none of this applies there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from apache_beam.io.gcp.pubsub import PubsubMessage
@@ -79,23 +80,32 @@ def count_every_bundle() -> None:
     """Makes the DirectRunner count the metrics of every bundle, not only of each thread's first
     (see the module docstring): each bundle runs under a state sampler of its own. Idempotent."""
     from apache_beam.runners.direct.executor import TransformExecutor
-    from apache_beam.runners.worker import statesampler
-    from apache_beam.utils.counters import CounterFactory
 
     call = TransformExecutor.call
     if getattr(call, "counts_every_bundle", False):
         return
 
-    def call_counted(executor: Any, thread_sampler: Any) -> Any:
-        sampler = statesampler.StateSampler("", CounterFactory())
-        statesampler.set_current_tracker(sampler)
-        try:
+    def call_counted(executor: Any, _: Any) -> Any:
+        with own_state_sampler() as sampler:
             return call(executor, sampler)
-        finally:
-            statesampler.set_current_tracker(thread_sampler)
 
     call_counted.counts_every_bundle = True  # type: ignore[attr-defined]
     TransformExecutor.call = call_counted  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def own_state_sampler() -> Iterator[Any]:
+    """A new state sampler, this thread's for the block (Beam counts a thread's metrics through
+    its sampler's current scoped state); the thread's earlier one is put back after."""
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    previous, sampler = statesampler.get_current_tracker(), statesampler.StateSampler("", CounterFactory())
+    statesampler.set_current_tracker(sampler)
+    try:
+        yield sampler
+    finally:
+        statesampler.set_current_tracker(previous)
 
 
 def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any]]:

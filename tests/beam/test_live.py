@@ -294,10 +294,11 @@ def test_state_written_per_message_is_the_message_not_the_history():
         [counter] = result.metrics().query(MetricsFilter().with_name(name))["counters"]
         return int(counter.committed)
 
-    constant = 32 + 3 * 8  # the record, and the times of the last event, silence and next snapshot
+    # the record, and the times of the last event, silence and next snapshot
+    constant = live._RECORD.size + 3 * live._TIME_BYTES
     logged = messages - len(state_coder.encode_batch(later[0]))  # the first came with the history
     assert whole + logged < counted("state_bytes_written") <= whole + 100 + logged + len(later) * constant
-    assert counted("state_bytes_read") <= 2 * 32 * len(later)  # records: by messages and timers
+    assert counted("state_bytes_read") <= 2 * live._RECORD.size * len(later)  # by messages and timers
 
 
 class Cell:
