@@ -38,11 +38,15 @@ def _whole_units(node: exp.Expr) -> exp.Expr:
 
 def to_duckdb(sql: str) -> str:
     """A BigQuery query as DuckDB SQL with BigQuery's meaning."""
-    statements = [tree.transform(_whole_units).sql("duckdb")
-                  for tree in sqlglot.parse(sql, read="bigquery") if tree is not None]
+    statements = [tree_to_duckdb(tree) for tree in sqlglot.parse(sql, read="bigquery") if tree is not None]
     if len(statements) != 1:
         raise ValueError(f"a saved query is one statement, got {len(statements)}")
     return statements[0]
+
+
+def tree_to_duckdb(tree: exp.Expr) -> str:
+    """A query parsed in BigQuery's dialect as DuckDB SQL with BigQuery's meaning."""
+    return tree.transform(_whole_units).sql("duckdb")
 
 
 def run_saved(name: str, connection: Any) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -14,8 +14,17 @@ table must exist; every row is checked against the table's schema (unknown field
 required fields, values of the wrong type); without ``skipInvalidRows`` one invalid row stops the
 whole request (the others get the reason ``stopped``), with it the valid rows are kept; at most
 50,000 rows and 10 MiB per request; STRING values must be valid UTF-8; a row's ``insertId``
-deduplicates it for a minute. Rows are kept in memory for assertions. Queries (``jobs``) are not
-served: fleet SQL runs on DuckDB.
+deduplicates it for a minute. Rows are kept in memory for assertions.
+
+Queries are served as the client's ``query_and_wait`` makes them: ``jobs.query``, then, for a
+result of more than one page, ``jobs.get`` and ``jobs.getQueryResults`` with page tokens. A query
+is GoogleSQL, one SELECT, with named parameters (scalars and arrays); it runs on DuckDB over the
+tables' rows after sqlglot transpiles it (``pipeline.app.fleet_sql``), every table named with its
+dataset (or the request's default dataset). Rows come back in the API's form (every value a
+string, timestamps as microseconds when the client asks for ``useInt64Timestamp``), at most
+``maxResults`` rows and about 10 MB per page. A table that does not exist, an unknown parameter
+or SQL that does not parse is refused as BigQuery refuses it (404 ``notFound``, 400
+``invalidQuery``).
 
 Faults are injected through the store: ``fail_next(n, status, reason)`` fails the next n
 insertAll requests as a whole (503 ``backendError``, 429 ``rateLimitExceeded``, 403
@@ -27,6 +36,8 @@ insertAll requests as a whole (503 ``backendError``, 429 ``rateLimitExceeded``, 
 from __future__ import annotations
 
 import datetime
+import decimal
+import itertools
 import json
 import logging
 import math
@@ -34,6 +45,8 @@ import re
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,6 +67,12 @@ MAX_REQUEST_BYTES = FRONT_END_MAX_REQUEST_BYTES
 DEDUP_S = 60.0
 _PATH = re.compile(r"^/bigquery/v2/projects/(?P<project>[^/]+)/datasets(?:/(?P<dataset>[^/]+)"
                    r"(?P<tables>/tables(?:/(?P<table>[^/]+)(?P<insert>/insertAll)?)?)?)?$")
+_JOB_PATH = re.compile(r"^/bigquery/v2/projects/(?P<project>[^/]+)/(?P<kind>queries|jobs)"
+                       r"(?:/(?P<job>[^/]+))?$")
+#: A page of query results holds at most this much (the API's limit is about 10 MB).
+MAX_PAGE_BYTES = 10 * 1000 * 1000
+LOCATION = "US"
+KEPT_RESULTS = 1000  # the results of the latest queries, for their later pages
 
 
 class ApiError(Exception):
@@ -146,6 +165,7 @@ class BigQueryStore:
         self._row_rejections: list[str] = []
         self._delays: list[float] = []
         self.insert_requests = 0
+        self._queries = _Queries(self)
 
     def fail_next(self, count: int, status: HTTPStatus = HTTPStatus.SERVICE_UNAVAILABLE,
                   reason: str | None = None) -> None:
@@ -170,10 +190,11 @@ class BigQueryStore:
         with self._lock:
             self._delays.extend([seconds] * count)
 
-    def rows(self, project: str, dataset: str, table: str) -> list[dict[str, Any]]:
-        """The table's rows in insert order, values as Python (timestamps as aware datetimes)."""
+    def rows(self, project: str, dataset: str, table: str, start: int = 0) -> list[dict[str, Any]]:
+        """The table's rows in insert order from ``start``, values as Python (timestamps as aware
+        datetimes)."""
         with self._lock:
-            return list(self._rows.get((project, dataset, table), []))
+            return self._rows.get((project, dataset, table), [])[start:]
 
     def create_dataset(self, project: str, resource: dict[str, Any]) -> dict[str, Any]:
         dataset = resource.get("datasetReference", {}).get("datasetId", "")
@@ -202,6 +223,14 @@ class BigQueryStore:
         if not fields or unknown:
             raise ApiError(HTTPStatus.BAD_REQUEST, "invalid",
                            f"Table {table} needs a schema of known types (got {unknown or 'none'}).")
+        if not re.fullmatch(r"[\w-]{1,1024}", table):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "invalid", f"Invalid table ID \"{table}\".")
+        for field in fields:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,299}", str(field.get("name"))):
+                raise ApiError(HTTPStatus.BAD_REQUEST, "invalid",
+                               f"Invalid field name \"{field.get('name')}\". Fields must contain only "
+                               "letters, numbers, and underscores, start with a letter or underscore, "
+                               "and be at most 300 characters long.")
         key = (project, dataset, table)
         with self._lock:
             if key in self._tables:
@@ -275,6 +304,236 @@ class BigQueryStore:
             return response
 
 
+_DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
+                 "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMPTZ"}
+_RESULT_TYPES = {"VARCHAR": "STRING", "BIGINT": "INTEGER", "INTEGER": "INTEGER", "SMALLINT": "INTEGER",
+                 "TINYINT": "INTEGER", "HUGEINT": "INTEGER", "UBIGINT": "INTEGER", "UINTEGER": "INTEGER",
+                 "DOUBLE": "FLOAT", "FLOAT": "FLOAT", "BOOLEAN": "BOOLEAN", "DATE": "DATE",
+                 "TIMESTAMP WITH TIME ZONE": "TIMESTAMP", "TIMESTAMP": "TIMESTAMP"}
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _invalid_query(message: str) -> ApiError:
+    return ApiError(HTTPStatus.BAD_REQUEST, "invalidQuery", message)
+
+
+class _Queries:
+    """Queries on a store's tables, run on an in-memory DuckDB database that gets each table's
+    new rows before a query reads it; results kept by job id for their later pages."""
+
+    def __init__(self, store: BigQueryStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._copied: dict[tuple[str, str, str], int] = {}
+        self._results: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def query(self, project: str, request: dict[str, Any]) -> dict[str, Any]:
+        """jobs.query: the job's first page of results."""
+        if request.get("useLegacySql", True) is not False:
+            raise _invalid_query("The BigQuery emulator runs GoogleSQL only (useLegacySql: false).")
+        if request.get("dryRun") or request.get("parameterMode", "NAMED") != "NAMED":
+            raise ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
+                           "The BigQuery emulator runs queries with named parameters, not dry runs.")
+        default = request.get("defaultDataset") or {}
+        sql, tables = self._translate(str(request.get("query") or ""), project,
+                                      (default.get("projectId") or project, default.get("datasetId")),
+                                      request.get("queryParameters") or [])
+        import duckdb
+
+        with self._lock:
+            try:
+                self._copy_new_rows(tables)
+                cursor = self._connection.execute(sql)
+                described, rows = cursor.description, cursor.fetchall()
+            except duckdb.Error as error:
+                raise _invalid_query(str(error).splitlines()[0]) from None
+        fields = [{"name": name, "type": self._result_type(str(kind)), "mode": "NULLABLE"}
+                  for name, kind, *_ in described]
+        job = f"job_{uuid.uuid4().hex}"
+        with self._lock:
+            self._results[(project, job)] = {"sql": request.get("query"), "fields": fields, "rows": rows}
+            while len(self._results) > KEPT_RESULTS:
+                del self._results[next(iter(self._results))]
+        use_int64 = bool((request.get("formatOptions") or {}).get("useInt64Timestamp"))
+        return {**self.results(project, job, 0, int(request.get("maxResults", -1)), use_int64),
+                "kind": "bigquery#queryResponse"}
+
+    def results(self, project: str, job: str, start: int, max_results: int,
+                use_int64_timestamp: bool) -> dict[str, Any]:
+        """jobs.getQueryResults: the page of rows from ``start``, at most ``max_results`` (all if
+        negative) and about ``MAX_PAGE_BYTES``, with a page token for the next, if any."""
+        result = self._result(project, job)
+        rows, fields = result["rows"], result["fields"]
+        page: list[dict[str, Any]] = []
+        size, end = 0, start
+        for row in itertools.islice(rows, start, None if max_results < 0 else start + max_results):
+            encoded = {"f": [{"v": _api_value(value, field["type"], use_int64_timestamp)}
+                             for value, field in zip(row, fields, strict=True)]}
+            size += len(json.dumps(encoded))
+            if page and size > MAX_PAGE_BYTES:
+                break
+            page.append(encoded)
+            end += 1
+        response: dict[str, Any] = {
+            "kind": "bigquery#getQueryResultsResponse", "jobReference": self._reference(project, job),
+            "schema": {"fields": fields}, "totalRows": str(len(rows)), "jobComplete": True,
+            "cacheHit": False}
+        if page:
+            response["rows"] = page
+        if end < len(rows) and max_results != 0:
+            response["pageToken"] = str(end)
+        return response
+
+    def job(self, project: str, job: str) -> dict[str, Any]:
+        """jobs.get: a query job that is done."""
+        result = self._result(project, job)
+        return {"kind": "bigquery#job", "id": f"{project}:{LOCATION}.{job}",
+                "jobReference": self._reference(project, job),
+                "configuration": {"jobType": "QUERY",
+                                  "query": {"query": result["sql"], "useLegacySql": False}},
+                "status": {"state": "DONE"},
+                "statistics": {"query": {"statementType": "SELECT"}}}
+
+    def _result(self, project: str, job: str) -> dict[str, Any]:
+        with self._lock:
+            if (project, job) not in self._results:
+                raise ApiError(HTTPStatus.NOT_FOUND, "notFound", f"Not found: Job {project}:{LOCATION}.{job}")
+            return self._results[(project, job)]
+
+    @staticmethod
+    def _reference(project: str, job: str) -> dict[str, str]:
+        return {"projectId": project, "jobId": job, "location": LOCATION}
+
+    @staticmethod
+    def _result_type(duckdb_type: str) -> str:
+        kind = _RESULT_TYPES.get(duckdb_type) or ("FLOAT" if duckdb_type.startswith("DECIMAL") else None)
+        if kind is None:
+            raise ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
+                           f"The BigQuery emulator does not return values of type {duckdb_type}.")
+        return kind
+
+    def _translate(self, sql: str, project: str, default: tuple[str, str | None],
+                   parameters: list[dict[str, Any]]) -> tuple[str, list[tuple[str, str, str]]]:
+        """The query as DuckDB SQL over this database's tables, and the tables it reads."""
+        import sqlglot
+        from sqlglot import exp
+
+        from pipeline.app.fleet_sql import tree_to_duckdb
+
+        try:
+            statements = [tree for tree in sqlglot.parse(sql, read="bigquery") if tree is not None]
+        except sqlglot.errors.SqlglotError as error:
+            raise _invalid_query(f"Syntax error: {str(error).splitlines()[0]}") from None
+        if len(statements) != 1 or not isinstance(statements[0], exp.Query):
+            raise ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
+                           "The BigQuery emulator runs one SELECT statement per query.")
+        tree = statements[0]
+        values = {given.get("name"): given for given in parameters}
+        for parameter in list(tree.find_all(exp.Parameter)):
+            if parameter.name not in values:
+                raise _invalid_query(f"Query parameter '{parameter.name}' not found")
+            parameter.replace(_literal(values[parameter.name]))
+        common = {cte.alias for cte in tree.find_all(exp.CTE)}
+        tables = []
+        for node in tree.find_all(exp.Table):
+            if not node.db and node.name in common:
+                continue
+            dataset = node.db or default[1]
+            if not dataset:
+                raise _invalid_query(f'Table "{node.name}" must be qualified with a dataset '
+                                     "(e.g. dataset.table).")
+            key = (node.catalog or (default[0] if not node.db else project), dataset, node.name)
+            self._store.get_table(*key)  # notFound as BigQuery says it
+            tables.append(key)
+            node.set("catalog", None)
+            node.set("db", None)
+            node.set("this", exp.to_identifier(".".join(key), quoted=True))
+        return tree_to_duckdb(tree), tables
+
+    def _copy_new_rows(self, tables: list[tuple[str, str, str]]) -> None:
+        """Gives each table of ``tables`` the rows inserted since a query last read it."""
+        import duckdb
+        import pyarrow
+
+        if self._connection is None:
+            self._connection = duckdb.connect(":memory:")
+            self._connection.execute("SET TimeZone = 'UTC'")
+        for key in dict.fromkeys(tables):
+            fields = self._store.get_table(*key)["schema"]["fields"]
+            name = ".".join(key).replace('"', '""')
+            if key not in self._copied:
+                columns = ", ".join(f'"{f["name"]}" {_DUCKDB_TYPES[f["type"]]}' for f in fields)
+                self._connection.execute(f'CREATE TABLE "{name}" ({columns})')
+                self._copied[key] = 0
+            rows = self._store.rows(*key, start=self._copied[key])
+            if rows:
+                arrow = pyarrow.Table.from_pylist(
+                    rows, schema=pyarrow.schema([(f["name"], _arrow_type(f["type"])) for f in fields]))
+                self._connection.register("new_rows", arrow)
+                self._connection.execute(f'INSERT INTO "{name}" SELECT * FROM new_rows')
+                self._connection.unregister("new_rows")
+                self._copied[key] += len(rows)
+
+
+def _arrow_type(kind: str) -> Any:
+    import pyarrow
+
+    return {"VARCHAR": pyarrow.string(), "BIGINT": pyarrow.int64(), "DOUBLE": pyarrow.float64(),
+            "BOOLEAN": pyarrow.bool_(), "TIMESTAMPTZ": pyarrow.timestamp("us", tz="UTC")}[_DUCKDB_TYPES[kind]]
+
+
+def _literal(parameter: dict[str, Any]) -> Any:
+    """A named query parameter (``queryParameters[]``) as a SQL literal."""
+    from sqlglot import exp
+
+    kind = parameter.get("parameterType") or {}
+    value = parameter.get("parameterValue") or {}
+    if kind.get("type") == "ARRAY":
+        element = {"parameterType": kind.get("arrayType") or {}}
+        return exp.Array(expressions=[_literal({**element, "parameterValue": item})
+                                      for item in value.get("arrayValues") or []])
+    scalar = value.get("value")
+    if scalar is None:
+        return exp.Null()
+    try:
+        match kind.get("type"):
+            case "STRING":
+                return exp.Literal.string(str(scalar))
+            case "INT64" | "INTEGER":
+                return exp.Literal.number(_integer(scalar))
+            case "FLOAT64" | "FLOAT":
+                return exp.Literal.number(_float(scalar))
+            case "BOOL" | "BOOLEAN":
+                return exp.Boolean(this=_boolean(scalar))
+            case "TIMESTAMP":
+                return exp.cast(exp.Literal.string(_timestamp(scalar).isoformat()), "TIMESTAMPTZ")
+    except (ValueError, TypeError):
+        raise _invalid_query(f"Invalid value for query parameter {parameter.get('name')}: "
+                             f"{scalar!r}") from None
+    raise ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
+                   f"The BigQuery emulator does not take query parameters of type {kind.get('type')}.")
+
+
+def _api_value(value: Any, kind: str, use_int64_timestamp: bool) -> Any:
+    """A result value as the API returns it: a string (or null)."""
+    if value is None:
+        return None
+    if kind == "TIMESTAMP":
+        moment = value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+        micros = (moment - _EPOCH) // datetime.timedelta(microseconds=1)
+        return str(micros) if use_int64_timestamp else f"{micros / 1e6:.6f}"
+    if kind == "BOOLEAN":
+        return "true" if value else "false"
+    if kind == "FLOAT":
+        number = float(value) if isinstance(value, decimal.Decimal) else value
+        return {math.inf: "Infinity", -math.inf: "-Infinity"}.get(number, "NaN" if math.isnan(number)
+                                                                    else repr(float(number)))
+    if kind == "DATE":
+        return value.isoformat()
+    return str(value)
+
+
 class _Handler(BaseHTTPRequestHandler):
     store: BigQueryStore
 
@@ -309,11 +568,15 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(raw) if raw else {}
         except ValueError:
             raise ApiError(HTTPStatus.BAD_REQUEST, "parseError", "The request is not valid JSON.") from None
-        match = _PATH.match(self.path.split("?", 1)[0])
+        path, _, query_string = self.path.partition("?")
+        store = self.store
+        job_match = _JOB_PATH.match(path)
+        if job_match is not None:
+            return self._job_route(method, job_match, request, urllib.parse.parse_qs(query_string))
+        match = _PATH.match(path)
         if match is None:
             raise ApiError(HTTPStatus.NOT_FOUND, "notFound", f"Unknown path {self.path}")
         project, dataset, table = match["project"], match["dataset"], match["table"]
-        store = self.store
         routes: dict[tuple[str, ...], Callable[[], dict[str, Any]]] = {
             ("POST", "datasets"): lambda: store.create_dataset(project, request),
             ("GET", "dataset"): lambda: store.get_dataset(project, dataset),
@@ -325,9 +588,28 @@ class _Handler(BaseHTTPRequestHandler):
                  else "dataset" if dataset else "datasets")
         route = routes.get((method, level))
         if route is None:
-            raise ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
-                           f"{method} {self.path} is not served by the BigQuery emulator")
+            raise self._not_served(method)
         return route()
+
+    def _job_route(self, method: str, match: re.Match[str], request: dict[str, Any],
+                   parameters: dict[str, list[str]]) -> dict[str, Any]:
+        project, job = match["project"], match["job"]
+        queries = self.store._queries
+        if (method, match["kind"], job is None) == ("POST", "queries", True):
+            return queries.query(project, request)
+        if method == "GET" and job is not None:
+            if match["kind"] == "jobs":
+                return queries.job(project, job)
+            first = parameters.get
+            return queries.results(
+                project, job, int((first("startIndex") or first("pageToken") or ["0"])[0]),
+                int(first("maxResults", ["-1"])[0]),
+                first("formatOptions.useInt64Timestamp", ["false"])[0].lower() == "true")
+        raise self._not_served(method)
+
+    def _not_served(self, method: str) -> ApiError:
+        return ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
+                        f"{method} {self.path} is not served by the BigQuery emulator")
 
 
 def _json_default(value: Any) -> Any:
@@ -369,8 +651,9 @@ class BigQueryEmulator:
 
 def main(argv: list[str] | None = None) -> int:
     parser = emulator_parser(
-        "bigquery", "Run a local stand-in of the BigQuery REST API (datasets, tables, insertAll; in "
-                    "memory). Point the client at it with client_options={'api_endpoint': URL}.", 9050)
+        "bigquery", "Run a local stand-in of the BigQuery REST API (datasets, tables, insertAll, and "
+                    "queries run on DuckDB; in memory). Point the client at it with "
+                    "client_options={'api_endpoint': URL}.", 9050)
     args = parser.parse_args(argv)
     log_to_console()
     emulator = BigQueryEmulator(args.port, args.host).start()
