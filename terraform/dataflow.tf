@@ -134,8 +134,8 @@ resource "google_dataflow_flex_template_job" "pipeline" {
 
   lifecycle {
     # The provider replaces a job whose worker counts change (drain and relaunch: the new job
-    # starts every run from its next message); a running Streaming Engine job takes new bounds
-    # in place instead (terraform_data.autoscaling).
+    # restores each run from BigQuery with two queries); a running Streaming Engine job takes
+    # new bounds in place instead (terraform_data.autoscaling).
     ignore_changes = [num_workers, max_workers]
   }
 
@@ -144,6 +144,7 @@ resource "google_dataflow_flex_template_job" "pipeline" {
     google_pubsub_subscription_iam_member.pipeline,
     google_bigquery_dataset_iam_member.pipeline,
     google_bigquery_table_iam_member.pipeline,
+    google_bigquery_table_iam_member.pipeline_reader,
     google_storage_bucket_iam_member.pipeline_scratch,
     google_storage_bucket_iam_member.pipeline_templates,
     google_artifact_registry_repository_iam_member.pipeline,

@@ -43,6 +43,7 @@ resource "google_project_iam_member" "pipeline" {
   for_each = toset([
     "roles/dataflow.worker",
     "roles/monitoring.metricWriter",
+    "roles/bigquery.jobUser", # run queries (restores, below): granted on projects only
   ])
 
   project = var.project_id
@@ -62,8 +63,9 @@ resource "google_pubsub_subscription_iam_member" "pipeline" {
   member       = google_service_account.pipeline.member
 }
 
-# BigQuery: the pipeline appends rows with streaming inserts (tabledata.insertAll) and does
-# nothing else: no reads, no jobs, no tables made. insertAll needs bigquery.tables.updateData and
+# BigQuery: the pipeline appends rows with streaming inserts (tabledata.insertAll), reads two
+# tables in queries to restore runs, and does nothing else: no tables made, nothing deleted.
+# insertAll needs bigquery.tables.updateData and
 # bigquery.tables.get on the table and bigquery.datasets.get on the dataset. No predefined role
 # appends without more: roles/bigquery.dataEditor, even on one table, may also delete the table
 # and change its schema. Hence a custom role on each table the pipeline writes (not
@@ -89,6 +91,29 @@ resource "google_bigquery_table_iam_member" "pipeline" {
   dataset_id = google_bigquery_dataset.goodput.dataset_id
   table_id   = google_bigquery_table.tables[each.key].table_id
   role       = google_project_iam_custom_role.table_appender.name
+  member     = google_service_account.pipeline.member
+}
+
+# A stream launched anew (a job drained and launched again) restores each run it does not hold
+# from two queries of that run's rows in events and goodput_snapshots (pipeline/beam/restore.py):
+# a query job in the project (roles/bigquery.jobUser, above) that reads those two tables' rows.
+resource "google_project_iam_custom_role" "table_reader" {
+  project     = var.project_id
+  role_id     = "${replace(var.name, "-", "_")}_table_reader"
+  title       = "Fleet goodput run history reader"
+  description = "Reads a table's rows in queries: a run's history, when a stream restores the run."
+  permissions = ["bigquery.tables.getData"]
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_bigquery_table_iam_member" "pipeline_reader" {
+  for_each = toset(["events", "goodput_snapshots"])
+
+  project    = var.project_id
+  dataset_id = google_bigquery_dataset.goodput.dataset_id
+  table_id   = google_bigquery_table.tables[each.key].table_id
+  role       = google_project_iam_custom_role.table_reader.name
   member     = google_service_account.pipeline.member
 }
 

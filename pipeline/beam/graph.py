@@ -27,7 +27,7 @@ from pipeline.core.events import read_lines
 from pipeline.core.rows import batch_rows
 from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
 from pipeline.sinks.monitoring import MonitoringSettings
-from pipeline.sinks.raw_events import backfill_messages
+from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents, EventsTables, backfill_messages
 from pipeline.sinks.retries import never
 
 
@@ -60,8 +60,9 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
     # holds and this pipeline does not), or one per run as of one time.
     if streaming:
         events = parsed.events
-        if options.duckdb and not options.no_raw_events:
-            events = events | "RestoreRuns" >> RestoreRuns(options.duckdb, options.gc_after_s)
+        tables = restored_from(options)
+        if tables is not None:
+            events = events | "RestoreRuns" >> RestoreRuns(tables, options.gc_after_s)
         tracked = events | "TrackRuns" >> TrackRunsLive(
             options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
             stopping=stopping)
@@ -105,3 +106,15 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
         if options.bigquery_dataset:
             refused | "MonitoringDeadLettersToBigQuery" >> WriteToBigQuery(
                 project, dataset, options.bigquery_endpoint, stopping=stopping)
+
+
+def restored_from(options: GoodputOptions) -> EventsTables | None:
+    """The raw events table a stream restores runs from: the one it writes, DuckDB's if it writes
+    both; none with ``--no_restore`` or ``--no_raw_events``."""
+    if options.no_restore or options.no_raw_events:
+        return None
+    if options.duckdb:
+        return DuckDBEvents(options.duckdb)
+    if options.bigquery_dataset:
+        return BigQueryEvents(*parse_dataset(options.bigquery_dataset), options.bigquery_endpoint)
+    return None

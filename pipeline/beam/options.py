@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from goodput_schemas.limits import MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US
 from pipeline.app.checks import UsageError
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S
+from pipeline.sinks.bigquery import parse_dataset
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -102,9 +103,7 @@ class GoodputOptions(PipelineOptions):
                                  "pipeline wrote (rebuilds every table from it); repeat for more")
         parser.add_argument("--duckdb", default=None, metavar="FILE",
                             help="DuckDB file the output tables are appended to: a new file, or one this "
-                                 "pipeline wrote (any other is refused, untouched); a stream started "
-                                 "on a file it wrote before restores each run from its raw events "
-                                 "table when the run speaks again")
+                                 "pipeline wrote (any other is refused, untouched)")
         parser.add_argument("--bigquery_dataset", default=None, metavar="PROJECT:DATASET",
                             help="BigQuery dataset the output tables are appended to")
         parser.add_argument("--bigquery_endpoint", default=None, metavar="URL",
@@ -137,6 +136,12 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--no_raw_events", action="store_true",
                             help="leave out the raw events table (snapshots, run metadata and dead "
                                  "letters are still written)")
+        parser.add_argument("--no_restore", action="store_true",
+                            help="streaming: do not restore runs from the raw events table. By "
+                                 "default, the first message of a run the stream does not hold "
+                                 "(after a restart, a relaunch, or once it forgot an ended run) "
+                                 "comes with the run's history from the raw events table of "
+                                 "--duckdb, or else of --bigquery_dataset (one query per run)")
         parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
                             help="snapshot time (default: the latest event time in the input)")
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
@@ -168,13 +173,12 @@ class GoodputOptions(PipelineOptions):
 #: refused on them. Others (Dataflow) hand unknown options on to the service, as Beam does.
 LOCAL_RUNNERS = frozenset({"DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "FnApiRunner", "PrismRunner"})
-_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s")
+_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore")
 _BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude")
 _NEEDS = {"bigquery_dataset": ("bigquery_endpoint", "bigquery_create_tables"),
           "monitoring_project": ("monitoring_endpoint", "monitoring_min_interval_s", "monitoring_max_lag_s",
                                  "monitoring_latest_now", "monitoring_location", "monitoring_cluster_name")}
 _SUBSCRIPTION = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
-_DATASET = re.compile(r"[A-Za-z0-9_]{1,1024}")
 
 
 class _Parser(_BeamArgumentParser):
@@ -258,10 +262,12 @@ def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
                          + ("a topic; the pipeline reads a subscription of it: " if topic else "not ")
                          + "projects/P/subscriptions/S")
     if goodput.bigquery_dataset:
-        project, _, dataset = goodput.bigquery_dataset.replace(":", ".", 1).partition(".")
-        if not (project and _DATASET.fullmatch(dataset)):
+        try:
+            parse_dataset(goodput.bigquery_dataset)
+        except ValueError:
             raise UsageError(f"--bigquery_dataset={goodput.bigquery_dataset} is not PROJECT:DATASET "
-                             "(a dataset name is letters, digits and underscores)")
+                             "(a project ID, and a dataset name of letters, digits and underscores)"
+                             ) from None
     if goodput.bigquery_endpoint and not goodput.bigquery_endpoint.startswith(("http://", "https://")):
         raise UsageError(f"--bigquery_endpoint={goodput.bigquery_endpoint} is not a URL: "
                          "e.g. http://127.0.0.1:9050")

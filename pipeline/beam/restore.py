@@ -1,18 +1,20 @@
 """Restoring runs from the raw events table, a step of its own before the stream's tracker.
 
-The DirectRunner keeps run state in memory. Started again on the DuckDB file it wrote before, a
-stream would know each run only from its next message on. ``RestoreRuns`` sends the first message
-of a run that this pipeline does not hold, but whose events are in the raw events table
-(``RunHistory``), to the tracker with the run's history (``Restored``): after the pipeline was
-stopped and started again, and after the tracker forgot a run that had ended and a late or
-resumed attempt speaks again. So a restarted stream catches up to the numbers of one that never
-stopped. (On Dataflow, state survives an update; a restore from BigQuery is not built.)
+A stream started anew has no run state: the DirectRunner keeps it in memory, and a Dataflow job
+that is drained and launched again (rather than updated) starts empty. It would know each run
+only from its next message on. ``RestoreRuns`` sends the first message of a run that this
+pipeline does not hold, but whose events are in the raw events table of the warehouse it writes
+(``pipeline.sinks.raw_events.EventsTables``: the DuckDB file, or the BigQuery dataset), to the
+tracker with the run's history (``Restored``): after the pipeline was stopped and started
+again, and after the tracker forgot a run that had ended and a late or resumed attempt speaks
+again. So a restarted stream catches up to the numbers of one that never stopped.
 
 Which runs are held is this step's own state, keyed by run like the tracker's. It forgets a run
 after ``gc_after_s / 2`` of silence, before the tracker can forget it (``gc_after_s`` after the
 last message of a run that has ended): so a run the tracker forgot is always restored. A run the
 tracker still holds may be sent its history again after a long silence; the tracker keeps the
-state it has.
+state it has. A run whose history cannot be read (the warehouse refuses, or does not answer in
+time) is logged and counted (``restore_failures``), and goes on from its message.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.core.events import Batch, parse_batch
-from pipeline.sinks import raw_events
+from pipeline.sinks.raw_events import EventsTables
 
 _LOG = logging.getLogger(__name__)
 
@@ -49,27 +51,30 @@ class Restored:
 
 
 class RunHistory:
-    """The raw events table of a DuckDB file, as a stream restores runs from it: the runs it
-    holds (read once per process, and shared by the process's threads: the DirectRunner sets a
-    DoFn up for every bundle), and a run's history, read when the run needs it."""
+    """The tables runs are restored from, as a stream reads them: the runs they hold, when that is
+    cheap to know (read once per process, and shared by the process's threads: the DirectRunner
+    sets a DoFn up for every bundle), and a run's history, read when the run needs it."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._runs = set(raw_events.run_ids(path))
+    def __init__(self, tables: EventsTables) -> None:
+        self.tables = tables
+        runs = tables.run_ids()
+        self._runs = None if runs is None else set(runs)
         self._lock = threading.Lock()
 
     def holds(self, run_id: str) -> bool:
+        """Whether the run may have events in the tables."""
         with self._lock:
-            return run_id in self._runs
+            return self._runs is None or run_id in self._runs
 
     def add(self, run_id: str) -> None:
-        """Notes a run whose events this pipeline wrote to the table."""
+        """Notes a run whose events this pipeline wrote to the tables."""
         with self._lock:
-            self._runs.add(run_id)
+            if self._runs is not None:
+                self._runs.add(run_id)
 
     def load(self, run_id: str) -> tuple[tuple[Batch, ...], int | None]:
-        """The run's messages in the table, and the time of its latest snapshot there."""
-        messages, reported_us = raw_events.run_history(self.path, run_id)
+        """The run's messages in the tables, and the time of its latest snapshot there."""
+        messages, reported_us = self.tables.run_history(run_id)
         history = []
         for source, data in messages:
             batch, _ = parse_batch(data, source)  # rows of accepted events: no dead letter
@@ -84,13 +89,15 @@ class _RestoreRun(beam.DoFn):
     HELD = ReadModifyWriteStateSpec("held", BooleanCoder())
     FORGET_TIMER = TimerSpec("forget", TimeDomain.REAL_TIME)
 
-    def __init__(self, path: str, forget_after_s: float, clock: Callable[[], float]) -> None:
-        self.path, self.forget_after_s, self.clock = path, forget_after_s, clock
+    def __init__(self, tables: EventsTables, forget_after_s: float, clock: Callable[[], float]) -> None:
+        self.tables, self.forget_after_s, self.clock = tables, forget_after_s, clock
         self._shared = Shared()
         self.restored = Metrics.counter("goodput", "restored_runs")
+        self.failures = Metrics.counter("goodput", "restore_failures")
 
     def setup(self) -> None:
-        self.history: RunHistory = self._shared.acquire(lambda: RunHistory(self.path), tag=self.path)
+        self.history: RunHistory = self._shared.acquire(lambda: RunHistory(self.tables),
+                                                        tag=self.tables.source)
 
     def process(self, element: tuple[str, Batch], held: Any = beam.DoFn.StateParam(HELD),
                 forget: Any = beam.DoFn.TimerParam(FORGET_TIMER)) -> Iterator[tuple[str, Any]]:
@@ -103,10 +110,19 @@ class _RestoreRun(beam.DoFn):
         if not self.history.holds(run_id):
             yield element
             return
-        history, reported_us = self.history.load(run_id)
+        try:
+            history, reported_us = self.history.load(run_id)
+        except Exception as error:  # noqa: BLE001 -- one run's history must not stop the stream
+            self.failures.inc()
+            _LOG.warning("could not restore run %r from %s; it goes on from its next message: %s: %s",
+                         run_id, self.tables.source, type(error).__name__, error)
+            yield element
+            return
+        if not history:  # a new run
+            yield element
+            return
         self.restored.inc()
-        _LOG.info("restored run %r from the events table of %s: %d messages", run_id, self.path,
-                  len(history))
+        _LOG.info("restored run %r from %s: %d messages", run_id, self.tables.source, len(history))
         yield run_id, Restored(history, batch, reported_us)
 
     @on_timer(FORGET_TIMER)
@@ -117,12 +133,13 @@ class _RestoreRun(beam.DoFn):
 
 class RestoreRuns(beam.PTransform):
     """(run_id, Batch) in; (run_id, Batch or Restored) out, as this module's docstring says. The
-    stream's raw events go to ``path``, the table the runs are restored from."""
+    stream's raw events go to ``tables``, where the runs are restored from."""
 
-    def __init__(self, path: str, gc_after_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, tables: EventsTables, gc_after_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__()
-        self.path, self.gc_after_s, self.clock = path, gc_after_s, clock
+        self.tables, self.gc_after_s, self.clock = tables, gc_after_s, clock
 
     def expand(self, keyed_batches: Any) -> Any:
         return keyed_batches | "RestoreRun" >> beam.ParDo(
-            _RestoreRun(self.path, self.gc_after_s / 2, self.clock)).with_output_types(tuple[str, Any])
+            _RestoreRun(self.tables, self.gc_after_s / 2, self.clock)).with_output_types(tuple[str, Any])

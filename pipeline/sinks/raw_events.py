@@ -1,5 +1,5 @@
 """The raw ``events`` table read back as messages: what a backfill replays and what a restarted
-stream restores its runs from.
+stream restores its runs from (``EventsTables``: a DuckDB file, or a BigQuery dataset).
 
 Every event the pipeline accepted is a row of ``events`` (``pipeline.core.rows.event_rows``), kept
 whole: ids within the table's limits, the body as JSON. Read back, one attempt's rows in
@@ -12,6 +12,7 @@ leaves its rows in the table twice; the repeats are dropped here (and would be b
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from pipeline.core.events import Event, encode_events
 EVENTS_PER_MESSAGE = 1000
 #: The columns a message is made of, in this order.
 COLUMNS = "run_id, attempt_id, seq, epoch_us(event_time), kind, step, body"
+BIGQUERY_COLUMNS = "run_id, attempt_id, seq, UNIX_MICROS(event_time), kind, step, body"
 _FETCH_ROWS = 10_000
 
 
@@ -59,28 +61,97 @@ def backfill_messages(path: str) -> Iterator[tuple[str, bytes]]:
         yield from messages(_chunks(cursor), f"duckdb:{path}")
 
 
-def run_history(path: str, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
-    """One run's messages in the ``events`` table of a DuckDB file that this process may be
-    writing too, and the time of its latest snapshot there (microseconds), if it has one: read
-    whole, under the lock its writers take (``pipeline.sinks.duckdb``)."""
-    from pipeline.sinks.duckdb import opened
+class EventsTables(abc.ABC):
+    """The ``events`` and ``goodput_snapshots`` tables of a warehouse the pipeline writes, as a
+    stream restores a run from them (``pipeline.beam.restore``). Picklable: a backend connects
+    when it first reads."""
 
-    with opened(path) as sink:
-        rows = sink.query(f"SELECT {COLUMNS} FROM events WHERE run_id = ? ORDER BY attempt_id, seq",
-                          [run_id])
-        [(reported,)] = sink.query("SELECT epoch_us(max(snapshot_time)) FROM goodput_snapshots "
-                                   "WHERE run_id = ?", [run_id])
-    return list(messages(rows, f"duckdb:{path}")), reported if isinstance(reported, int) else None
+    #: Names the warehouse in logs, and the messages read back from it.
+    source: str
+
+    @abc.abstractmethod
+    def run_ids(self) -> frozenset[str] | None:
+        """Every run with a row in ``events``, when that is cheap to know; None where each run is
+        looked up when the stream first sees it."""
+
+    @abc.abstractmethod
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+        """The run's messages in ``events`` (none for a run it does not hold), and the time of its
+        latest snapshot in ``goodput_snapshots`` (microseconds), if it has one."""
 
 
-def run_ids(path: str) -> frozenset[str]:
-    """Every run with a row in the ``events`` table of a DuckDB file (none without a file)."""
-    from pipeline.sinks.duckdb import opened
+class DuckDBEvents(EventsTables):
+    """The tables of a DuckDB file that this process may be writing too: read whole, under the
+    lock its writers take (``pipeline.sinks.duckdb``)."""
 
-    if not Path(path).is_file():
-        return frozenset()
-    with opened(path) as sink:
-        return frozenset(str(run_id) for run_id, in sink.query("SELECT DISTINCT run_id FROM events"))
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.source = f"duckdb:{path}"
+
+    def run_ids(self) -> frozenset[str]:
+        from pipeline.sinks.duckdb import opened
+
+        if not Path(self.path).is_file():
+            return frozenset()
+        with opened(self.path) as sink:
+            return frozenset(str(run_id) for run_id, in sink.query("SELECT DISTINCT run_id FROM events"))
+
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+        from pipeline.sinks.duckdb import opened
+
+        with opened(self.path) as sink:
+            rows = sink.query(f"SELECT {COLUMNS} FROM events WHERE run_id = ? ORDER BY attempt_id, seq",
+                              [run_id])
+            [(reported,)] = sink.query("SELECT epoch_us(max(snapshot_time)) FROM goodput_snapshots "
+                                       "WHERE run_id = ?", [run_id])
+        return list(messages(rows, self.source)), reported if isinstance(reported, int) else None
+
+
+class BigQueryEvents(EventsTables):
+    """The tables of a BigQuery dataset. Listing every run would scan the ``run_id`` column of the
+    whole ``events`` table each time a worker starts: each run is looked up instead, when the
+    stream first sees it, with two queries that read only that run's blocks (both tables are
+    clustered by ``run_id``). A query waits at most ``timeout_s``, its retries included."""
+
+    def __init__(self, project: str, dataset: str, endpoint: str | None = None,
+                 timeout_s: float = 60.0) -> None:
+        from pipeline.sinks.bigquery import parse_dataset
+
+        if parse_dataset(f"{project}.{dataset}") != (project, dataset):
+            raise ValueError(f"not a BigQuery project and dataset: {project!r}, {dataset!r}")
+        self.project, self.dataset, self.endpoint, self.timeout_s = project, dataset, endpoint, timeout_s
+        self.source = f"bigquery:{project}.{dataset}"
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}
+
+    def run_ids(self) -> None:
+        return None
+
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+        dataset = f"{self.project}.{self.dataset}"
+        rows = self._query(f"SELECT {BIGQUERY_COLUMNS} FROM `{dataset}.events` WHERE run_id = @run_id "
+                           "ORDER BY attempt_id, seq", run_id)
+        [(reported,)] = self._query(f"SELECT UNIX_MICROS(MAX(snapshot_time)) "
+                                    f"FROM `{dataset}.goodput_snapshots` WHERE run_id = @run_id", run_id)
+        return list(messages(rows, self.source)), reported
+
+    def _query(self, sql: str, run_id: str) -> list[tuple[Any, ...]]:
+        from google.cloud import bigquery
+        from google.cloud.bigquery.retry import DEFAULT_JOB_RETRY, DEFAULT_RETRY
+
+        from pipeline.sinks.bigquery import make_client
+
+        if self._client is None:
+            self._client = make_client(self.project, self.endpoint)
+        config = bigquery.QueryJobConfig(query_parameters=[
+            bigquery.ScalarQueryParameter("run_id", "STRING", run_id)])
+        rows = self._client.query_and_wait(
+            sql, job_config=config, api_timeout=self.timeout_s, wait_timeout=self.timeout_s,
+            retry=DEFAULT_RETRY.with_timeout(self.timeout_s),
+            job_retry=DEFAULT_JOB_RETRY.with_timeout(self.timeout_s))
+        return [tuple(row) for row in rows]
 
 
 def _chunks(cursor: Any) -> Iterator[Sequence[Any]]:

@@ -124,6 +124,11 @@ run "the_pipeline_appends_rows_and_keeps_its_files_apart" {
   }
 
   assert {
+    condition     = toset(google_project_iam_custom_role.table_reader.permissions) == toset(["bigquery.tables.getData"]) && toset(keys(google_bigquery_table_iam_member.pipeline_reader)) == toset(["events", "goodput_snapshots"])
+    error_message = "The pipeline reads the rows of the two tables a restore queries, and no others."
+  }
+
+  assert {
     condition     = startswith(google_dataflow_flex_template_job.pipeline[0].temp_location, "gs://${google_storage_bucket.scratch.name}/") && startswith(google_dataflow_flex_template_job.pipeline[0].staging_location, "gs://${google_storage_bucket.scratch.name}/")
     error_message = "Dataflow's staging and temporary files go to the scratch bucket, apart from the template spec."
   }

@@ -61,7 +61,7 @@ def events(tmp_path: Path, clean_lines: list[bytes]) -> Path:
     (["--bigquery_create_tables"], "--bigquery_create_tables needs --bigquery_dataset"),
     (["--monitoring_latest_now"], "--monitoring_latest_now needs --monitoring_project"),
     (["--bigquery_dataset=just-a-project"], "is not PROJECT:DATASET"),
-    (["--bigquery_dataset=p:d", "--bigquery_endpoint=127.0.0.1:9050"], "is not a URL"),
+    (["--bigquery_dataset=goodput-local:d", "--bigquery_endpoint=127.0.0.1:9050"], "is not a URL"),
     (["--monitoring_project=p", "--monitoring_endpoint=http://x"], "is not HOST:PORT"),
 ])
 def test_a_mistaken_option_of_a_replay_is_one_line_and_exit_2(events: Path, tmp_path: Path, more: list[str],

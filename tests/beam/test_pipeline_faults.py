@@ -21,6 +21,8 @@ from pipeline.beam.restore import RestoreRuns
 from pipeline.beam.transforms import DeadLetterRows, SnapshotRows, WriteToDuckDB
 from pipeline.core import engine
 from pipeline.core.events import Batch, parse_batch
+from pipeline.emulators.bigquery import BigQueryEmulator
+from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents, EventsTables
 from support.beam import SNAPSHOT_TABLES, keyed_stream, query, replay, run_batch, streaming_options, table
 from support.runs import FLEET, batch_of
 
@@ -86,7 +88,7 @@ def test_a_failing_snapshot_is_a_dead_letter_and_the_other_runs_are_written(
         assert table(database, name) == table(clean_replay, name, f"run_id <> '{POISONED}'"), name
 
 
-def stream(elements: list[tuple[str, Batch]], database: Path, restore_from: Path | None = None,
+def stream(elements: list[tuple[str, Batch]], database: Path, restore_from: EventsTables | None = None,
            then: Callable[[Any], Any] = lambda s: s) -> None:
     """The live tracker on ``elements`` (all at processing time 0, the clock says 0), then
     ``then``, then 31 s on (SNAPSHOT_TIMER fires at 30 s); its rows in ``database``."""
@@ -95,7 +97,7 @@ def stream(elements: list[tuple[str, Batch]], database: Path, restore_from: Path
     with BeamTestPipeline(options=streaming_options()) as pipeline:
         events = pipeline | test_stream
         if restore_from is not None:
-            events = events | RestoreRuns(str(restore_from), 600.0, clock=lambda: 0.0)
+            events = events | RestoreRuns(restore_from, 600.0, clock=lambda: 0.0)
         tracked = events | TrackRunsLive(WINDOWS, 30.0, 10_000.0, 600.0, clock=lambda: 0.0)
         tracked.snapshots | "SnapshotRows" >> SnapshotRows() | "Snapshots" >> WriteToDuckDB(str(database))
         (tracked.dead_letter | DeadLetterRows()
@@ -133,7 +135,7 @@ def test_a_restarted_stream_restores_its_runs_from_the_raw_events_and_catches_up
     half = len(clean_lines) // 2
     before = replay(clean_lines[:half], tmp_path / "before")  # the raw events of the first half
     redelivered = keyed(clean_lines[half - 1:])  # the last message read before the stop comes again
-    stream(redelivered, tmp_path / "restarted.duckdb", restore_from=before)
+    stream(redelivered, tmp_path / "restarted.duckdb", restore_from=DuckDBEvents(str(before)))
     stream(redelivered, tmp_path / "forgetful.duckdb")
     stream(keyed(clean_lines), tmp_path / "never-stopped.duckdb")
     never_stopped = final_rows(tmp_path / "never-stopped.duckdb")
@@ -144,13 +146,25 @@ def test_a_restarted_stream_restores_its_runs_from_the_raw_events_and_catches_up
     assert split and all(forgetful[run][2] < never_stopped[run][2] for run in split)  # time lost: wrong
 
 
+def test_a_run_whose_history_cannot_be_read_goes_on_from_its_message(clean_lines, tmp_path, caplog):
+    """The warehouse refuses the restore's queries (a BigQuery dataset without the tables): each
+    run is logged and goes on from its message, as with no restore, and the stream goes on."""
+    with BigQueryEmulator() as bigquery:
+        refused = BigQueryEvents("goodput-local", "missing", bigquery.endpoint, timeout_s=5.0)
+        stream(keyed(clean_lines), tmp_path / "refused.duckdb", restore_from=refused)
+    stream(keyed(clean_lines), tmp_path / "plain.duckdb")
+    assert final_rows(tmp_path / "refused.duckdb") == final_rows(tmp_path / "plain.duckdb")
+    failed = {record.args[0] for record in caplog.records if record.msg.startswith("could not restore run")}
+    assert failed == set(FLEET)
+
+
 def test_a_run_forgotten_after_its_end_is_restored_when_it_speaks_again(clean_lines, tmp_path):
     """After GC_TIMER cleared an ended run, a message that arrives late is added to its whole
     history from the events table, not to an empty state."""
     ended = [line for line in clean_lines if batch_of(line).run_id == "run-a"]  # shape 1 ends
     late = ended.pop(len(ended) // 2)
     written = replay(ended, tmp_path / "written")  # what the stream wrote before it forgot the run
-    stream(keyed(ended), tmp_path / "live.duckdb", restore_from=written,
+    stream(keyed(ended), tmp_path / "live.duckdb", restore_from=DuckDBEvents(str(written)),
            then=lambda s: s.advance_processing_time(700).add_elements(keyed([late])))  # GC at 600 s
     stream(keyed([*ended, late]), tmp_path / "whole.duckdb")
     # The same ended run; reported as of a later time: after its interval snapshot while the

@@ -22,6 +22,7 @@ from google.api_core import exceptions
 from goodput_schemas import table_names, table_options
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client, parse_dataset
+from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents
 from support import REPO
 
 PROJECT, DATASET = "goodput-local", "goodput"
@@ -123,6 +124,43 @@ def test_insert_all_takes_a_request_of_exactly_ten_mebibytes(client, emulator):
     assert len(dead_letter(emulator)) == 10
 
 
+def test_queries_take_parameters_and_come_back_in_pages_as_from_bigquery(client, emulator):
+    """The client's query_and_wait against the stand-in: named parameters of each type, a result
+    of several pages (jobs.query, then jobs.get and jobs.getQueryResults), BigQuery's types back,
+    and the errors BigQuery gives for a missing table or parameter, or SQL that does not parse."""
+    from google.cloud import bigquery
+
+    rows = [{"run_id": f"run-{i % 3}", "attempt_id": "a", "seq": i, "kind": "step_start", "step": i,
+             "event_time": (T + datetime.timedelta(seconds=i)).isoformat(), "body": None}
+            for i in range(3000)]
+    assert not client.insert_rows_json(f"{PROJECT}.{DATASET}.events", rows)
+    parameters = [bigquery.ScalarQueryParameter("run", "STRING", "run-1"),
+                  bigquery.ScalarQueryParameter("after", "TIMESTAMP", T + datetime.timedelta(seconds=99)),
+                  bigquery.ScalarQueryParameter("half", "FLOAT64", 0.5),
+                  bigquery.ArrayQueryParameter("kinds", "STRING", ["step_start", "job_end"])]
+    result = client.query_and_wait(
+        f"SELECT seq, event_time, UNIX_MICROS(event_time) AS us, step * @half AS half, step > 600 AS late "
+        f"FROM `{PROJECT}.{DATASET}.events` WHERE run_id = @run AND event_time > @after "
+        "AND kind IN UNNEST(@kinds) ORDER BY seq",
+        job_config=bigquery.QueryJobConfig(query_parameters=parameters), page_size=300)
+    got = [tuple(row) for row in result]
+    assert len(got) == 967 and result.total_rows == 967  # seq 100, 103, ..., 2998: four pages
+    assert got[0] == (100, T + datetime.timedelta(seconds=100), round(T.timestamp() * 1e6) + 100_000_000,
+                      50.0, False)
+    assert got[-1][0] == 2998 and got[-1][3:] == (1499.0, True)
+    [(count, latest)] = client.query_and_wait(
+        "SELECT COUNT(*), MAX(event_time) FROM events",
+        job_config=bigquery.QueryJobConfig(default_dataset=f"{PROJECT}.{DATASET}"))
+    assert (count, latest) == (3000, T + datetime.timedelta(seconds=2999))
+    for sql, error, message in [
+            (f"SELECT * FROM {DATASET}.nothing", exceptions.NotFound, "Not found: Table"),
+            (f"SELECT @none FROM {DATASET}.events", exceptions.BadRequest, "parameter 'none' not found"),
+            ("SELEC 1", exceptions.BadRequest, "Syntax error"),
+            ("SELECT * FROM events", exceptions.BadRequest, "must be qualified with a dataset")]:
+        with pytest.raises(error, match=message):
+            client.query_and_wait(sql)
+
+
 def test_writer_routes_rejected_rows_to_dead_letter(client, emulator):
     writer = BigQueryWriter(client, PROJECT, DATASET, retry_deadline_s=10)
     good = {"run_id": "run-1", "attempt_id": "a", "start_time": T, "chip_count": 8}
@@ -158,7 +196,8 @@ def test_writer_hands_back_what_it_cannot_write_when_the_tables_are_missing(emul
 
 
 def test_dataset_option_is_checked():
-    assert parse_dataset("p:d") == parse_dataset("p.d") == ("p", "d")
+    assert parse_dataset("goodput-local:d") == parse_dataset("goodput-local.d") == ("goodput-local", "d")
+    assert parse_dataset("example.com:my-project.d") == ("example.com:my-project", "d")
     with pytest.raises(ValueError, match="PROJECT:DATASET"):
         parse_dataset("just-a-dataset")
 
@@ -186,6 +225,14 @@ def test_batch_replay_writes_the_same_rows_to_bigquery_and_duckdb(tmp_path: Path
             remote = emulator.store.rows(PROJECT, DATASET, table)
             assert local, table
             assert sorted(map(comparable, remote)) == sorted(map(comparable, local)), table
+    # A stream restores a run from either warehouse: the same messages, the same latest snapshot.
+    warehouses = BigQueryEvents(PROJECT, DATASET, emulator.endpoint), DuckDBEvents(str(database))
+    run_ids = {row["run_id"] for row in emulator.store.rows(PROJECT, DATASET, "events")}
+    assert run_ids and warehouses[1].run_ids() == run_ids and warehouses[0].run_ids() is None
+    for run_id in [*run_ids, "no-such-run"]:
+        (remote_messages, remote_at), (local_messages, local_at) = (w.run_history(run_id) for w in warehouses)
+        assert [m for _, m in remote_messages] == [m for _, m in local_messages]
+        assert remote_at == local_at and (remote_at is None) == (run_id == "no-such-run")
 
 
 def comparable(row: dict[str, Any]) -> str:

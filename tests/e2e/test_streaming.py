@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -46,11 +46,12 @@ def emulator() -> Iterator[PubSubEmulator]:
         yield started
 
 
-def start_stream(host: str, database: Path, interval_s: float, *more: str) -> subprocess.Popen[str]:
+def start_stream(host: str, database: Path | None, interval_s: float, *more: str) -> subprocess.Popen[str]:
+    """The stream, writing ``database`` (if given) and what ``more`` says."""
     return subprocess.Popen(
         [sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
-         f"--subscription={SUBSCRIPTION}", f"--duckdb={database}", f"--snapshot_interval_s={interval_s}",
-         *more],
+         f"--subscription={SUBSCRIPTION}", f"--snapshot_interval_s={interval_s}",
+         *([f"--duckdb={database}"] if database else []), *more],
         cwd=REPO, env=environment(host), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -142,6 +143,81 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
     for run_id in RUNS:
         series = [value for _, resource, _, value in points if resource["job"] == run_id]
         assert series and series[-1] == pytest.approx(streamed[run_id][0], abs=1e-9)
+
+
+def test_a_stream_launched_anew_restores_its_runs_from_bigquery(
+        tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
+    """A stream that writes only to BigQuery is stopped mid-run, and a new one starts with no
+    state (as a Dataflow job drained and launched again): it restores the run from the raw events
+    table in BigQuery when the run speaks again, so its snapshots go on as those of a stream that
+    never stopped (the batch replay of every message); a run that begins after the relaunch has
+    no history to restore. Without the restore, the first run's elapsed time would begin at the
+    relaunch (goodput 100 %, not 95.5 %)."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    runs, streams = {"run-relaunched": 99, "run-new": 9}, []
+    with BigQueryEmulator() as bigquery:
+        sinks = ("--bigquery_dataset=goodput-local:goodput", f"--bigquery_endpoint={bigquery.endpoint}",
+                 "--bigquery_create_tables")
+
+        def stream_until(last_steps: dict[str, int], record: Callable[[], None]) -> None:
+            """A new stream reads what ``record`` publishes until snapshots show ``last_steps``."""
+            stream = start_stream(emulator.host, None, 1, *sinks)
+            streams.append(stream)
+            record()
+            for recorder in recorders.values():
+                assert recorder.flush(timeout=20)
+            wait_until_read(emulator.broker, 60)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(
+                    latest_in_bigquery(bigquery).get(run_id, ())[-1:] != (step,)
+                    for run_id, step in last_steps.items()):
+                time.sleep(0.2)
+            stop_stream(stream)
+
+        def first_half() -> None:
+            recorders["run-relaunched"].record_job_start_time(at(0))
+            for step in range(50):
+                recorders["run-relaunched"].record_step_start_time(step, at(10 + 2 * step))
+
+        def second_half() -> None:
+            for step in range(50, 100):
+                recorders["run-relaunched"].record_step_start_time(step, at(10 + 2 * step))
+            recorders["run-relaunched"].record_job_end_time(at(220))
+            recorders["run-new"].record_job_start_time(at(300))
+            for step in range(10):
+                recorders["run-new"].record_step_start_time(step, at(305 + step))
+            recorders["run-new"].record_job_end_time(at(320))
+
+        recorders = {run_id: GoodputRecorder(run_id, logging_enabled=True, destination=TOPIC,
+                                             settings=make_settings()) for run_id in runs}
+        try:
+            stream_until({"run-relaunched": 49}, first_half)
+            stream_until(runs, second_half)
+        finally:
+            for recorder in recorders.values():
+                recorder.close(timeout=5)
+            for stream in streams:
+                if stream.poll() is None:
+                    stream.kill()
+        streamed = latest_in_bigquery(bigquery)
+    replayed = replay_copies(emulator.broker, tmp_path, emulator.host)[1]
+    assert set(streamed) == set(replayed) == set(runs)
+    for run_id, last_step in runs.items():
+        assert streamed[run_id][0] == pytest.approx(replayed[run_id][0], abs=1e-9)
+        assert streamed[run_id][1] == pytest.approx(replayed[run_id][1], abs=1e-6)
+        assert streamed[run_id][2:] == replayed[run_id][2:] == (0, last_step, True, last_step)
+    assert replayed["run-relaunched"][:2] == (pytest.approx(100 * 210 / 220), 220)  # from 0 s to 220 s
+
+
+def latest_in_bigquery(bigquery: BigQueryEmulator) -> dict[str, tuple]:
+    """Each run's latest cumulative row in BigQuery, as ``latest_cumulative`` gives it."""
+    latest: dict[str, dict] = {}
+    for row in bigquery.store.rows("goodput-local", "goodput", "goodput_snapshots"):
+        if row["window_s"] == 0 and row["snapshot_time"] >= latest.get(row["run_id"], row)["snapshot_time"]:
+            latest[row["run_id"]] = row
+    return {run_id: tuple(row[name] for name in ("goodput_pct", "total_time_s", "disruptions",
+                                                  "max_productive_step", "ended", "last_step"))
+            for run_id, row in latest.items()}
 
 
 def test_an_outage_loses_nothing_and_a_stop_reports_everything(

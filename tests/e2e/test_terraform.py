@@ -408,6 +408,7 @@ REPLACES = {
     "dataset_id=goodput_two": DATASET | {"google_bigquery_dataset_iam_member.pipeline"} | {
         f"{kind}[\"{table}\"]" for table in checks.PIPELINE_TABLES
         for kind in ("google_bigquery_table.tables", "google_bigquery_table_iam_member.pipeline")} | {
+        *(f'google_bigquery_table_iam_member.pipeline_reader["{table}"]' for table in checks.READ_TABLES),
         'google_bigquery_table.tables["accelerator_prices"]',
         *(f'google_bigquery_table.views["{view}.sql"]' for view in ("latest_badput", "latest_goodput"))},
     # A new repository is empty: the image is built into it again.

@@ -624,7 +624,7 @@ def _compare_windows(live: Path) -> list[str]:
     ours = {GOODPUT: _final_rows(live, "goodput_snapshots"), BADPUT: _final_rows(live, "badput_snapshots")}
     for run_id, as_of_us in finals:
         state = engine.RunState(run_id)
-        for source, data in raw_events.run_history(str(live), run_id)[0]:
+        for source, data in raw_events.DuckDBEvents(str(live)).run_history(run_id)[0]:
             batch, _ = parse_batch(data, source)
             assert batch is not None
             state.add_batch(batch)

@@ -40,6 +40,7 @@ CLOUD_METRICS = {
 }
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 TABLE_APPENDER = "google_project_iam_custom_role.table_appender"
+TABLE_READER = "google_project_iam_custom_role.table_reader"
 #: Every IAM grant the module may make, as (role, what it is granted on), with why it is needed.
 #: What it is granted on is the resource the grant's scope names (its topic, subscription, table,
 #: dataset, bucket or service account) or ``project``; a custom role is named by its resource. Any
@@ -59,6 +60,11 @@ IAM_ALLOWED: dict[tuple[str, str], str] = {
         "the job's workers run as the pipeline's account (granted on projects only)",
     ("roles/monitoring.metricWriter", "project"):
         "the pipeline writes time series, which belong to the project",
+    ("roles/bigquery.jobUser", "project"):
+        "a stream launched anew restores runs with query jobs, which belong to the project",
+    (TABLE_READER, "google_bigquery_table.tables"):
+        "a restore reads a run's rows of events and goodput_snapshots, no other table (see "
+        "CUSTOM_ROLES and READ_TABLES)",
     (TABLE_APPENDER, "google_bigquery_table.tables"):
         "streaming inserts into each table the pipeline writes, and no more (see CUSTOM_ROLES)",
     ("roles/bigquery.metadataViewer", "google_bigquery_dataset.goodput"):
@@ -82,7 +88,11 @@ IAM_ALLOWED: dict[tuple[str, str], str] = {
 CUSTOM_ROLES: dict[str, frozenset[str]] = {
     # tabledata.insertAll needs updateData and get on the table (and datasets.get, above)
     TABLE_APPENDER: frozenset({"bigquery.tables.get", "bigquery.tables.updateData"}),
+    # a query reads the rows of the tables it names
+    TABLE_READER: frozenset({"bigquery.tables.getData"}),
 }
+#: The tables the pipeline may read: a restore's (pipeline.sinks.raw_events.BigQueryEvents).
+READ_TABLES = frozenset({"events", "goodput_snapshots"})
 #: The argument of each kind of IAM grant that names what it is granted on.
 _IAM_SCOPE = {
     "google_pubsub_topic_iam_member": "topic",
@@ -337,8 +347,9 @@ def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
 def check_iam(plan: Plan) -> list[str]:
     """Every grant is one of ``IAM_ALLOWED``, so none is broader than the module needs (and none
     is a primitive role or a service's admin role); every custom role has at most its
-    ``CUSTOM_ROLES`` permissions; the pipeline may append to every table it writes; no keys; the
-    emitter may only publish to the events topic."""
+    ``CUSTOM_ROLES`` permissions; the pipeline may append to every table it writes and read the
+    tables a restore reads (``READ_TABLES``), no others; no keys; the emitter may only publish to
+    the events topic."""
     problems = []
     for resource in resources(plan):
         if resource["type"] == "google_service_account_key":
@@ -350,10 +361,13 @@ def check_iam(plan: Plan) -> list[str]:
                 problems.append(f"{resource['address']}: permissions {sorted(extra)} are broader than "
                                 f"the module needs (CUSTOM_ROLES)")
     appended: set[str] = set()
+    read: set[str] = set()
     for resource, role, target in iam_grants(plan):
         address = resource["address"]
         if role == TABLE_APPENDER:
             appended.add(resource["values"].get("table_id", ""))
+        if role == TABLE_READER:
+            read.add(resource["values"].get("table_id", ""))
         if role in PRIMITIVE_ROLES or role.endswith(".admin"):
             problems.append(f"{address}: over-broad role {role}")
         elif (role, target) not in IAM_ALLOWED:
@@ -370,6 +384,8 @@ def check_iam(plan: Plan) -> list[str]:
                  for table in sorted(set(PIPELINE_TABLES) - appended)]
     problems += [f"the pipeline may append to table {table}, which it never writes"
                  for table in sorted(appended - set(PIPELINE_TABLES))]
+    if read != READ_TABLES:
+        problems.append(f"the pipeline may read tables {sorted(read)}; a restore reads {sorted(READ_TABLES)}")
     for resource in configured(plan):
         expressions = resource.get("expressions", {})
         members = expressions.get("member", {}).get("references", [])

@@ -34,7 +34,12 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "names": "column names of the table's schema",
         "column": "a column name of a table's schema",
         "kind": "a DuckDB type, mapped from a schema's type"},
-    "pipeline/sinks/raw_events.py": {"COLUMNS": "a constant list of the events table's columns"},
+    "pipeline/sinks/raw_events.py": {"COLUMNS": "a constant list of the events table's columns",
+                                     "BIGQUERY_COLUMNS": "a constant list of the events table's columns",
+                                     "dataset": "a project and a dataset matched by parse_dataset"},
+    "pipeline/emulators/bigquery.py": {
+        "name": "a table's ids, checked when the table was created, its quotes doubled",
+        "columns": "the table's field names, checked when it was created, and types mapped"},
     "pipeline/app/fleet_sql.py": {"later": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "earlier": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "_UNIT_US[unit]": "an integer constant"},
