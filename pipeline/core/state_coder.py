@@ -16,6 +16,7 @@ import json
 import struct
 import sys
 from array import array
+from typing import Any
 
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
@@ -56,11 +57,7 @@ def encode_state(state: RunState) -> bytes:
 
 def decode_state(data: bytes) -> RunState:
     """The state ``encode_state`` encoded."""
-    magic, length = _HEADER.unpack_from(data)
-    if magic != _MAGIC:
-        raise ValueError("not an encoded run state")
-    header = json.loads(data[_HEADER.size:_HEADER.size + length])
-    offset = _HEADER.size + length
+    header, offset = _read_header(data, _MAGIC, "not an encoded run state")
     attempts = []
     for item in header["attempts"]:
         attempt = Attempt(item["id"], item["start"], item["end"], item["meta"])
@@ -71,12 +68,7 @@ def decode_state(data: bytes) -> RunState:
                         (attempt.obs_prints, count), (attempt.obs_kinds, count)]
         else:  # encoded before events were kept by seq: those steps' seqs are unknown (-1)
             attempt.step_seqs.extend([-1] * item["n"])
-        for target, count in columns:
-            size = count * target.itemsize
-            target.frombytes(data[offset:offset + size])
-            if sys.byteorder != "little":
-                target.byteswap()
-            offset += size
+        offset = _read_arrays(data, offset, columns)
         attempt.markers = {k: [tuple(m) for m in v] for k, v in item["markers"].items()}
         attempt.saves = [tuple(s) for s in item["saves"]]
         attempt.restores = [tuple(s) for s in item["restores"]]
@@ -100,22 +92,33 @@ def encode_batch(batch: Batch) -> bytes:
 
 def decode_batch(run_id: str, data: bytes) -> Batch:
     """The events of run ``run_id`` that ``encode_batch`` encoded."""
-    magic, length = _HEADER.unpack_from(data)
-    if magic != _BATCH_MAGIC:
-        raise ValueError("not an encoded message")
-    header = json.loads(data[_HEADER.size:_HEADER.size + length])
-    offset, count, attempt_id = _HEADER.size + length, header["n"], header["attempt"]
-    columns = []
-    for _ in range(3):
-        column = array("q")
-        column.frombytes(data[offset:offset + count * column.itemsize])
-        if sys.byteorder != "little":
-            column.byteswap()
-        offset += count * column.itemsize
-        columns.append(column)
+    header, offset = _read_header(data, _BATCH_MAGIC, "not an encoded message")
+    seqs, times, steps = array("q"), array("q"), array("q")
+    _read_arrays(data, offset, [(column, header["n"]) for column in (seqs, times, steps)])
+    attempt_id = header["attempt"]
     others = tuple(Event(run_id, attempt_id, seq, time_us, kind, body)
                    for seq, time_us, kind, body in header["others"])
-    return Batch(run_id, attempt_id, columns[0], columns[1], columns[2], others)
+    return Batch(run_id, attempt_id, seqs, times, steps, others)
+
+
+def _read_header(data: bytes, magic: bytes, refusal: str) -> tuple[Any, int]:
+    """The JSON header of an encoding that begins with ``magic``, and where its arrays begin."""
+    found, length = _HEADER.unpack_from(data)
+    if found != magic:
+        raise ValueError(refusal)
+    return json.loads(data[_HEADER.size:_HEADER.size + length]), _HEADER.size + length
+
+
+def _read_arrays(data: bytes, offset: int, targets: list[tuple[array[int], int]]) -> int:
+    """Fills each array with its count of little-endian values from ``offset`` on, in turn;
+    where the last one ends."""
+    for target, count in targets:
+        size = count * target.itemsize
+        target.frombytes(data[offset:offset + size])
+        if sys.byteorder != "little":
+            target.byteswap()
+        offset += size
+    return offset
 
 
 def _little_endian(values: array[int]) -> memoryview | bytes:
