@@ -32,8 +32,8 @@ and reads each run's latest ``last_step``.
   pulled as they came, snapshots late). For the DuckDB writes: the share of the watcher's
   scheduled reads that found the file held by a write (how much of the time the pipeline's
   writes held it), and, once the pipeline has stopped, the time of one write as the pipeline
-  makes it (open the file, append a bundle of 10 messages, the most the DirectRunner pulls at
-  once, close it).
+  makes it (open the file, append a bundle of as many messages as the DirectRunner pulls at
+  once, at most, and close it).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import duckdb
 
 from benchmarks.common import cpu_s, percentile, stop
 from emitter.settings import EmitterSettings
+from pipeline.beam.direct_runner import PULL_MAX_MESSAGES
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = "projects/goodput-bench"
@@ -77,7 +78,7 @@ ACHIEVED_SHARE = 0.9
 ACK_LATE_S = 1.0  # a publish acknowledged later than this is the emulator falling behind
 ONE_CORE = 0.8  # a thread running or waiting for a CPU this share of the time is CPU-bound
 WRITES_HELD = 0.8  # writes holding the file this share of the time are the bottleneck
-PULL_SIZE = 10  # messages the DirectRunner's Pub/Sub read pulls at once, at most
+PULL_SIZE = PULL_MAX_MESSAGES  # messages the DirectRunner's Pub/Sub read pulls at once, at most
 WRITE_REPEATS = 7
 BURST_RUNS, BURST_MESSAGES, BURST_EVENTS = 100, 10, 1_000
 BURST_WITHIN_S = 120.0

@@ -1,7 +1,13 @@
 """Beam's DirectRunner fitted for a local stream that runs for days.
 
-It reads a subscription by pulling ten messages at a time and acknowledging them at once, before
-they are processed. Two things follow that a local stream must not suffer:
+It reads a subscription by pulling messages and acknowledging them at once, before they are
+processed. Beam's own read pulls ten at a time; this one up to ``PULL_MAX_MESSAGES``, as many as
+Pub/Sub allows: a bundle is what one pull took, and the runner pays a cost per bundle (setting up
+each step's DoFns, visiting timers), so under load ten at a time spent most of its time on that.
+Its client receives responses of any size, as the client library sets it up for Pub/Sub (for an
+emulator the library opens a channel that refuses responses over 4 MiB, a hundred messages of
+1,000 events, and a read that hit it would be refused forever). What a local stream that runs
+for days must not suffer:
 
 * A failed pull (the emulator away for more than the client's 60 s of retries, a quota error the
   client does not retry) fails the bundle, and the DirectRunner never retries a bundle: the
@@ -12,16 +18,21 @@ they are processed. Two things follow that a local stream must not suffer:
   and the steps it was given to (the run tracker, the cloud sinks) report each message at once
   and retry nothing; then ``stop_reading()``: later pulls read nothing, and what was read is
   processed; ``drained`` tells when that is done, and the launcher cancels then.
-* Pub/Sub holds a pull with nothing to deliver open until its deadline (30 s here): a stop that
-  waited for it would break its word. ``stop_reading()`` cancels the pulls in flight instead, by
-  closing their clients; they had acknowledged nothing, so what they took is delivered again to
-  the next stream, after its ack deadline (a Pub/Sub that does not notice the cancel holds the
-  pull to its deadline first, and may hand it a message published meanwhile). A pull that
-  reaches its deadline idle read nothing; it is no outage.
+* Pub/Sub holds a pull with nothing to deliver open until its deadline, and the runner does all
+  its work on one thread: while a pull waits, no timer fires, so no snapshot is made. Beam's read
+  gives its pulls 30 s, and a quiet stream's snapshots came up to 30 s late; here a pull's
+  deadline is ``PULL_TIMEOUT_S``, 2 s (Pub/Sub answers an idle pull about a second before its
+  deadline, or it ends at its deadline; either way it read nothing).
+* A stop that waited for a pull in flight would break its word. ``stop_reading()`` cancels the
+  pulls in flight instead, by closing their clients; they had acknowledged nothing, so what they
+  took is delivered again to the next stream, after its ack deadline (a Pub/Sub that does not
+  notice the cancel holds the pull to its deadline first, and may hand it a message published
+  meanwhile).
 
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
-pinned to 2.77) with ``read``, which pulls and acknowledges as it does; it says so in the log if
-that method is ever gone, and the stream then runs as Beam made it.
+pinned to 2.77) with ``read``, which pulls and acknowledges as it does, and keeps its client in
+the runner's cache of them; it says so in the log if that method is ever gone, and the stream then
+runs as Beam made it.
 
 And the runner counts a step's metrics only for its first bundle on each of its threads: a
 thread's state sampler keeps the scoped state it made for the step's first bundle, with that
@@ -40,13 +51,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.utils.timestamp import Timestamp
 from google.api_core.exceptions import DeadlineExceeded, GoogleAPIError
+
+from pipeline.beam import direct_bundles
 
 _LOG = logging.getLogger(__name__)
 _STOPPING = threading.Event()  # the job is stopping: report each message at once
@@ -54,10 +69,13 @@ _STOPPED = threading.Event()  # the job reads no more
 _OUTAGE = threading.Event()  # the last pull failed
 _STOP_LOCK = threading.Lock()  # a pull begins, or the reading stops: one at a time
 _PULLING = 0  # reads between their start and their return (under _STOP_LOCK)
-#: A pull's deadline: an idle pull is held open this long (less a second), unless cancelled.
-PULL_TIMEOUT_S = 30.0
+#: A pull's deadline: an idle pull is held open this long (less a second), unless cancelled; the
+#: runner's timers wait for it.
+PULL_TIMEOUT_S = 2.0
 #: Pause after a failed pull before the runner pulls again.
 RETRY_PAUSE_S = 1.0
+#: Messages a pull takes at most, and so a bundle holds: Pub/Sub's own limit (Beam's read takes 10).
+PULL_MAX_MESSAGES = 1000
 
 
 def install() -> bool:
@@ -71,6 +89,7 @@ def install() -> bool:
         return False
     setattr(evaluator, "_read_from_pubsub", read)  # noqa: B010 -- a private method, replaced
     count_every_bundle()
+    direct_bundles.install()
     for event in (_STOPPING, _STOPPED, _OUTAGE):  # a new stream in this process
         event.clear()
     return True
@@ -109,16 +128,16 @@ def own_state_sampler() -> Iterator[Any]:
 
 
 def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any]]:
-    """What the runner's read does (pull ten messages, acknowledge them, stamp each with its
-    publish time), but a failed pull reads nothing and a failed acknowledgement keeps what was
-    pulled: the messages may come again, and the pipeline drops repeated events."""
+    """What the runner's read does (pull messages, acknowledge them, stamp each with its publish
+    time), with larger pulls; a failed pull reads nothing, and a failed acknowledgement keeps what
+    was pulled: the messages may come again, and the pipeline drops repeated events."""
     if timestamp_attribute:
         raise NotImplementedError("the local stream stamps messages with their publish time")
     global _PULLING
     with _STOP_LOCK:
         if _STOPPED.is_set():
             return []
-        client = evaluator._get_subscriber_client(evaluator._applied_ptransform)
+        client = _client(evaluator)
         _PULLING += 1
     try:
         return _pull(evaluator, client)
@@ -130,7 +149,7 @@ def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any
 def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
     """``read``'s pull and acknowledgement, with ``client``."""
     try:
-        received = list(client.pull(subscription=evaluator._sub_name, max_messages=10,
+        received = list(client.pull(subscription=evaluator._sub_name, max_messages=PULL_MAX_MESSAGES,
                                     timeout=PULL_TIMEOUT_S).received_messages)
     except (GoogleAPIError, ValueError) as error:  # ValueError: a channel that stop_reading closed
         if _STOPPED.is_set() or isinstance(error, DeadlineExceeded):
@@ -154,6 +173,27 @@ def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
                          len(received), error)
     return [(Timestamp.from_utc_datetime(m.message.publish_time), PubsubMessage._from_message(m.message))
             for m in received]
+
+
+def _client(evaluator: Any) -> Any:
+    """The subscriber client of the evaluator's read, from the runner's cache (where
+    ``stop_reading`` and ``_forget_client`` find it), made on first use: on an emulator, with a
+    channel that takes responses of any size, as the library's channel to Pub/Sub does."""
+    from apache_beam.runners.direct.transform_evaluator import _PubSubSubscriberClient
+    from google.cloud import pubsub_v1
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+    cls, transform = type(evaluator), evaluator._applied_ptransform.transform
+    with cls._subscriber_client_cache_lock:
+        cached = cls._subscriber_client_cache.get(transform)
+        if cached is None:
+            host, arguments = os.environ.get("PUBSUB_EMULATOR_HOST"), {}
+            if host:
+                arguments["transport"] = SubscriberGrpcTransport(channel=grpc.insecure_channel(
+                    host, options=[("grpc.max_receive_message_length", -1)]))
+            cached = cls._subscriber_client_cache[transform] = _PubSubSubscriberClient(
+                pubsub_v1.SubscriberClient(**arguments))
+        return cached.client
 
 
 def _forget_client(evaluator: Any) -> None:

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.beam import direct_bundles
 from support.beam import replay
+
+
+@pytest.fixture(scope="session", autouse=True)
+def direct_runner_as_the_stream_runs_it() -> None:
+    """The DirectRunner with its per-bundle costs cut, as the launcher runs a local stream: every
+    test of this tier runs on the same runner (the patches are for the whole process)."""
+    assert direct_bundles.install()
 
 
 @pytest.fixture(scope="session")

@@ -321,6 +321,51 @@ def test_pulls_refused_past_the_clients_retries_never_stop_the_stream(
     assert table_seqs(live) == list(range(61))
 
 
+def test_a_quiet_streams_snapshot_is_not_held_by_an_idle_pull(tmp_path: Path, emulator: PubSubEmulator,
+                                                             monkeypatch, make_settings):
+    """The DirectRunner does all its work on one thread, so a pull waiting for messages holds
+    every timer: with Beam's 30 s pulls, the snapshot of a run's last message came ~30 s late.
+    A message sent once the stream is idle shows in a snapshot within the interval (2 s) plus a
+    pull's deadline and the write: well under 15 s, where a 30 s pull would take 28 s or more."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    live = tmp_path / "live.duckdb"
+    with streaming(emulator.host, live, 2, "run-quiet", make_settings()) as (stream, recorder):
+        recorder.record_job_start_time(at(0))
+        recorder.record_step_start_time(0, at(1))
+        assert recorder.flush(timeout=20)
+        deadline = time.monotonic() + 120
+        while latest_cumulative(live).get("run-quiet", (None,) * 6)[5] != 0:
+            assert time.monotonic() < deadline, "the first snapshot never came"
+            time.sleep(0.1)
+        time.sleep(3)  # the stream is idle in a pull
+        recorder.record_step_start_time(1, at(2))
+        assert recorder.flush(timeout=20)
+        sent = time.monotonic()
+        while latest_cumulative(live).get("run-quiet", (None,) * 6)[5] != 1:
+            assert time.monotonic() - sent < 60, "the second snapshot never came"
+            time.sleep(0.1)
+        waited = time.monotonic() - sent
+        stop_stream(stream)
+    assert waited < 15, f"the snapshot came {waited:.1f} s after the message"
+
+
+def test_a_pull_of_more_than_4_mib_is_read(tmp_path: Path, emulator: PubSubEmulator):
+    """The stream pulls up to 1,000 messages at once, which may weigh far more than the 4 MiB an
+    emulator's default channel takes (the stream would pull the same refused messages forever):
+    80 messages of 64 kB, all in the subscription before the stream starts, are read and
+    dead-lettered."""
+    live = tmp_path / "live.duckdb"
+    emulator.broker.publish(TOPIC, [types.PubsubMessage(data=b"%02d" % index + b"x" * 64_000)
+                                    for index in range(80)])
+    stream = start_stream(emulator.host, live, 2)
+    try:
+        wait_until_read(emulator.broker, 60)
+    finally:
+        stop_stream(stream)
+    with duckdb.connect(str(live), read_only=True) as connection:
+        assert connection.execute("SELECT count(*) FROM dead_letter").fetchone() == (80,)
+
+
 @pytest.mark.parametrize("monitoring", ["up", "failing"])
 def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: PubSubEmulator,
                                                       monkeypatch, make_settings, monitoring):

@@ -1,0 +1,212 @@
+"""What Beam's DirectRunner pays around every bundle, cut to what the bundle itself needs.
+
+The DirectRunner runs a stream as a series of bundles, and around each it does work that grows
+with everything the stream has seen rather than with the bundle; a local stream of thousands of
+runs spent most of its time there. Three things, each measured on the fleet benchmark:
+
+* **Timers.** After every bundle, and in a loop while nothing else runs, the runner asks every
+  key that ever held state in every stateful step whether a timer is due: a tracker of 10,000
+  runs was visited 10,000 times per step for each bundle of ten messages. ``_KeyedStates`` keeps a
+  step's states (the runner's dict of them) with each key's earliest timer per time domain in a
+  heap, so that the runner visits only the keys with a timer due, and asks them as it did.
+* **Copies.** Each bundle works on a copy of each key's state, which the runner makes with a deep
+  copy of the key's timers (timestamps and windows, which nothing changes in place): here each
+  window's timers are copied as a dict, and the rest as the runner copies it.
+* **Objects kept between bundles.** The runner sets each DoFn up and tears it down around every
+  bundle, so what ``setup`` makes lives only as long as Beam's ``Shared`` keeps it: one object per
+  process, the last one acquired. The stream's two stateful steps each acquire their own (the
+  tracker's decoded states, the restore's list of runs), displaced each other's, and made theirs
+  again nearly every bundle. Here each ``Shared`` keeps its object for the life of the process,
+  as a Dataflow worker's long-lived DoFns keep theirs.
+
+And a state with nothing left in it (no timer, no value: a run whose state was cleared) is
+dropped rather than kept forever, so the runner's memory follows the runs it holds, not every run
+it ever saw; the runner makes an empty one again when the key comes back, as it does for any new
+key.
+
+``install`` patches the runner's private classes (Beam is pinned to 2.77), once per process; if
+they have changed it says so in the log and the runner runs as Beam made it. Nothing here runs on
+Dataflow.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.utils.timestamp import Timestamp
+
+_LOG = logging.getLogger(__name__)
+_DOMAINS = (TimeDomain.REAL_TIME, TimeDomain.WATERMARK)
+_INSTALLED = False
+
+
+def install() -> bool:
+    """Patches the DirectRunner as the module docstring says; False (logged) if it cannot."""
+    global _INSTALLED
+    if _INSTALLED:
+        return True
+    from apache_beam.runners.direct import evaluation_context, watermark_manager
+    from apache_beam.utils import shared
+
+    context: Any = getattr(evaluation_context, "EvaluationContext", None)
+    unmerged: Any = getattr(evaluation_context, "DirectUnmergedState", None)
+    marks = getattr(watermark_manager, "_TransformWatermarks", None)
+    shared_map = getattr(shared, "_SharedMap", None)
+    if not (hasattr(context, "_initialize_keyed_states") and hasattr(unmerged, "copy")
+            and hasattr(marks, "extract_transform_timers") and hasattr(shared_map, "acquire")):
+        _LOG.warning("the DirectRunner has changed: it visits every key's timers after each bundle")
+        return False
+    _patch_keyed_states(context)
+    _patch_timers(marks)
+    unmerged.copy = _copy_state
+    _patch_shared(shared_map)
+    _INSTALLED = True
+    return True
+
+
+class _KeyedStates(dict[Hashable, Any]):
+    """A stateful step's states by encoded key, as the runner keeps them, which knows the keys
+    with a timer due. The runner replaces a key's state whole when a bundle commits (it works on
+    copies), so each assignment indexes the key again: its earliest timer per time domain, in
+    one heap per domain (entries that a later assignment outdated are skipped as they surface).
+    A key whose earliest timer is due stays due until its state is assigned again, as the runner
+    asks a key again until the bundle that fires its timers commits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._earliest: dict[Hashable, tuple[int | None, ...]] = {}  # key: micros per domain
+        self._heaps: tuple[list[tuple[int, int, Hashable]], ...] = tuple([] for _ in _DOMAINS)
+        self._due: dict[Hashable, None] = {}  # keys with a timer due, in the order found
+        self._order = itertools.count()  # ties in a heap never compare keys
+        self._with_processing_time = 0  # keys with a processing-time timer
+
+    def __setitem__(self, key: Hashable, state: Any) -> None:
+        earliest = _earliest_timers(state)
+        with self._lock:
+            was_due = key in self._due
+            self._due.pop(key, None)
+            before = self._earliest.pop(key, None)
+            if before is not None and before[0] is not None:
+                self._with_processing_time -= 1
+            if earliest is None:
+                if _holds_nothing(state):
+                    super().pop(key, None)
+                    return
+            else:
+                self._earliest[key] = earliest
+                if earliest[0] is not None:
+                    self._with_processing_time += 1
+                for heap, micros, previous in zip(self._heaps, earliest, before or (None, None), strict=True):
+                    if micros is not None and (micros != previous or was_due):
+                        heapq.heappush(heap, (micros, next(self._order), key))
+            super().__setitem__(key, state)
+
+    def __missing__(self, key: Hashable) -> Any:
+        """A new empty state, for a key whose empty state was dropped (the runner assigns one
+        and reads it back)."""
+        from apache_beam.runners.direct.evaluation_context import DirectUnmergedState
+
+        return DirectUnmergedState()
+
+    def due(self, watermark: Timestamp, now: Any) -> list[tuple[Hashable, Any]]:
+        """The keys (with their states) whose earliest timer in some domain is due: processing
+        time ``now``, event time ``watermark``, compared as the runner compares them."""
+        with self._lock:
+            for domain, heap, limit in zip(range(2), self._heaps, (now, watermark), strict=True):
+                limit_micros = Timestamp.of(limit).micros
+                while heap and heap[0][0] <= limit_micros:
+                    micros, _, key = heapq.heappop(heap)
+                    earliest = self._earliest.get(key)
+                    if earliest is not None and earliest[domain] == micros:
+                        self._due[key] = None
+            return [(key, dict.__getitem__(self, key)) for key in self._due]
+
+    def with_processing_time_timers(self) -> bool:
+        """Whether some key has a processing-time timer set, due or not."""
+        with self._lock:
+            return self._with_processing_time > 0
+
+
+def _earliest_timers(state: Any) -> tuple[int | None, ...] | None:
+    """A state's earliest timer in each domain (micros, or None), or None if it has no timer."""
+    earliest: list[int | None] = [None, None]
+    for timers in state.timers.values():
+        for (_, domain, _), timestamp in timers.items():
+            index = 1 if domain == TimeDomain.WATERMARK else 0
+            micros = Timestamp.of(timestamp).micros
+            if earliest[index] is None or micros < earliest[index]:  # type: ignore[operator]
+                earliest[index] = micros
+    return None if earliest == [None, None] else tuple(earliest)
+
+
+def _holds_nothing(state: Any) -> bool:
+    """Whether a state without timers holds no value either (what reads leave: empty lists)."""
+    return not state.global_state and all(
+        values == [] for tags in state.state.values() for values in tags.values())
+
+
+def _patch_keyed_states(context: Any) -> None:
+    def initialize(self: Any, root_transforms: Any, value_to_consumers: Any) -> dict[Any, _KeyedStates]:
+        steps = [*root_transforms, *(c for consumers in value_to_consumers.values() for c in consumers)]
+        return {step: _KeyedStates() for step in steps}
+
+    context._initialize_keyed_states = initialize
+
+
+def _patch_timers(marks: Any) -> None:
+    from apache_beam.runners.direct.util import TimerFiring
+
+    extract = marks.extract_transform_timers
+
+    def extract_due(self: Any) -> tuple[list[Any], bool]:
+        states = self._keyed_states
+        if not isinstance(states, _KeyedStates):
+            return extract(self)  # type: ignore[no-any-return]
+        with self._lock:
+            watermark, now = self._input_watermark, self._clock.time()
+            fired: list[Any] = []
+            for key, state in states.due(watermark, now):
+                timers, _ = state.get_timers(watermark=watermark, processing_time=now)
+                fired.extend(TimerFiring(key, window, name, domain, timestamp, dynamic_timer_tag=tag)
+                             for window, (name, domain, timestamp, tag) in timers)
+            self._fired_timers.update(fired)
+            return fired, states.with_processing_time_timers()
+
+    marks.extract_transform_timers = extract_due
+
+
+def _copy_state(state: Any) -> Any:
+    """The runner's copy of a key's state for a bundle, with each window's timers copied as a
+    dict (their keys are tuples of strings, their values timestamps) rather than deep-copied."""
+    from apache_beam.runners.direct.evaluation_context import DirectUnmergedState
+
+    clone = DirectUnmergedState()
+    for window, timers in state.timers.items():
+        clone.timers[window] = dict(timers)
+    if state.global_state:
+        clone.global_state = copy.deepcopy(state.global_state)
+    for window, tags in state.state.items():
+        cloned = clone.state[window]
+        for tag, values in tags.items():
+            cloned[tag] = copy.copy(values)
+    return clone
+
+
+def _patch_shared(shared_map: Any) -> None:
+    acquire = shared_map.acquire
+
+    def acquire_kept(self: Any, key: str, constructor_fn: Any, tag: Any = None) -> Any:
+        result = acquire(self, key, constructor_fn, tag)
+        with self._lock:
+            self.__dict__.setdefault("_kept_for_good", {})[key] = result
+        return result
+
+    shared_map.acquire = acquire_kept
