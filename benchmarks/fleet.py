@@ -17,7 +17,7 @@ job end: 1,020,000 events, encoded by the emitter's own encoder (``goodput_schem
   The real Pub/Sub client publishes them as fast as it takes them, with the emitter's attributes
   but not its ordering key, so that one client batches many runs' messages in one request.
   Measured from the first publish until every run's snapshot in DuckDB shows its last step
-  (polled read-only every 2 s), for at most 90 s: runs complete, events/s (events in the
+  (polled read-only every 2 s), for at most 300 s: runs complete, events/s (events in the
   raw events table over the time to the last poll, and over its first and second halves), the
   pipeline's peak resident memory (``VmHWM`` before it is stopped), the CPU it and the
   benchmark's process used (in cores: 1.00 is one core busy), and the messages it had not yet
@@ -25,8 +25,9 @@ job end: 1,020,000 events, encoded by the emitter's own encoder (``goodput_schem
 * State per run: the bytes of one run's state as Beam stores it (``state_coder.encode_state``, in a
   ``BytesCoder``) after all its events.
 
-The targets apply to the batch replay: 10,000 runs × 100 steps in under 60 s and under 2 GB
-(2 × 10⁹ bytes) of peak memory on this machine.
+Targets on this machine: the batch replay of 10,000 runs × 100 steps in under 60 s and under 2 GB
+(2 × 10⁹ bytes) of peak memory; the stream completes every run (its snapshot shows its last
+step) within the 300 s.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ PROJECT = "projects/goodput-bench"
 TOPIC = f"{PROJECT}/topics/events"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/pipeline"
 INTERVAL_S = 5.0
-STREAM_LIMIT_S = 90.0
+STREAM_LIMIT_S = 300.0
 POLL_S = 2.0
 TARGET_WALL_S = 60.0
 TARGET_PEAK_BYTES = 2 * 10**9
@@ -352,11 +353,13 @@ def _targets(wall: float, peak: float) -> str:
 def _streaming_verdict(streamed: Streamed) -> str:
     """What the streaming figures say, from the figures themselves."""
     if streamed.complete:
-        return (f"Streaming (no target): all {RUNS:,} runs complete {streamed.elapsed_s:.0f} s after the "
-                f"first publish, {EVENTS / streamed.elapsed_s:,.0f} events/s.")
+        return (f"Target (streaming): every run complete within {STREAM_LIMIT_S:.0f} s — met: all {RUNS:,} "
+                f"runs complete {streamed.elapsed_s:.0f} s after the first publish, "
+                f"{EVENTS / streamed.elapsed_s:,.0f} events/s.")
     rate = streamed.rate()
     projected = f"{EVENTS / rate / 60:,.0f} minutes" if rate else "never"
-    return (f"Streaming (no target): stopped after {streamed.elapsed_s:.0f} s with "
+    return (f"Target (streaming): every run complete within {STREAM_LIMIT_S:.0f} s — MISSED: stopped after "
+            f"{streamed.elapsed_s:.0f} s with "
             f"{streamed.runs_complete:,} of {RUNS:,} runs complete and {streamed.events_written:,} of "
             f"{EVENTS:,} events written; at {rate:,.0f} events/s all of them would take about {projected}. "
             f"Every message was published within {streamed.publish_s:.0f} s and "

@@ -198,18 +198,24 @@ class DuckDBSink:
 _APPEND_LOCK = threading.Lock()
 
 
+#: How long an open waits for another process (a reader) to let go of the file, and how often it
+#: tries meanwhile: a reader holds it for milliseconds, and the local stream's one thread waits.
+OPEN_WAIT_S, OPEN_RETRY_S = 5.0, 0.01
+
+
 @contextlib.contextmanager
-def opened(path: str | Path, attempts: int = 50) -> Iterator[DuckDBSink]:
+def opened(path: str | Path) -> Iterator[DuckDBSink]:
     """The file opened for writing, under a lock shared by the process's threads; retries while
-    another process holds it. Closed again on leaving."""
+    another process holds it, for up to ``OPEN_WAIT_S``. Closed again on leaving."""
     with _APPEND_LOCK:
-        for attempt in range(attempts):
+        deadline = time.monotonic() + OPEN_WAIT_S
+        while True:
             try:
                 sink = DuckDBSink(path)
             except duckdb.IOException:
-                if attempt == attempts - 1:
+                if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.1)
+                time.sleep(OPEN_RETRY_S)
                 continue
             try:
                 yield sink
