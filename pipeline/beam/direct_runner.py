@@ -32,7 +32,8 @@ for days must not suffer:
 ``install`` replaces the runner's private ``_PubSubReadEvaluator._read_from_pubsub`` (Beam is
 pinned to 2.77) with ``read``, which pulls and acknowledges as it does, and keeps its client in
 the runner's cache of them; it says so in the log if that method is ever gone, and the stream then
-runs as Beam made it.
+runs as Beam made it. It also cuts what the runner pays around every bundle
+(``pipeline.beam.direct_bundles``).
 
 And the runner counts a step's metrics only for its first bundle on each of its threads: a
 thread's state sampler keeps the scoped state it made for the step's first bundle, with that

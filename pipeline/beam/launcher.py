@@ -28,6 +28,7 @@ is in a snapshot; a second signal stops it at once.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -53,8 +54,9 @@ DRAIN_POLL_S = 0.05  # how often a stop looks whether it is done
 
 def run_streaming(options: GoodputOptions) -> int:
     """Runs the stream until SIGINT or SIGTERM, then stops it cleanly: every message read so far
-    is in a snapshot before the pipeline is cancelled. A second signal cancels at once. On a
-    runner that runs jobs on its own (Dataflow), submits the job and returns."""
+    is in a snapshot before the pipeline is cancelled. A second signal cancels at once. If the
+    pipeline fails, says so and ends the process with exit code 1. On a runner that runs jobs on
+    its own (Dataflow), submits the job and returns."""
     stop, force = threading.Event(), threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -108,10 +110,14 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
         _wait_until(due_s, force, failed)
         direct_runner.stop_reading()
         _drain(direct_runner.drained(result), force, failed)
-    if failed():  # its threads are daemons, and may be stuck: they end with the process
+    if failed():
         print(f"python -m pipeline: the streaming pipeline failed: {errors[0]!r} (see the log above)",
-              file=sys.stderr)
-        return 1
+              file=sys.stderr, flush=True)
+        # The runner's threads are daemons and may be stuck, or busy inside a library's native
+        # code (a sink retrying a file it cannot open): the interpreter's shutdown under them
+        # can abort the process (SIGABRT) instead of exiting 1. The process ends here instead.
+        sys.stdout.flush()
+        os._exit(1)
     result.cancel()
     print("stopped", file=sys.stderr, flush=True)
     return 0
