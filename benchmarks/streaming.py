@@ -78,7 +78,6 @@ ACHIEVED_SHARE = 0.9
 ACK_LATE_S = 1.0  # a publish acknowledged later than this is the emulator falling behind
 ONE_CORE = 0.8  # a thread running or waiting for a CPU this share of the time is CPU-bound
 WRITES_HELD = 0.8  # writes holding the file this share of the time are the bottleneck
-PULL_SIZE = PULL_MAX_MESSAGES  # messages the DirectRunner's Pub/Sub read pulls at once, at most
 WRITE_REPEATS = 7
 BURST_RUNS, BURST_MESSAGES, BURST_EVENTS = 100, 10, 1_000
 BURST_WITHIN_S = 120.0
@@ -326,7 +325,7 @@ def _burst(publisher: Any, broker: Any, database: Path) -> float | None:
 
 def _write_s(database: Path, per_message: int) -> float:
     """Median seconds of one DuckDB write of a read bundle as the pipeline makes it: open the
-    file, append PULL_SIZE messages of ``per_message`` step events, close it."""
+    file, append PULL_MAX_MESSAGES messages of ``per_message`` step events, close it."""
     from pipeline.core.events import parse_batch
     from pipeline.core.rows import Element, batch_rows
     from pipeline.sinks.duckdb import append
@@ -334,7 +333,7 @@ def _write_s(database: Path, per_message: int) -> float:
     times = []
     for repeat in range(WRITE_REPEATS):
         elements: list[Element] = []
-        for index in range(PULL_SIZE):
+        for index in range(PULL_MAX_MESSAGES):
             steps = range(repeat * per_message, (repeat + 1) * per_message)
             batch, _ = parse_batch(_message(f"write-{index}", steps.start + 1, steps, 100_000, False), "")
             assert batch is not None
@@ -360,7 +359,7 @@ def _cause(level: Level, write_s: float) -> str:
            f"{demand:.0%} of the time, ran {level.thread_ran:.0%} and waited for one "
            f"{level.thread_waited:.0%} (the pipeline process used {level.pipeline_cores:.2f} cores)")
     writes = (f"the pipeline's DuckDB writes held the file {level.held_share:.0%} of the time (one write of "
-              f"a {PULL_SIZE}-message bundle: {1000 * write_s:.0f} ms)")
+              f"a {PULL_MAX_MESSAGES}-message bundle: {1000 * write_s:.0f} ms)")
     if level.held_share >= WRITES_HELD:
         writes += ", the bottleneck"
     if level.read < ACHIEVED_SHARE * level.achieved:

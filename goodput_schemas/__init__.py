@@ -6,6 +6,7 @@
 date). Its limits are in ``limits``, its wire format in ``wire``.
 """
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,20 @@ SQL_DIRECTORY = DIRECTORY / "sql"
 VIEWS_DIRECTORY = DIRECTORY / "views"
 #: Accelerator prices per chip-hour, seeded into the ``accelerator_prices`` table.
 ACCELERATOR_PRICES = DIRECTORY / "accelerator_prices.csv"
+#: A BigQuery dataset the tables are written to: a project ID (``my-project``, or
+#: ``example.com:my-project``), ``:`` or ``.``, a dataset ID; nothing that could end a quoted table
+#: reference in SQL.
+_DATASET = re.compile(r"(?P<project>(?:[a-z][a-z0-9.-]*:)?[a-z][a-z0-9-]{4,61}[a-z0-9])[.:]"
+                      r"(?P<dataset>[A-Za-z0-9_]{1,1024})")
+
+
+def parse_dataset(text: str) -> tuple[str, str]:
+    """``PROJECT:DATASET`` or ``PROJECT.DATASET`` as (project, dataset); ValueError otherwise."""
+    match = _DATASET.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not PROJECT:DATASET or PROJECT.DATASET (a project ID, and a "
+                         "dataset name of letters, digits and underscores)")
+    return match["project"], match["dataset"]
 
 
 def table_schema(name: str) -> list[dict[str, str]]:

@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from emitter.recorder import ElasticGoodputRecorder, GoodputRecorder
+from goodput_schemas import parse_dataset
 from ml_goodput_measurement.src.goodput_utils import (
     BadputType,
     ElasticIntervalWorkloadMetricDetails,
@@ -180,18 +181,13 @@ class _DuckDBSource:
         raise AssertionError("unreachable")
 
 
-_PROJECT = r"(?:[a-z][a-z0-9.-]*:)?[a-z][a-z0-9-]{4,61}[a-z0-9]"
-_DATASET = re.compile(rf"(?P<project>{_PROJECT})[.:](?P<dataset>[A-Za-z0-9_]{{1,1024}})")
 
 
 class _BigQuerySource:
     """A BigQuery dataset the pipeline writes (``--bigquery_dataset``), through the real client."""
 
     def __init__(self, dataset: str, client: Any = None) -> None:
-        match = _DATASET.fullmatch(dataset)
-        if match is None:
-            raise ValueError(f"a BigQuery dataset is PROJECT.DATASET (or PROJECT:DATASET), got {dataset!r}")
-        self.project, self.dataset = match["project"], match["dataset"]
+        self.project, self.dataset = parse_dataset(dataset)
         self._client = client
 
     def table(self, name: str) -> str:

@@ -120,7 +120,7 @@ class _KeyedStates(dict[Hashable, Any]):
         """The keys (with their states) whose earliest timer in some domain is due: processing
         time ``now``, event time ``watermark``, compared as the runner compares them."""
         with self._lock:
-            for domain, heap, limit in zip(range(2), self._heaps, (now, watermark), strict=True):
+            for domain, (heap, limit) in enumerate(zip(self._heaps, (now, watermark), strict=True)):
                 limit_micros = Timestamp.of(limit).micros
                 while heap and heap[0][0] <= limit_micros:
                     micros, _, key = heapq.heappop(heap)

@@ -180,14 +180,14 @@ def _client(evaluator: Any) -> Any:
     """The subscriber client of the evaluator's read, from the runner's cache (where
     ``stop_reading`` and ``_forget_client`` find it), made on first use: on an emulator, with a
     channel that takes responses of any size, as the library's channel to Pub/Sub does."""
-    from apache_beam.runners.direct.transform_evaluator import _PubSubSubscriberClient
-    from google.cloud import pubsub_v1
-    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
-
     cls, transform = type(evaluator), evaluator._applied_ptransform.transform
     with cls._subscriber_client_cache_lock:
         cached = cls._subscriber_client_cache.get(transform)
         if cached is None:
+            from apache_beam.runners.direct.transform_evaluator import _PubSubSubscriberClient
+            from google.cloud import pubsub_v1
+            from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
             host, arguments = os.environ.get("PUBSUB_EMULATOR_HOST"), {}
             if host:
                 arguments["transport"] = SubscriberGrpcTransport(channel=grpc.insecure_channel(

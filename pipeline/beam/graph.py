@@ -10,6 +10,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 
+from goodput_schemas import parse_dataset
 from pipeline.beam.live import TrackRunsLive
 from pipeline.beam.options import GoodputOptions
 from pipeline.beam.restore import RestoreRuns
@@ -25,7 +26,7 @@ from pipeline.beam.transforms import (
 )
 from pipeline.core.events import read_lines
 from pipeline.core.rows import batch_rows
-from pipeline.sinks.bigquery import create_tables, make_client, parse_dataset
+from pipeline.sinks.bigquery import create_tables, make_client
 from pipeline.sinks.monitoring import MonitoringSettings
 from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents, EventsTables, backfill_messages
 from pipeline.sinks.retries import never

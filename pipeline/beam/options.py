@@ -14,10 +14,10 @@ from typing import NoReturn
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 
+from goodput_schemas import parse_dataset
 from goodput_schemas.limits import MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US
 from pipeline.app.checks import UsageError
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S
-from pipeline.sinks.bigquery import parse_dataset
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -264,10 +264,8 @@ def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
     if goodput.bigquery_dataset:
         try:
             parse_dataset(goodput.bigquery_dataset)
-        except ValueError:
-            raise UsageError(f"--bigquery_dataset={goodput.bigquery_dataset} is not PROJECT:DATASET "
-                             "(a project ID, and a dataset name of letters, digits and underscores)"
-                             ) from None
+        except ValueError as error:
+            raise UsageError(f"--bigquery_dataset: {error}") from None
     if goodput.bigquery_endpoint and not goodput.bigquery_endpoint.startswith(("http://", "https://")):
         raise UsageError(f"--bigquery_endpoint={goodput.bigquery_endpoint} is not a URL: "
                          "e.g. http://127.0.0.1:9050")

@@ -304,8 +304,6 @@ class BigQueryStore:
             return response
 
 
-_DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
-                 "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMPTZ"}
 _RESULT_TYPES = {"VARCHAR": "STRING", "BIGINT": "INTEGER", "INTEGER": "INTEGER", "SMALLINT": "INTEGER",
                  "TINYINT": "INTEGER", "HUGEINT": "INTEGER", "UBIGINT": "INTEGER", "UINTEGER": "INTEGER",
                  "DOUBLE": "FLOAT", "FLOAT": "FLOAT", "BOOLEAN": "BOOLEAN", "DATE": "DATE",
@@ -463,24 +461,29 @@ class _Queries:
             fields = self._store.get_table(*key)["schema"]["fields"]
             name = ".".join(key).replace('"', '""')
             if key not in self._copied:
-                columns = ", ".join(f'"{f["name"]}" {_DUCKDB_TYPES[f["type"]]}' for f in fields)
+                columns = ", ".join(f'"{f["name"]}" {_column_types(f["type"])[0]}' for f in fields)
                 self._connection.execute(f'CREATE TABLE "{name}" ({columns})')
                 self._copied[key] = 0
             rows = self._store.rows(*key, start=self._copied[key])
             if rows:
                 arrow = pyarrow.Table.from_pylist(
-                    rows, schema=pyarrow.schema([(f["name"], _arrow_type(f["type"])) for f in fields]))
+                    rows, schema=pyarrow.schema([(f["name"], _column_types(f["type"])[1]) for f in fields]))
                 self._connection.register("new_rows", arrow)
                 self._connection.execute(f'INSERT INTO "{name}" SELECT * FROM new_rows')
                 self._connection.unregister("new_rows")
                 self._copied[key] += len(rows)
 
 
-def _arrow_type(kind: str) -> Any:
+def _column_types(kind: str) -> tuple[str, Any]:
+    """A BigQuery column type as the pipeline's DuckDB file stores it, and as Arrow's, but with
+    time zones: the store keeps timestamps aware."""
     import pyarrow
 
-    return {"VARCHAR": pyarrow.string(), "BIGINT": pyarrow.int64(), "DOUBLE": pyarrow.float64(),
-            "BOOLEAN": pyarrow.bool_(), "TIMESTAMPTZ": pyarrow.timestamp("us", tz="UTC")}[_DUCKDB_TYPES[kind]]
+    from pipeline.sinks.duckdb import ARROW_TYPES, DUCKDB_TYPES
+
+    if DUCKDB_TYPES[kind] == "TIMESTAMP":
+        return "TIMESTAMPTZ", pyarrow.timestamp("us", tz="UTC")
+    return DUCKDB_TYPES[kind], ARROW_TYPES[DUCKDB_TYPES[kind]]
 
 
 def _literal(parameter: dict[str, Any]) -> Any:

@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -51,21 +50,6 @@ def make_client(project: str, endpoint: str | None = None) -> Any:
 
     return bigquery.Client(project=project, credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
                            client_options=ClientOptions(api_endpoint=endpoint))
-
-
-#: A project ID (``my-project``, or ``example.com:my-project``) and a dataset ID, as BigQuery
-#: takes them: nothing that could end a quoted table reference in SQL.
-_DATASET = re.compile(r"(?P<project>(?:[a-z][a-z0-9.-]*:)?[a-z][a-z0-9-]{4,61}[a-z0-9])[.:]"
-                      r"(?P<dataset>[A-Za-z0-9_]{1,1024})")
-
-
-def parse_dataset(text: str) -> tuple[str, str]:
-    """``PROJECT:DATASET`` or ``PROJECT.DATASET`` as (project, dataset)."""
-    match = _DATASET.fullmatch(text)
-    if match is None:
-        raise ValueError(f"a BigQuery dataset is PROJECT:DATASET (a project ID, and a dataset name of "
-                         f"letters, digits and underscores), got {text!r}")
-    return match["project"], match["dataset"]
 
 
 def create_tables(client: Any, project: str, dataset: str) -> None:

@@ -26,9 +26,10 @@ from pipeline.core.events import Batch
 from pipeline.core.rows import EVENTS, Element, Row, by_table, event_rows
 from pipeline.core.sanitize import clean_row, identifier
 
-_DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
+#: BigQuery column types as DuckDB's, and DuckDB's as Arrow's (timestamps naive, in UTC).
+DUCKDB_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE",
                  "FLOAT": "DOUBLE", "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP"}
-_ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(),
+ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(),
                 "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
 
 
@@ -36,7 +37,7 @@ def create_table_sql(name: str) -> str:
     """``CREATE TABLE IF NOT EXISTS`` for output table ``name``, from its JSON schema."""
     columns = []
     for field in table_schema(name):
-        column = f'"{field["name"]}" {_DUCKDB_TYPES[field["type"]]}'
+        column = f'"{field["name"]}" {DUCKDB_TYPES[field["type"]]}'
         if field.get("mode") == "REQUIRED":
             column += " NOT NULL"
         columns.append(column)
@@ -51,7 +52,7 @@ def _utc_naive(value: object) -> object:
 
 @functools.cache
 def _columns() -> dict[str, list[tuple[str, str]]]:
-    return {name: [(f["name"], _DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
+    return {name: [(f["name"], DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
             for name in table_names()}
 
 
@@ -151,7 +152,7 @@ class DuckDBSink:
         if not rows:
             return 0
         self._insert(table, {name: pa.array([_utc_naive(row.get(name)) for row in rows],
-                                            type=_ARROW_TYPES[kind]) for name, kind in columns})
+                                            type=ARROW_TYPES[kind]) for name, kind in columns})
         return len(rows)
 
     def write_events(self, batches: Sequence[Batch]) -> int:

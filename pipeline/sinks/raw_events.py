@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from goodput_schemas import parse_dataset
 from pipeline.core.events import Event, encode_events
 
 #: Events per message read back: the emitter's default batch.
@@ -115,8 +116,6 @@ class BigQueryEvents(EventsTables):
 
     def __init__(self, project: str, dataset: str, endpoint: str | None = None,
                  timeout_s: float = 60.0) -> None:
-        from pipeline.sinks.bigquery import parse_dataset
-
         if parse_dataset(f"{project}.{dataset}") != (project, dataset):
             raise ValueError(f"not a BigQuery project and dataset: {project!r}, {dataset!r}")
         self.project, self.dataset, self.endpoint, self.timeout_s = project, dataset, endpoint, timeout_s

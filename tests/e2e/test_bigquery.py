@@ -19,9 +19,9 @@ import duckdb
 import pytest
 from google.api_core import exceptions
 
-from goodput_schemas import table_names, table_options
+from goodput_schemas import parse_dataset, table_names, table_options
 from pipeline.emulators.bigquery import BigQueryEmulator
-from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client, parse_dataset
+from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client
 from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents
 from support import REPO
 
