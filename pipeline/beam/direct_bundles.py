@@ -12,12 +12,12 @@ runs spent most of its time there. Three things, each measured on the fleet benc
 * **Copies.** Each bundle works on a copy of each key's state, which the runner makes with a deep
   copy of the key's timers (timestamps and windows, which nothing changes in place): here each
   window's timers are copied as a dict, and the rest as the runner copies it.
-* **Objects kept between bundles.** The runner sets each DoFn up and tears it down around every
-  bundle, so what ``setup`` makes lives only as long as Beam's ``Shared`` keeps it: one object per
-  process, the last one acquired. The stream's two stateful steps each acquire their own (the
-  tracker's decoded states, the restore's list of runs), displaced each other's, and made theirs
-  again nearly every bundle. Here each ``Shared`` keeps its object for the life of the process,
-  as a Dataflow worker's long-lived DoFns keep theirs.
+* **DoFns set up once.** For every bundle the runner makes a new copy of each DoFn (a pickle
+  round trip), inspects its methods for state and timer specs four times over, sets it up, and
+  tears it down at the end: what ``setup`` makes (a client, the tracker's decoded states) lasted
+  one bundle. Here, as a Dataflow worker does, a copy is set up once and kept for the bundles
+  that follow; a bundle that fails drops its copy, and the next bundle makes a new one. A
+  DoFn's specs are read once per copy.
 
 And a state with nothing left in it (no timer, no value: a run whose state was cleared) is
 dropped rather than kept forever, so the runner's memory follows the runs it holds, not every run
@@ -26,7 +26,8 @@ key.
 
 ``install`` patches the runner's private classes (Beam is pinned to 2.77), once per process; if
 they have changed it says so in the log and the runner runs as Beam made it. Nothing here runs on
-Dataflow.
+Dataflow. A kept copy is not torn down when the pipeline ends (Beam says teardown is best effort;
+none of this pipeline's DoFns has one).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import heapq
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Hashable
 from typing import Any
 
@@ -52,21 +54,23 @@ def install() -> bool:
     global _INSTALLED
     if _INSTALLED:
         return True
-    from apache_beam.runners.direct import evaluation_context, watermark_manager
-    from apache_beam.utils import shared
+    from apache_beam.runners.direct import evaluation_context, transform_evaluator, watermark_manager
+    from apache_beam.transforms import userstate
 
     context: Any = getattr(evaluation_context, "EvaluationContext", None)
     unmerged: Any = getattr(evaluation_context, "DirectUnmergedState", None)
     marks = getattr(watermark_manager, "_TransformWatermarks", None)
-    shared_map = getattr(shared, "_SharedMap", None)
     if not (hasattr(context, "_initialize_keyed_states") and hasattr(unmerged, "copy")
-            and hasattr(marks, "extract_transform_timers") and hasattr(shared_map, "acquire")):
+            and hasattr(marks, "extract_transform_timers")
+            and hasattr(getattr(transform_evaluator, "pickler", None), "roundtrip")
+            and hasattr(transform_evaluator, "DoFnRunner") and hasattr(userstate, "get_dofn_specs")):
         _LOG.warning("the DirectRunner has changed: it visits every key's timers after each bundle")
         return False
     _patch_keyed_states(context)
     _patch_timers(marks)
     unmerged.copy = _copy_state
-    _patch_shared(shared_map)
+    _patch_dofn_reuse(transform_evaluator)
+    _patch_specs(userstate, transform_evaluator)
     _INSTALLED = True
     return True
 
@@ -200,13 +204,67 @@ def _copy_state(state: Any) -> Any:
     return clone
 
 
-def _patch_shared(shared_map: Any) -> None:
-    acquire = shared_map.acquire
+def _patch_dofn_reuse(evaluator: Any) -> None:
+    """The ParDo evaluator's copy of a DoFn (its only use of ``pickler``) comes from the DoFn's
+    idle copies when there is one; its runner sets a copy up the first time only, and puts it
+    back among the idle copies where it would tear it down."""
+    idle: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # the graph's DoFn's
+    home: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # a copy's idle list
+    set_up: weakref.WeakSet[Any] = weakref.WeakSet()
+    pickler = evaluator.pickler
 
-    def acquire_kept(self: Any, key: str, constructor_fn: Any, tag: Any = None) -> Any:
-        result = acquire(self, key, constructor_fn, tag)
-        with self._lock:
-            self.__dict__.setdefault("_kept_for_good", {})[key] = result
-        return result
+    class KeptCopies:
+        @staticmethod
+        def roundtrip(dofn: Any) -> Any:
+            copies = idle.setdefault(dofn, [])
+            try:
+                return copies.pop()
+            except IndexError:
+                made = pickler.roundtrip(dofn)
+                home[made] = copies
+                return made
 
-    shared_map.acquire = acquire_kept
+    class KeepingRunner(evaluator.DoFnRunner):
+        def __init__(self, dofn: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(dofn, *args, **kwargs)
+            self._kept = dofn if _is_in(dofn, home) else None
+
+        def setup(self) -> None:
+            if self._kept is None or self._kept not in set_up:
+                super().setup()
+                if self._kept is not None:
+                    set_up.add(self._kept)
+
+        def teardown(self) -> None:
+            if self._kept is None:
+                super().teardown()
+            else:
+                home[self._kept].append(self._kept)
+
+    evaluator.pickler = KeptCopies
+    evaluator.DoFnRunner = KeepingRunner
+
+
+def _is_in(dofn: Any, copies: weakref.WeakKeyDictionary[Any, Any]) -> bool:
+    try:
+        return dofn in copies
+    except TypeError:  # not hashable
+        return False
+
+
+def _patch_specs(userstate: Any, evaluator: Any) -> None:
+    """A DoFn's state and timer specs, read from its methods once per DoFn object."""
+    read = userstate.get_dofn_specs
+    specs: weakref.WeakKeyDictionary[Any, tuple[frozenset[Any], frozenset[Any]]] = weakref.WeakKeyDictionary()
+
+    def get_dofn_specs(dofn: Any) -> tuple[set[Any], set[Any]]:
+        try:
+            found = specs.get(dofn)
+            if found is None:
+                states, timers = read(dofn)
+                found = specs[dofn] = frozenset(states), frozenset(timers)
+        except TypeError:  # not hashable, or not weakly referable
+            return read(dofn)  # type: ignore[no-any-return]
+        return set(found[0]), set(found[1])
+
+    userstate.get_dofn_specs = evaluator.get_dofn_specs = get_dofn_specs

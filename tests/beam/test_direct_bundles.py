@@ -1,14 +1,18 @@
 """The DirectRunner's per-bundle costs cut (``pipeline.beam.direct_bundles``): the keyed states
-that know their due timers find exactly what the runner's visit of every key finds."""
+that know their due timers find exactly what the runner's visit of every key finds, and a DoFn
+is set up once for the bundles that follow."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.direct.evaluation_context import DirectUnmergedState
+from apache_beam.testing import test_stream
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils import shared
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.beam.direct_bundles import _KeyedStates
@@ -102,19 +106,39 @@ def test_the_index_finds_what_visiting_every_key_finds():
         assert indexed(states, watermark, now) == (expected, any_processing)
 
 
-def test_each_shared_object_is_kept_between_bundles():
-    """Two steps each acquire their own object through Beam's Shared: the DirectRunner drops
-    its references after every bundle, and both objects are still there for the next (the
-    tier's conftest installed the patches)."""
+class _Lifecycle(beam.DoFn):
+    """Records, in the module's list (the runner works on copies), what each copy was asked."""
 
-    class Decoded:  # weakly referenced, as Shared requires
-        pass
+    def setup(self) -> None:
+        LIFECYCLE.append(("setup", id(self)))
 
-    first, second = shared.Shared(), shared.Shared()
-    made: list[str] = []
-    ids = []
-    for _ in range(3):
-        for name, handle in (("first", first), ("second", second)):
-            ids.append(id(handle.acquire(lambda name=name: made.append(name) or Decoded())))
-    assert made == ["first", "second"]
-    assert len(set(ids)) == 2
+    def start_bundle(self) -> None:
+        LIFECYCLE.append(("bundle", id(self)))
+
+    def process(self, element: int) -> Iterator[int]:
+        yield element
+
+    def teardown(self) -> None:
+        LIFECYCLE.append(("teardown", id(self)))
+
+
+LIFECYCLE: list[tuple[str, int]] = []
+
+
+def test_a_dofn_is_set_up_once_and_kept_for_the_bundles_that_follow():
+    """The runner makes, sets up and tears down a copy of a DoFn around every bundle; here one
+    copy serves every bundle of the stream, set up once (the tier's conftest installed the
+    patches)."""
+    LIFECYCLE.clear()
+    stream = test_stream.TestStream()
+    for element in range(5):
+        stream.add_elements([element]).advance_processing_time(1)
+    stream.advance_watermark_to_infinity()
+    options = PipelineOptions(streaming=True, runner="BundleBasedDirectRunner")
+    with beam.Pipeline(options=options) as pipeline:
+        _ = pipeline | stream | beam.ParDo(_Lifecycle())
+    bundles = [copy for what, copy in LIFECYCLE if what == "bundle"]
+    assert len(bundles) >= 5
+    assert len(set(bundles)) == 1
+    assert LIFECYCLE.count(("setup", bundles[0])) == 1
+    assert not [what for what, _ in LIFECYCLE if what == "teardown"]
