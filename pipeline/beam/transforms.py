@@ -226,8 +226,8 @@ class WriteToDuckDB(beam.PTransform):
     streaming pipelines append alike.
     """
 
-    #: Rows (as ``_buffered_rows`` weighs them) buffered before an append: an append costs
-    #: tens of milliseconds to open the file, and the rows a few hundred bytes each.
+    #: Rows (as ``_buffered_rows`` weighs them) buffered before an append: an append costs a
+    #: few milliseconds to open the file, and the rows a few hundred bytes each.
     FLUSH_ROWS = 100_000
 
     def __init__(self, path: str) -> None:

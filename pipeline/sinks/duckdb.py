@@ -10,7 +10,6 @@ Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQ
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import threading
 import time
@@ -44,16 +43,16 @@ def create_table_sql(name: str) -> str:
     return f'CREATE TABLE IF NOT EXISTS "{name}" ({", ".join(columns)})'
 
 
-def _utc_naive(value: object) -> object:
-    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
-        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    return value
-
-
 @functools.cache
 def _columns() -> dict[str, list[tuple[str, str]]]:
     return {name: [(f["name"], DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
             for name in table_names()}
+
+
+@functools.cache
+def _arrow_schema(table: str) -> pa.Schema:
+    """A table's columns as Arrow's (which takes a datetime with a time zone as its UTC time)."""
+    return pa.schema([(name, ARROW_TYPES[kind]) for name, kind in _columns()[table]])
 
 
 # Everything a database holds beside its tables, views and columns (nothing, in ours).
@@ -100,27 +99,41 @@ def not_ours(connection: duckdb.DuckDBPyConnection) -> str | None:
 
 
 class DuckDBSink:
-    """Appends rows to the output tables of one DuckDB file."""
+    """Appends rows to the output tables of one DuckDB file: opened on a connection of its own,
+    or attached to ``host``, a connection to an in-memory database, and detached on close (a new
+    connection makes a database with all its built-in functions, about ten times the cost of an
+    attach; the file is free for other processes once detached, as once closed)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, host: duckdb.DuckDBPyConnection | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._connection = duckdb.connect(str(self.path))
+        if host is None:
+            self._connection, self._attached = duckdb.connect(str(self.path)), False
+        else:
+            host.execute("ATTACH ? AS goodput_output", [str(self.path)])
+            host.execute("USE goodput_output")
+            self._connection, self._attached = host, True
+        try:
+            self._check()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self) -> None:
         # A streaming pipeline opens the file for every bundle it writes: one look at the
         # catalog, rather than making every table and view again.
         found = set(self._connection.execute(
-            "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' UNION ALL "
-            "SELECT view_name, NULL FROM duckdb_views() WHERE schema_name = 'main'").fetchall())
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = 'main' UNION ALL SELECT view_name, NULL FROM duckdb_views() "
+            "WHERE database_name = current_database() AND schema_name = 'main'").fetchall())
         wanted: set[tuple[str, str | None]] = {
             (name, column) for name, columns in _columns().items() for column, _ in columns}
         wanted |= {(name, None) for name in views("main")}
         if not found >= wanted:
             problem = not_ours(self._connection)  # before the first write to a file
             if problem is not None:
-                self._connection.close()
                 raise ValueError(f"{self.path} is not a DuckDB file this pipeline wrote: {problem}")
             self._make_tables(wanted - found)
-        self._columns = _columns()
 
     def _make_tables(self, missing: set[tuple[str, str | None]]) -> None:
         """Creates what is missing: tables, and columns added to a table's schema since the file
@@ -147,12 +160,10 @@ class DuckDBSink:
 
     def write(self, table: str, rows: Iterable[Row]) -> int:
         """Appends ``rows`` to ``table``; returns how many."""
-        columns = self._columns[table]
         rows = [clean_row(row) for row in rows]
         if not rows:
             return 0
-        self._insert(table, {name: pa.array([_utc_naive(row.get(name)) for row in rows],
-                                            type=ARROW_TYPES[kind]) for name, kind in columns})
+        self._insert(table, pa.Table.from_pylist(rows, schema=_arrow_schema(table)))
         return len(rows)
 
     def write_events(self, batches: Sequence[Batch]) -> int:
@@ -172,19 +183,19 @@ class DuckDBSink:
             return np.concatenate([np.frombuffer(getattr(batch, name), dtype=np.int64) for batch in stepped])
 
         total = sum(counts)
-        self._insert(EVENTS, {
+        self._insert(EVENTS, pa.table({
             "run_id": repeated([identifier(batch.run_id) for batch in stepped]),
             "attempt_id": repeated([identifier(batch.attempt_id) for batch in stepped]),
             "seq": pa.array(joined("step_seqs")),
             "event_time": pa.array(joined("step_times"), pa.timestamp("us")),
             "kind": repeated(["step_start"] * len(stepped)), "step": pa.array(joined("steps")),
-            "body": pa.nulls(total, pa.string())})
+            "body": pa.nulls(total, pa.string())}))
         return written + total
 
-    def _insert(self, table: str, columns: dict[str, pa.Array]) -> None:
-        self._connection.register("incoming", pa.table(columns))
+    def _insert(self, table: str, data: pa.Table) -> None:
+        self._connection.register("incoming", data)
         try:
-            names = ", ".join(f'"{name}"' for name in columns)
+            names = ", ".join(f'"{name}"' for name in data.column_names)
             self._connection.execute(f'INSERT INTO "{table}" ({names}) SELECT {names} FROM incoming')
         finally:
             self._connection.unregister("incoming")
@@ -193,10 +204,14 @@ class DuckDBSink:
         return self._connection.execute(sql, parameters or []).fetchall()
 
     def close(self) -> None:
-        self._connection.close()
+        if self._attached:
+            self._connection.execute("USE memory; DETACH goodput_output")
+        else:
+            self._connection.close()
 
 
 _APPEND_LOCK = threading.Lock()
+_host: duckdb.DuckDBPyConnection | None = None  # made on the first open, then kept (under the lock)
 
 
 #: How long an open waits for another process (a reader) to let go of the file, and how often it
@@ -206,13 +221,17 @@ OPEN_WAIT_S, OPEN_RETRY_S = 5.0, 0.01
 
 @contextlib.contextmanager
 def opened(path: str | Path) -> Iterator[DuckDBSink]:
-    """The file opened for writing, under a lock shared by the process's threads; retries while
-    another process holds it, for up to ``OPEN_WAIT_S``. Closed again on leaving."""
+    """The file opened for writing (attached to the process's host connection), under a lock
+    shared by the process's threads; retries while another process holds it, for up to
+    ``OPEN_WAIT_S``. Closed (detached) again on leaving."""
+    global _host
     with _APPEND_LOCK:
+        if _host is None:
+            _host = duckdb.connect(":memory:")
         deadline = time.monotonic() + OPEN_WAIT_S
         while True:
             try:
-                sink = DuckDBSink(path)
+                sink = DuckDBSink(path, _host)
             except duckdb.IOException:
                 if time.monotonic() >= deadline:
                     raise

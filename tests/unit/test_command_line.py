@@ -4,6 +4,7 @@ stderr, exit code 2, no file touched)."""
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import hashlib
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from pipeline.app.cli import main
 from pipeline.core.events import read_lines
-from pipeline.sinks.duckdb import DuckDBSink, not_ours
+from pipeline.sinks.duckdb import DuckDBSink, not_ours, opened
 
 LINES = [b'{"schema_version": 1, "run_id": "a"}', b"", b'{"schema_version": 1, "run_id": "b"}']
 
@@ -120,6 +121,25 @@ def test_the_sink_refuses_someone_elses_database_before_writing_to_it(tmp_path: 
     assert digest(path) == before
     with duckdb.connect(str(path), read_only=True) as connection:
         assert connection.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("events",)]
+
+
+def test_a_write_opens_the_file_only_for_itself_and_stores_times_in_utc(tmp_path: Path):
+    """``opened`` (the streaming writes) attaches the file to the process's one in-memory
+    connection: another process's reader opens it between writes, a foreign file is refused
+    unchanged without upsetting the next write, and a time with a zone is stored as its UTC time."""
+    path, theirs = tmp_path / "out.duckdb", foreign(tmp_path / "theirs.duckdb", "CREATE TABLE x (a INTEGER)")
+    at = datetime.datetime(2026, 1, 2, 12, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
+    for seq in range(2):
+        with opened(path) as sink:
+            sink.write("events", [{"run_id": "r", "attempt_id": "a", "seq": seq, "event_time": at,
+                                   "kind": "job_start"}])
+        with duckdb.connect(str(path), read_only=True) as reader:  # free once written
+            assert reader.execute("SELECT count(*), min(event_time) FROM events").fetchone() == (
+                seq + 1, datetime.datetime(2026, 1, 2, 10, 30))
+        before = digest(theirs)
+        with pytest.raises(ValueError, match="not a DuckDB file this pipeline wrote"), opened(theirs):
+            pass
+        assert digest(theirs) == before
 
 
 @pytest.mark.parametrize("command", [["query", "badput_ranking"], ["report"]])
