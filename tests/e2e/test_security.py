@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from google.api_core import exceptions
 
+from goodput_schemas import table_schema
 from pipeline.core import engine
 from pipeline.core.events import parse_batch
 from pipeline.core.sanitize import GCM_MAX_LABEL_VALUE_BYTES, MAX_ID_BYTES, MAX_TEXT_BYTES, truncate_utf8
@@ -240,7 +241,7 @@ def test_duckdb_stores_the_same_values_as_bigquery(bigquery, tmp_path):
     try:
         for table, rows in hostile_rows().items():
             sink.write(table, rows)  # before: the lone surrogate made pyarrow raise
-            columns = [name for name, _ in sink._columns[table] if name != "received_time"]
+            columns = [field["name"] for field in table_schema(table) if field["name"] != "received_time"]
             local = sink.query(f'SELECT {", ".join(columns)} FROM "{table}"')
             remote = [tuple(row[name] for name in columns)
                       for row in bigquery.store.rows(PROJECT, DATASET, table)]
