@@ -208,8 +208,9 @@ def _patch_dofn_reuse(evaluator: Any) -> None:
     """The ParDo evaluator's copy of a DoFn (its only use of ``pickler``) comes from the DoFn's
     idle copies when there is one; its runner sets a copy up the first time only, and puts it
     back among the idle copies where it would tear it down."""
-    idle: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # the graph's DoFn's
-    home: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # a copy's idle list
+    # Weakly, both ways: a pipeline's copies go with its graph (a copy does not refer to it).
+    idle: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # graph DoFn: copies
+    origin: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()  # copy: its DoFn
     set_up: weakref.WeakSet[Any] = weakref.WeakSet()
     pickler = evaluator.pickler
 
@@ -217,17 +218,16 @@ def _patch_dofn_reuse(evaluator: Any) -> None:
         @staticmethod
         def roundtrip(dofn: Any) -> Any:
             copies = idle.setdefault(dofn, [])
-            try:
+            if copies:
                 return copies.pop()
-            except IndexError:
-                made = pickler.roundtrip(dofn)
-                home[made] = copies
-                return made
+            made = pickler.roundtrip(dofn)
+            origin[made] = weakref.ref(dofn)
+            return made
 
     class KeepingRunner(evaluator.DoFnRunner):
         def __init__(self, dofn: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(dofn, *args, **kwargs)
-            self._kept = dofn if _is_in(dofn, home) else None
+            self._kept = dofn if _is_in(dofn, origin) else None
 
         def setup(self) -> None:
             if self._kept is None or self._kept not in set_up:
@@ -236,10 +236,11 @@ def _patch_dofn_reuse(evaluator: Any) -> None:
                     set_up.add(self._kept)
 
         def teardown(self) -> None:
-            if self._kept is None:
+            graph_dofn = None if self._kept is None else origin[self._kept]()
+            if graph_dofn is None:
                 super().teardown()
             else:
-                home[self._kept].append(self._kept)
+                idle.setdefault(graph_dofn, []).append(self._kept)
 
     evaluator.pickler = KeptCopies
     evaluator.DoFnRunner = KeepingRunner
