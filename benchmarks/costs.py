@@ -27,7 +27,7 @@ timings run in one thread pinned to one core; the reference's run in its own ven
   are measured at several history sizes (11 times) and summed over the life's snapshots and
   messages read off a line. A snapshot of a freshly decoded state (a worker that did not keep
   the run: after a restart, or past its memory budget) is shown beside. Sinks (rows, points,
-  requests) are not counted on either side.
+  requests) are not counted on either side of the run's life; the fleets count ours.
 * Cloud Logging reads: one ``entries.list`` per poll of each worker; a read of more than 1,000
   entries takes one call per 1,000 (the API's page limit; the reference asks for pages of
   1,000,000). Rolling windows, if the reference is given ours, read once per window per cycle,
@@ -43,9 +43,17 @@ the ordering key, 20 bytes of timestamp and the message id; the emitter publishe
 request, and a request is billed at least 1,000 bytes; the pipeline's one subscription receives
 the same volume again (streaming pull, many messages a response). A month is 30 days.
 Monitoring series come from the pipeline's own point builder on a real snapshot; our requests
-assume full 200-series requests. Worker counts divide the CPU needed by the vCPUs of the
-Terraform default machine type: the per-core figures are the engine's bound on this machine, not
-Dataflow's measured throughput (Beam's per-element overhead and the sinks come on top).
+assume full 200-series requests. The sinks' CPU is this process's thread writing through the
+pipeline's writers and the real client libraries to the local stand-ins of BigQuery and Cloud
+Monitoring (serving on threads of their own, not counted): the events rows of the fleet run's
+first messages, and its last snapshot as the snapshots of many runs, a bundle's worth of
+messages or runs a write. The whole path is parse + add, state writes, snapshots,
+rows and points. Worker counts divide that CPU by the vCPUs of the Terraform default machine
+type: the per-core figures are bounds on this machine, not Dataflow's measured throughput
+(Beam's per-element overhead comes on top). State writes are priced as Streaming Engine data
+processed, at an example list price (the data-processed billing model bills bytes processed,
+more of them for each stateful or shuffling stage; Google does not publish how state bytes
+count, so this takes each byte written to state as a byte processed).
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -93,6 +102,13 @@ PUBSUB_MESSAGE_ID_BYTES = 16  # Pub/Sub's server-assigned ids: decimal strings o
 PUBSUB_MIN_REQUEST_BYTES = 1_000  # Pub/Sub pricing: "a minimum of 1000 bytes per publish ... request"
 TOPIC = "projects/goodput-bench/topics/events"
 FLEET_RUN_ID = "llm-pretrain-v5p-256-000001"
+SINK_BUNDLE = 100  # messages, or runs' snapshots, a sink writes at once (a bundle's)
+SINK_SNAPSHOTS = 1_000  # runs whose snapshots the sinks write
+SINK_MESSAGES = 2_000  # of the fleet run's, whose events rows are written
+SINK_PROJECT, SINK_DATASET = "goodput-bench", "goodput"
+#: Streaming Engine's price per GB of data processed (the data-processed billing model, us-central1
+#: list price): an example to replace with your own, as the accelerator prices are.
+STREAMING_ENGINE_USD_PER_GB = 0.018
 
 
 def _records_of(path: Path) -> tuple[str, list[Record]]:
@@ -288,6 +304,47 @@ def _state_seconds(checkpoints: list[tuple[bytes, int]], messages: list[Message]
     return timings
 
 
+def _write_seconds(write: Callable[[list[Any]], int], items: list[Any],
+                   make: Callable[[Any], Iterable[Any]]) -> float:
+    """This thread's CPU for writing what ``make`` makes of ``items``, ``SINK_BUNDLE`` items a
+    write, none left unwritten (``write`` returns how many it could not write)."""
+    started, unwritten = time.thread_time(), 0
+    for k in range(0, len(items), SINK_BUNDLE):
+        unwritten += write([made for item in items[k:k + SINK_BUNDLE] for made in make(item)])
+    if unwritten:
+        raise RuntimeError(f"the stand-ins refused {unwritten} rows or points")
+    return time.thread_time() - started
+
+
+def _sink_seconds(batches: list[Any], snapshot: Any) -> tuple[float, float, float]:
+    """This thread's CPU (``time.thread_time``) for the sinks' writes through the real client
+    libraries to the local stand-ins (each serving on threads of its own): an event's ``events``
+    row (s per event), and a snapshot's rows and its Monitoring points (s per snapshot), written
+    ``SINK_BUNDLE`` messages or runs at a time. The snapshot is written as ``SINK_SNAPSHOTS`` runs
+    of its own, its points stamped now as the pipeline stamps them."""
+    from pipeline.core.rows import EVENTS, by_table, event_rows, snapshot_rows
+    from pipeline.emulators.bigquery import BigQueryEmulator
+    from pipeline.emulators.monitoring import MonitoringEmulator
+    from pipeline.sinks import bigquery, monitoring
+
+    now_us = time.time_ns() // 1_000
+    runs = [dataclasses.replace(snapshot, run_id=f"{FLEET_RUN_ID}-{k}") for k in range(SINK_SNAPSHOTS)]
+
+    def stamped(run: Any) -> list[Any]:  # as the pipeline's gate stamps them, now
+        return [dataclasses.replace(point, end_us=now_us) for point in monitoring.snapshot_points(run)]
+
+    with BigQueryEmulator() as tables, MonitoringEmulator() as metrics:
+        client = bigquery.make_client(SINK_PROJECT, tables.endpoint)
+        bigquery.create_tables(client, SINK_PROJECT, SINK_DATASET)
+        rows = bigquery.BigQueryWriter(client, SINK_PROJECT, SINK_DATASET)
+        points = monitoring.MetricWriter(monitoring.make_client(metrics.host), SINK_PROJECT)
+
+        event_s = _write_seconds(lambda made: rows.write({EVENTS: made}), batches, event_rows)
+        snapshot_rows_s = _write_seconds(lambda made: rows.write(by_table(made)), runs, snapshot_rows)
+        points_s = _write_seconds(points.write, runs, stamped)
+    return event_s / sum(len(batch) for batch in batches), snapshot_rows_s / len(runs), points_s / len(runs)
+
+
 def _published_volumes(messages: list[Message]) -> list[int]:
     """Pub/Sub data volume of each message as the emitter's transport publishes it."""
     volumes: list[int] = []
@@ -441,6 +498,8 @@ def _run(runner: ReferenceRunner) -> str:
     assert snapshot is not None
     rows = list(snapshot_rows(snapshot))
     series = len(snapshot_points(snapshot))
+    row_event_s, row_snapshot_s, points_snapshot_s = _sink_seconds(
+        _parsed(fleet_messages[:SINK_MESSAGES]), snapshot)
     events_per_run_s = EVENTS_PER_STEP / STEP_S
     entries_per_s = running_entries / life_s
     rolling_reads = 1 + sum(math.ceil(w * entries_per_s / LIST_PAGE_MAX) for w in windows_s[1:])
@@ -452,7 +511,8 @@ def _run(runner: ReferenceRunner) -> str:
     }
     reference_requests_min = 60 / POLL_S + 60 / deviation_s + len(windows_s) * 60 / POLL_S
 
-    cores: dict[str, list[float]] = {"parse + add": [], "state writes": [], "snapshots": []}
+    cores: dict[str, list[float]] = {"parse + add": [], "state writes": [], "snapshots": [],
+                                     "BigQuery rows": [], "Monitoring points": []}
     fleet_rows: dict[str, list[str]] = {}
 
     def add(label: str, value: str) -> None:
@@ -464,6 +524,8 @@ def _run(runner: ReferenceRunner) -> str:
         cores["parse + add"].append(runs * events_per_run_s * per_event_s)
         cores["state writes"].append(messages_s * writes_per_message_s)
         cores["snapshots"].append(snapshots_s * snapshot_mean)
+        cores["BigQuery rows"].append(runs * events_per_run_s * row_event_s + snapshots_s * row_snapshot_s)
+        cores["Monitoring points"].append(snapshots_s * points_snapshot_s)
         needed = sum(c[-1] for c in cores.values())
         add("events/s", f"{runs * events_per_run_s:,.0f}")
         add("Pub/Sub messages (publish requests)/s", f"{messages_s:,.0f}")
@@ -474,6 +536,8 @@ def _run(runner: ReferenceRunner) -> str:
             f"{_size(messages_s * volume * MONTH_S)}")
         for label, values in cores.items():
             add(f"cores: {label}", _cores(values[-1]))
+        add("**cores: the whole path** (CPU per event)",
+            f"**{_cores(needed)}** ({needed / (runs * events_per_run_s) * 1e6:.1f} µs)")
         workers = math.ceil(needed / vcpus)
         add(f"Dataflow workers ({machine_type}, {vcpus} vCPUs)",
             f"{workers:,}" + (f" (over max_workers {max_workers})" if workers > max_workers else ""))
@@ -481,6 +545,10 @@ def _run(runner: ReferenceRunner) -> str:
             _size(messages_s * written_per_message))
         add("Beam state written/s had every message written the whole state",
             _size(messages_s * state_mean_bytes))
+        add(f"state writes per month at ${STREAMING_ENGINE_USD_PER_GB} per GB processed: "
+            "a log entry / the whole state",
+            f"${messages_s * written_per_message * MONTH_S / 1e9 * STREAMING_ENGINE_USD_PER_GB:,.2f} / "
+            f"${messages_s * state_mean_bytes * MONTH_S / 1e9 * STREAMING_ENGINE_USD_PER_GB:,.0f}")
         add("ours: Cloud Monitoring create_time_series/min",
             f"{math.ceil(runs * series / MAX_SERIES_PER_REQUEST) * 60 / interval_s:,.0f}")
         add("BigQuery rows/s (raw events + snapshot rows)",
@@ -567,6 +635,11 @@ def _run(runner: ReferenceRunner) -> str:
         f"| state at {mean_steps:,.0f} steps (bytes) | {state_mean_bytes:,.0f} |",
         f"| Monitoring series per run per snapshot (pipeline's point builder) | {series} |",
         f"| BigQuery snapshot rows per run per snapshot | {len(rows)} |",
+        f"| BigQuery: an event's events row, our writer + the client library (µs) | "
+        f"{row_event_s * 1e6:.1f} |",
+        f"| BigQuery: a snapshot's rows, our writer + the client library (ms) | {row_snapshot_s * 1e3:.3f} |",
+        f"| Monitoring: a snapshot's points, our writer + the client library (ms) | "
+        f"{points_snapshot_s * 1e3:.3f} |",
         f"| snapshot interval (pipeline default) | {interval_s:g} s |",
         "",
         "| figure | " + " | ".join(f"{runs:,} runs" for runs in FLEETS) + " |",
