@@ -106,8 +106,9 @@ SINK_BUNDLE = 100  # messages, or runs' snapshots, a sink writes at once (a bund
 SINK_SNAPSHOTS = 1_000  # runs whose snapshots the sinks write
 SINK_MESSAGES = 2_000  # of the fleet run's, whose events rows are written
 SINK_PROJECT, SINK_DATASET = "goodput-bench", "goodput"
-#: Streaming Engine's price per GB of data processed (the data-processed billing model, us-central1
-#: list price): an example to replace with your own, as the accelerator prices are.
+#: A price per GB of Streaming Engine data processed (its data-processed billing model): an example
+#: rate, not checked against today's price list, to replace with your own as the accelerator
+#: prices are.
 STREAMING_ENGINE_USD_PER_GB = 0.018
 
 
@@ -518,6 +519,9 @@ def _run(runner: ReferenceRunner) -> str:
     def add(label: str, value: str) -> None:
         fleet_rows.setdefault(label, []).append(value)
 
+    def monthly_usd(bytes_per_s: float) -> float:
+        return bytes_per_s * MONTH_S / 1e9 * STREAMING_ENGINE_USD_PER_GB
+
     for runs in FLEETS:
         messages_s = runs * messages_per_run_s
         snapshots_s = runs / interval_s
@@ -545,10 +549,10 @@ def _run(runner: ReferenceRunner) -> str:
             _size(messages_s * written_per_message))
         add("Beam state written/s had every message written the whole state",
             _size(messages_s * state_mean_bytes))
-        add(f"state writes per month at ${STREAMING_ENGINE_USD_PER_GB} per GB processed: "
+        add(f"state writes per month at an example ${STREAMING_ENGINE_USD_PER_GB} per GB processed: "
             "a log entry / the whole state",
-            f"${messages_s * written_per_message * MONTH_S / 1e9 * STREAMING_ENGINE_USD_PER_GB:,.2f} / "
-            f"${messages_s * state_mean_bytes * MONTH_S / 1e9 * STREAMING_ENGINE_USD_PER_GB:,.0f}")
+            f"${monthly_usd(messages_s * written_per_message):,.2f} / "
+            f"${monthly_usd(messages_s * state_mean_bytes):,.0f}")
         add("ours: Cloud Monitoring create_time_series/min",
             f"{math.ceil(runs * series / MAX_SERIES_PER_REQUEST) * 60 / interval_s:,.0f}")
         add("BigQuery rows/s (raw events + snapshot rows)",

@@ -181,8 +181,6 @@ class _DuckDBSource:
         raise AssertionError("unreachable")
 
 
-
-
 class _BigQuerySource:
     """A BigQuery dataset the pipeline writes (``--bigquery_dataset``), through the real client."""
 

@@ -64,7 +64,8 @@ def install() -> bool:
             and hasattr(marks, "extract_transform_timers")
             and hasattr(getattr(transform_evaluator, "pickler", None), "roundtrip")
             and hasattr(transform_evaluator, "DoFnRunner") and hasattr(userstate, "get_dofn_specs")):
-        _LOG.warning("the DirectRunner has changed: it visits every key's timers after each bundle")
+        _LOG.warning("the DirectRunner has changed: it runs as Beam made it (every key's timers "
+                     "visited after each bundle, each DoFn copied and set up for each bundle)")
         return False
     _patch_keyed_states(context)
     _patch_timers(marks)

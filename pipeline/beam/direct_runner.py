@@ -2,9 +2,9 @@
 
 It reads a subscription by pulling messages and acknowledging them at once, before they are
 processed. Beam's own read pulls ten at a time; this one up to ``PULL_MAX_MESSAGES``, as many as
-Pub/Sub allows: a bundle is what one pull took, and the runner pays a cost per bundle (setting up
-each step's DoFns, visiting timers), so under load ten at a time spent most of its time on that.
-Its client receives responses of any size, as the client library sets it up for Pub/Sub (for an
+Pub/Sub allows: a bundle is what one pull took, and the runner pays a cost per bundle (each step's
+evaluator, its keys' state copies, its timers), so under load ten at a time spent most of its
+time on that. Its client receives responses of any size, as the client library sets it up for Pub/Sub (for an
 emulator the library opens a channel that refuses responses over 4 MiB, a hundred messages of
 1,000 events, and a read that hit it would be refused forever). What a local stream that runs
 for days must not suffer:

@@ -125,8 +125,9 @@ def test_the_sink_refuses_someone_elses_database_before_writing_to_it(tmp_path: 
 
 def test_a_write_opens_the_file_only_for_itself_and_stores_times_in_utc(tmp_path: Path):
     """``opened`` (the streaming writes) attaches the file to the process's one in-memory
-    connection: another process's reader opens it between writes, a foreign file is refused
-    unchanged without upsetting the next write, and a time with a zone is stored as its UTC time."""
+    connection: a reader on a connection of its own (as another process's) opens it between
+    writes, a foreign file is refused unchanged without upsetting the next write, and a time
+    with a zone is stored as its UTC time."""
     path, theirs = tmp_path / "out.duckdb", foreign(tmp_path / "theirs.duckdb", "CREATE TABLE x (a INTEGER)")
     at = datetime.datetime(2026, 1, 2, 12, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
     for seq in range(2):
