@@ -57,7 +57,7 @@ from goodput_schemas.limits import (
     int_name,
     text_problem,
 )
-from goodput_schemas.wire import Message, json_double
+from goodput_schemas.wire import MODEL_METRICS, Message, json_double
 
 __version__ = "0.1.0"
 
@@ -262,7 +262,7 @@ class GoodputRecorder:
         self._worker: BatchWorker | None = None
         # The worker's ``put`` while recording, None when disabled or closed: the calls made
         # every step go straight to it when they are given no time (``_record`` does the rest).
-        self._put: Callable[[int, str, dict[str, Any]], None] | None = None
+        self._put: Callable[[int, str, Any], None] | None = None
         self._closed = False
         self._close_lock = threading.RLock()  # a signal handler may close while close() runs
         self._explicit_time = False
@@ -457,12 +457,13 @@ class GoodputRecorder:
 
     def record_step_start_time(self, step: int, start_time: datetime.datetime | None = None) -> None:
         """Records the start of training step ``step``."""
-        # The calls made every step skip ``_record`` when they can: each call and lookup less
-        # is time the training loop gets back (its caches are cold by then).
+        # The calls made every step skip ``_record`` when they can, and queue a compact body
+        # (``wire.event_body``): each call, lookup and object less is time the training loop
+        # gets back (its caches are cold by then).
         try:
             put = self._put
             if put is not None and start_time is None and type(step) is int and 0 <= step <= MAX_COUNT:
-                put(self._now_ns() // 1000, "step_start", {"step": step})
+                put(self._now_ns() // 1000, "step_start", step)
             elif self._worker is not None:
                 if type(step) is not int or not 0 <= step <= MAX_COUNT:
                     step = _count(step, "step")
@@ -659,30 +660,29 @@ class GoodputRecorder:
 
         A non-finite loss (a diverged run) is recorded as it is.
         """
-        if self._worker is None:
-            return
         try:
+            put = self._put
+            # Plain floats and no time, as a loop records them every step: the compact body.
+            if (put is not None and time_ is None and type(step) is int and 0 <= step <= MAX_COUNT
+                    and (loss is None or type(loss) is float)
+                    and (step_time_s is None or type(step_time_s) is float)
+                    and (tokens_per_s is None or type(tokens_per_s) is float)
+                    and (samples_per_s is None or type(samples_per_s) is float)
+                    and (mfu is None or type(mfu) is float)
+                    and (tflops_per_device is None or type(tflops_per_device) is float)):
+                put(self._now_ns() // 1000, "model_metrics",
+                    (step, loss, step_time_s, tokens_per_s, samples_per_s, mfu, tflops_per_device))
+                return
+            if self._worker is None:
+                return
             if type(step) is not int or not 0 <= step <= MAX_COUNT:
                 step = _count(step, "step")
             body: dict[str, Any] = {"step": step}
-            # Written out rather than looped over: this runs every step, in the training loop.
-            if loss is not None:
-                body["loss"] = _metric(loss, "loss")
-            if step_time_s is not None:
-                body["step_time_s"] = _metric(step_time_s, "step_time_s")
-            if tokens_per_s is not None:
-                body["tokens_per_s"] = _metric(tokens_per_s, "tokens_per_s")
-            if samples_per_s is not None:
-                body["samples_per_s"] = _metric(samples_per_s, "samples_per_s")
-            if mfu is not None:
-                body["mfu"] = _metric(mfu, "mfu")
-            if tflops_per_device is not None:
-                body["tflops_per_device"] = _metric(tflops_per_device, "tflops_per_device")
-            put = self._put
-            if put is not None and time_ is None:
-                put(self._now_ns() // 1000, "model_metrics", body)
-            else:
-                self._record("model_metrics", time_, "time_", body)
+            metrics = (loss, step_time_s, tokens_per_s, samples_per_s, mfu, tflops_per_device)
+            for name, value in zip(MODEL_METRICS, metrics, strict=True):
+                if value is not None:
+                    body[name] = _metric(value, name)
+            self._record("model_metrics", time_, "time_", body)
         except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
             self._invalid_call("record_model_metrics", error)
 

@@ -30,7 +30,7 @@ import re
 import stat
 from pathlib import Path
 
-from goodput_schemas.wire import Record
+from goodput_schemas.wire import Record, event_body
 
 _LOG = logging.getLogger(__name__)
 _SUFFIX = ".seg"
@@ -103,7 +103,9 @@ class Spool:
         Raises:
             OSError: The disk refused the write (full, read-only, gone); nothing was written.
         """
-        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        seq, time_us, kind, body = record
+        line = (json.dumps([seq, time_us, kind, event_body(kind, body)], separators=(",", ":"),
+                           ensure_ascii=False) + "\n").encode()
         size = len(line)
         if not self._make_room(size):
             self.dropped_events += 1

@@ -152,7 +152,7 @@ class BatchWorker:
 
     # -- caller side ------------------------------------------------------------------------
 
-    def put(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
+    def put(self, time_us: int, kind: str, body: Any) -> None:
         """Queues one event; O(1), never blocks on I/O of the transport, never raises."""
         queue = self._queue
         if len(queue) < self._room:
@@ -165,7 +165,7 @@ class BatchWorker:
         """Sets ``_room`` from the queue's state (holding the lock)."""
         self._room = 0 if self._spilling else min(self._capacity - len(self._inflight), self._batch - 1)
 
-    def _put_with_lock(self, time_us: int, kind: str, body: dict[str, Any]) -> None:
+    def _put_with_lock(self, time_us: int, kind: str, body: Any) -> None:
         """Queues or spills one event when the queue is full or events wait in the spool."""
         with self._lock:
             record = (next(self._seqs), time_us, kind, body)

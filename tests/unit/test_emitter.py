@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import threading
 import time
 
+import numpy
 import pytest
 
 from emitter import EmitterSettings, GoodputRecorder
@@ -118,6 +120,37 @@ def test_calls_made_every_step_spill_a_full_queue_and_count_every_event(
     assert again.close(timeout=0.2) is False
     assert again.stats.recorded == 40
     assert list(spool_dir.rglob("*.seg"))
+
+
+def test_steps_and_metrics_recorded_as_a_loop_does_arrive_as_recorded_any_other_way(
+    make_recorder, make_settings
+):
+    """Step starts and plain-float model metrics at the recorder's clock are queued in a compact
+    form: they arrive as the same events as the general path writes (an explicit time, a metric
+    that is not a float), sent from memory or spilled to the spool first, with non-finite and
+    missing metrics."""
+    transport = GatedTransport()
+    recorder = make_recorder(destination=transport,
+                             settings=make_settings(max_queue_events=16, max_batch_events=8))
+    metrics = [{"loss": 0.5, "step_time_s": 0.1}, {"loss": math.nan, "mfu": math.inf},
+               {"tokens_per_s": -math.inf, "samples_per_s": 3.0, "tflops_per_device": 1e-300}, {}]
+    for step in range(24):
+        recorder.record_step_start_time(step)
+        recorder.record_model_metrics(step, **metrics[step % 4])
+    assert recorder.stats.spilled > 0
+    for step in range(24):  # the general path: an explicit time, numpy's doubles
+        recorder.record_step_start_time(step, at(0))
+        recorder.record_model_metrics(step, **{k: numpy.float64(v) for k, v in metrics[step % 4].items()},
+                                      time_=at(0))
+    transport.open()
+    assert recorder.flush(10)
+    events = [event for m in transport.messages for event in json.loads(m.data)["events"]]
+    bodies = [{k: v for k, v in event.items() if k not in ("seq", "time_us")} for event in events]
+    assert [event["seq"] for event in events] == list(range(96))
+    assert bodies[:48] == bodies[48:]
+    assert bodies[5] == {"model_metrics": {"step": 2, "tokens_per_s": "-Infinity", "samples_per_s": 3.0,
+                                           "tflops_per_device": 1e-300}}
+    assert bodies[3] == {"model_metrics": {"step": 1, "loss": "NaN", "mfu": "Infinity"}}
 
 
 def test_burst_of_a_million_calls_loses_nothing(make_recorder, make_settings, events_file):
