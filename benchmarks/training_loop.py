@@ -34,10 +34,11 @@ the thread's clock over as many on blocks again, run back to back after the pair
 flush (every event's work counted): between the pairs' on blocks, the off blocks would take half
 of the thread's wakes (this emitter's thread wakes every ``max_latency_s``, whatever is queued)
 and charge their cost to half the events that a loop recording every step gives it. The median
-step times are over every step of the blocks. The last column is the recorder's whole CPU per step (whole
-µs/event × events per step) as a share of the median step with the recorder off: the overhead
-if the calls cost only their own CPU; it depends far less on the timing noise of this shared
-machine, and at ~100 ms steps it is the only figure precise enough to compare with 0.05 %.
+step times are over every step of the blocks. The last column is the recorder's whole CPU per
+step (whole µs/event × events per step) as a share of the median step with the recorder off:
+the overhead if the calls cost only their own CPU; it depends far less on the timing noise of
+this shared machine, and at ~100 ms steps it is the only figure precise enough to compare with
+0.05 %.
 
 CPU per event: the caller's is the thread CPU time (``time.thread_time``) inside the record
 calls, less the same instrumentation's cost with nothing recorded (the off blocks time empty

@@ -104,7 +104,7 @@ def encode_batch(run_id: str, attempt_id: str, records: list[Record]) -> Message
     """The message carrying ``records`` (non-empty, in seq order) of one attempt.
 
     Raises:
-        ValueError: A body holds a non-finite float (write it with ``json_double``).
+        ValueError: A dict body holds a non-finite float (write it with ``json_double``).
         TypeError: A body holds something JSON has no value for.
     """
     events = [{"seq": seq, "time_us": time_us, kind: body if type(body) is dict else event_body(kind, body)}
