@@ -78,7 +78,8 @@ def event_body(kind: str, body: Any) -> dict[str, Any]:
         return body
     if kind == "step_start":
         return {"step": body}
-    # Written out, not looped over: this runs for every step's metrics.
+    # Written out, not looped over: this runs for every step's metrics, and a loop over
+    # MODEL_METRICS costs more than twice as much.
     step, loss, step_time_s, tokens_per_s, samples_per_s, mfu, tflops_per_device = body
     fields = {"step": step}
     if loss is not None:
