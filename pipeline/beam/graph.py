@@ -24,6 +24,7 @@ from pipeline.beam.transforms import (
     WriteToDuckDB,
     WriteToMonitoring,
 )
+from pipeline.core.detect import DetectionSettings
 from pipeline.core.events import read_lines
 from pipeline.core.rows import batch_rows
 from pipeline.sinks.bigquery import create_tables, make_client
@@ -56,6 +57,8 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
                           | "ReadEventsTable" >> beam.FlatMap(backfill_messages))
         messages = inputs[0] if len(inputs) == 1 else tuple(inputs) | "AllInputs" >> beam.Flatten()
     parsed = messages | "ParseEvents" >> ParseEvents()
+    detection = DetectionSettings(options.min_slowdown, hang_min_s=options.hang_min_s,
+                                  hang_factor=options.hang_factor)
 
     # Each run's snapshots: on timers while streaming (after restoring a run the raw events table
     # holds and this pipeline does not), or one per run as of one time.
@@ -66,10 +69,10 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
             events = events | "RestoreRuns" >> RestoreRuns(tables, options.gc_after_s)
         tracked = events | "TrackRuns" >> TrackRunsLive(
             options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
-            stopping=stopping)
+            stopping=stopping, detection=detection)
     else:
         tracked = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
-                                                           tuple(options.exclude or ()))
+                                                           tuple(options.exclude or ()), detection)
 
     # Rows out: the snapshots', the inputs' (raw events, run metadata) and the dead letters'.
     raw_events = not options.no_raw_events

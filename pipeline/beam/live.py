@@ -5,10 +5,12 @@ by run id, so the pipeline scales out across workers. Snapshots are emitted
 
 * every ``snapshot_interval_s`` of processing time while events arrive (SNAPSHOT_TIMER),
 * at once when the run records its end,
-* when the run falls silent for ``silence_s`` (SILENCE_TIMER), and then every
-  ``snapshot_interval_s`` while it stays silent, up to ``gc_after_s`` of silence: its elapsed
-  time keeps growing with no step, so rolling goodput drops and stays down for as long as an
-  alert's duration needs;
+* when the run falls silent for ``silence_s``, or for as long as makes its steps a hang if that
+  is sooner (SILENCE_TIMER), and then every ``snapshot_interval_s`` while it stays silent, up to
+  ``gc_after_s`` of silence: its elapsed time keeps growing with no step, so rolling goodput
+  drops and stays down for as long as an alert's duration needs, and a hang is found within one
+  interval of its threshold (``pipeline.core.detect``; a run whose heartbeats still arrive
+  while its steps hang is found by the interval snapshots);
 * when the input ends (FINAL_TIMER, on event time at the end of the window: a drained Dataflow
   job, the end of a test stream), for every run with events no snapshot has reported yet;
 
@@ -63,6 +65,7 @@ from apache_beam.utils.timestamp import Timestamp
 from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure
 from pipeline.core import engine, state_coder
+from pipeline.core.detect import DetectionSettings
 from pipeline.core.events import Batch, DeadLetter
 from pipeline.sinks.retries import never
 
@@ -219,8 +222,9 @@ class TrackRunDoFn(beam.DoFn):
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float, silence_s: float,
                  gc_after_s: float, clock: Callable[[], float] = time.time,
-                 stopping: Stopping = never) -> None:
+                 stopping: Stopping = never, detection: DetectionSettings | None = None) -> None:
         self.windows_s = windows_s
+        self.detection = detection
         self.snapshot_interval_s = snapshot_interval_s
         self.silence_s = silence_s
         self.gc_after_s = gc_after_s
@@ -287,7 +291,7 @@ class TrackRunDoFn(beam.DoFn):
         else:
             stored.append(batch, state)
         arrived.write(now_us)
-        silence_at = now_us + round(self.silence_s * _US)
+        silence_at = now_us + round(min(self.silence_s, state.hang_threshold_s(self.detection)) * _US)
         silence_timer.set(Timestamp(micros=silence_at))
         silence_due.write(silence_at)
         self.bytes_written.inc(2 * _TIME_BYTES)
@@ -344,10 +348,11 @@ class TrackRunDoFn(beam.DoFn):
         if arrived_us is not None and due is not None and (state := stored.load()) is not None:
             stored.compact(state)
             if not _ended(state):
-                if due == arrived_us + round(self.silence_s * _US):
+                interval_us = round(self.snapshot_interval_s * _US)
+                if due - interval_us < arrived_us + round(self.silence_s * _US) <= due:  # silent now
                     self.stalled.inc()
                 yield from self._snapshot(state, reported, arrived_us, due)
-                again = due + round(self.snapshot_interval_s * _US)
+                again = due + interval_us
                 if again - arrived_us <= round(self.gc_after_s * _US):
                     silence_timer.set(Timestamp(micros=again))
                     silence_due.write(again)
@@ -384,7 +389,8 @@ class TrackRunDoFn(beam.DoFn):
         """The run's snapshot as of its latest event time plus the processing time since that
         event arrived, and after its last snapshot: a run's snapshot times only go on, so the
         one with the latest time is the newest (an end that arrives after a stalled snapshot,
-        late, is reported a microsecond after it, with the ended run's figures)."""
+        late, is reported a microsecond after it, with the ended run's figures). Its anomaly rows
+        are those found after the last snapshot's time: each is written once."""
         latest = max((a.last_event_us for a in state.attempts.values()), default=0)
         as_of, last = latest + max(0, now_us - arrived_us), reported.read()
         if last is not None and as_of <= last:
@@ -392,7 +398,8 @@ class TrackRunDoFn(beam.DoFn):
         reported.write(as_of)
         self.bytes_written.inc(_TIME_BYTES)
         try:
-            snapshot = state.snapshot(as_of, self.windows_s)
+            snapshot = state.snapshot(as_of, self.windows_s, anomalies_after_us=last,
+                                      detection=self.detection)
         except Exception as error:  # noqa: BLE001 -- as in process: one run's bug stays its own
             self.decoded.drop(state.run_id)
             yield engine_failure(state.run_id, error)
@@ -417,9 +424,11 @@ class TrackRunsLive(beam.PTransform):
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float = 30.0,
                  silence_s: float = 300.0, gc_after_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time, stopping: Stopping = never) -> None:
+                 clock: Callable[[], float] = time.time, stopping: Stopping = never,
+                 detection: DetectionSettings | None = None) -> None:
         super().__init__()
-        self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock, stopping)
+        self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock, stopping,
+                               detection)
 
     def expand(self, keyed_batches: Any) -> Any:
         return keyed_batches | "TrackRun" >> beam.ParDo(self.fn).with_outputs(DEAD_LETTER_TAG,

@@ -66,6 +66,26 @@ def parse_seconds(text: str) -> float:
     return seconds
 
 
+def parse_slowdown(text: str) -> float:
+    """A slowdown as a fraction above 0, at most 10 (11 times slower)."""
+    return _bounded(text, "a slowdown fraction", 0.0, 10.0)
+
+
+def parse_factor(text: str) -> float:
+    """A factor above 0, at most 1,000,000."""
+    return _bounded(text, "a factor", 0.0, 1e6)
+
+
+def _bounded(text: str, what: str, low: float, high: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if not (math.isfinite(value) and low < value <= high):
+        raise argparse.ArgumentTypeError(f"must be {what} above {low:g}, at most {high:g}, got {text!r}")
+    return value
+
+
 MIN_POINT_INTERVAL_S = 5.0  # Cloud Monitoring takes one point per series per 5 s at most
 
 
@@ -152,14 +172,23 @@ class GoodputOptions(PipelineOptions):
                                  "when writing Cloud Monitoring, unless what was read takes longer "
                                  "to write (it says so) (default: %(default)s)")
         parser.add_argument("--silence_s", type=parse_seconds, default=300.0, metavar="S",
-                            help="streaming: a run with no event for this long is stalled: it gets "
-                                 "a snapshot showing the lost time, and another every snapshot "
+                            help="streaming: a run with no event for this long (or for its hang "
+                                 "threshold, if sooner: see --hang_min_s) is stalled: it gets a "
+                                 "snapshot showing the lost time, and another every snapshot "
                                  "interval while it stays silent, up to --gc_after_s "
                                  "(default: %(default)s)")
         parser.add_argument("--gc_after_s", type=parse_seconds, default=3600.0, metavar="S",
                             help="streaming: forget a run that has ended this long after its last "
                                  "message; stop reporting a silent run this long after its last event "
                                  "(default: %(default)s)")
+        parser.add_argument("--min_slowdown", type=parse_slowdown, default=0.10, metavar="FRACTION",
+                            help="the smallest step-time slowdown looked for, against the run's "
+                                 "baseline: 0.10 is 10 %% slower (default: %(default)s)")
+        parser.add_argument("--hang_min_s", type=parse_seconds, default=60.0, metavar="S",
+                            help="a run is hung after no step for max(this, --hang_factor x its "
+                                 "baseline step time) (default: %(default)s)")
+        parser.add_argument("--hang_factor", type=parse_factor, default=10.0, metavar="X",
+                            help="see --hang_min_s (default: %(default)s)")
         parser.add_argument("--exclude", type=parse_exclusion, action="append", default=None,
                             metavar="START/END",
                             help="leave this interval (ISO 8601 times) out of elapsed time and "

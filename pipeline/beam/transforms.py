@@ -27,6 +27,7 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.core import engine
+from pipeline.core.detect import DetectionSettings
 from pipeline.core.events import Batch, DeadLetter, parse_batch
 from pipeline.core.rows import (
     DEAD_LETTER,
@@ -102,8 +103,9 @@ class _SnapshotRun(beam.DoFn):
     (the same in any order). An exception in the engine (a bug) makes a dead letter of the
     message it failed on, or of the snapshot, and never stops the replay."""
 
-    def __init__(self, windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...]) -> None:
-        self.windows_s, self.exclusions = windows_s, exclusions
+    def __init__(self, windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...],
+                 detection: DetectionSettings | None) -> None:
+        self.windows_s, self.exclusions, self.detection = windows_s, exclusions, detection
 
     def process(self, element: tuple[str, Iterable[Batch]], as_of_us: int | None) -> Iterator[Any]:
         run_id, batches = element
@@ -125,7 +127,7 @@ class _SnapshotRun(beam.DoFn):
         if as_of_us is None:
             return
         try:
-            snapshot = state.snapshot(as_of_us, self.windows_s, self.exclusions)
+            snapshot = state.snapshot(as_of_us, self.windows_s, self.exclusions, detection=self.detection)
         except Exception as error:  # noqa: BLE001 -- see the class docstring
             yield engine_failure(run_id, error)
             return
@@ -137,17 +139,20 @@ class TrackRuns(beam.PTransform):
     """Assembles each run from its events and emits its ``Snapshot`` as of one time.
 
     ``as_of_us`` None means the latest event time in the input; ``exclusions`` are intervals
-    left out of every run's elapsed time and buckets. Deduplication and reordering are the
+    left out of every run's elapsed time and buckets; ``detection`` says what anomalies are
+    looked for (every one found up to ``as_of_us`` is in the snapshot). Deduplication and reordering are the
     engine's: duplicates and order never change a number. The ``dead_letter`` output holds what
     the engine failed on, and the copies of conflicting duplicates it did not keep.
     """
 
     def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...],
-                 exclusions: tuple[tuple[int, int], ...] = ()) -> None:
+                 exclusions: tuple[tuple[int, int], ...] = (),
+                 detection: DetectionSettings | None = None) -> None:
         super().__init__()
         self.as_of_us = as_of_us
         self.windows_s = windows_s
         self.exclusions = exclusions
+        self.detection = detection
 
     def expand(self, keyed_batches: PCollection) -> Any:
         if self.as_of_us is not None:
@@ -158,7 +163,7 @@ class TrackRuns(beam.PTransform):
                      | "AsOf" >> beam.CombineGlobally(max).without_defaults())
         return (keyed_batches
                 | "ByRun" >> beam.GroupByKey()
-                | "Snapshot" >> beam.ParDo(_SnapshotRun(self.windows_s, self.exclusions),
+                | "Snapshot" >> beam.ParDo(_SnapshotRun(self.windows_s, self.exclusions, self.detection),
                                            AsSingleton(as_of, default_value=None)).with_outputs(
                     DEAD_LETTER_TAG, main="snapshots"))
 

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from goodput_schemas.limits import MAX_COUNT
+from pipeline.core.detect import AnomalyChange, DetectionSettings, Detector
 from pipeline.core.events import Batch, DeadLetter, Event
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S, Snapshot, StepSummary
 from pipeline.core.stepstats import StepStatistics
@@ -280,10 +281,12 @@ class RunState:
         self.attempts: dict[str, Attempt] = {}
         self.events = 0
         self.duplicates = 0
-        # Step statistics of the steps fed so far: [(attempt id, inserts, steps fed)] in
-        # segment order; extended while steps are only appended, rebuilt otherwise.
+        # Step statistics and anomalies of the steps fed so far: [(attempt id, inserts, steps
+        # fed)] in segment order (None: not to be extended); extended while steps are only
+        # appended, rebuilt otherwise.
         self._stats = StepStatistics("q")
-        self._stats_fed: list[tuple[str, int, int]] = []
+        self._detector = Detector()
+        self._stats_fed: list[tuple[str, int, int]] | None = []
         # The last snapshot's classified timeline up to its settle point (see Timeline).
         self._settled: Settled | None = None
         # Changes other than steps extending the live (latest started) attempt bump the version;
@@ -443,6 +446,13 @@ class RunState:
         if self._live_start is None or key > self._live_start:
             self._live, self._live_start = attempt.attempt_id, key
 
+    def hang_threshold_s(self, detection: DetectionSettings | None = None) -> float:
+        """How long the run may go without a step before it is a hang, as of its last snapshot
+        (before it has a baseline, the least threshold)."""
+        detector = self._detector
+        threshold = detector.hang_threshold_us() if detection in (None, detector.settings) else None
+        return (detection or detector.settings).hang_min_s if threshold is None else threshold / _US
+
     def add_all(self, events: Iterable[Event]) -> None:
         for event in events:
             self.add(event)
@@ -455,6 +465,8 @@ class RunState:
         windows_s: Sequence[int] = DEFAULT_WINDOWS_S,
         exclusions: Sequence[tuple[int, int]] = (),
         configured_ideal_step_time_s: float | None = None,
+        anomalies_after_us: int | None = None,
+        detection: DetectionSettings | None = None,
     ) -> Snapshot | None:
         """The run's figures as of ``as_of_us``; None if nothing was recorded before it.
 
@@ -465,6 +477,9 @@ class RunState:
             exclusions: (start_us, end_us) intervals left out of elapsed time and every bucket.
             configured_ideal_step_time_s: Overrides the ideal step time (else the run's own
                 configured value from its metadata, else the computed one).
+            anomalies_after_us: The snapshot's anomaly rows are those found after this time (the
+                previous snapshot's, in a stream); None for all of them.
+            detection: What is looked for in the run's steps (the defaults if None).
         """
         timeline = self._timeline
         if (timeline is not None and timeline.version == self._version
@@ -486,7 +501,7 @@ class RunState:
         configured = configured_ideal_step_time_s
         if configured is None:
             configured = timeline.metadata.get("configured_ideal_step_time_s")
-        stats = self._step_statistics(timeline)  # in microseconds
+        stats = self._feed_steps(timeline, detection or DetectionSettings())  # in microseconds
         computed_us = stats.ideal()
         # The reference ignores steps under 1 s.
         reference_us = stats.ideal(_US) if stats.any_below(_US) else computed_us
@@ -515,33 +530,72 @@ class RunState:
             step_summary=_summary(stats),
             # Capped: each attempt's count is below MAX_COUNT, but a run may have many attempts.
             missing_events=min(MAX_COUNT, sum(attempt.missing() for attempt in self.attempts.values())),
+            anomalies=self._anomalies(timeline, anomalies_after_us),
+            slow_step_time_s=None if ideal is None else _seconds(stats.excess(ideal * _US)),
         )
 
-    def _step_statistics(self, timeline: Timeline) -> StepStatistics:
-        """Step statistics of the timeline's steps: fed incrementally when only appended."""
+    def _feed_steps(self, timeline: Timeline, detection: DetectionSettings) -> StepStatistics:
+        """Step statistics of the timeline's steps, and the detector fed them: both fed
+        incrementally while steps are only appended (and the detection settings hold), else
+        rebuilt."""
         layout = timeline.step_layout
         # Every new duration goes in with one ``set_many``: one sort for a whole history,
         # rather than an insert (and a recent-window rebuild for a re-run step) per duration.
         if layout is None:  # steps of attempts without a job_start: placed by time, no cache
-            stats = StepStatistics("q")
+            stats, self._detector, self._stats_fed = StepStatistics("q"), Detector(detection), None
+            for index, sub in enumerate(timeline.subsegments):
+                if index:
+                    previous = timeline.subsegments[index - 1]
+                    self._detector.end_attempt(previous.last_time, previous.end_us)
+                self._detector.new_attempt()
+                self._detector.feed(sub.times, sub.steps, sub.lo, sub.hi)
             stats.set_many([pair for sub in timeline.subsegments
                             for pair in _durations(sub.steps, sub.times, sub.lo, sub.hi)])
             return stats
-        fed = self._stats_fed
-        extendable = len(fed) <= len(layout) and all(
+        fed = self._stats_fed or []
+        extendable = self._stats_fed is not None and len(fed) <= len(layout) and all(
             fed[i][:2] == layout[i][:2] and fed[i][2] <= layout[i][2]
             and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
-        if not extendable:
-            self._stats, fed = StepStatistics("q"), []
+        if not extendable or detection != self._detector.settings:
+            self._stats, self._detector, fed = StepStatistics("q"), Detector(detection), []
         pairs: list[tuple[int, float]] = []
         for i, (attempt_id, _, count) in enumerate(layout):
+            attempt = self.attempts[attempt_id]
+            if i >= len(fed):  # a new attempt: the hang after the last one's steps, if any
+                if i > 0:
+                    before = self.attempts[layout[i - 1][0]]
+                    last = layout[i - 1][2]
+                    assert attempt.start_us is not None
+                    end = attempt.start_us if before.end_us is None else min(before.end_us, attempt.start_us)
+                    self._detector.end_attempt(before.step_times[last - 1] if last else None, end)
+                self._detector.new_attempt()
             start = fed[i][2] if i < len(fed) else 0
             if count > start:
-                attempt = self.attempts[attempt_id]
+                self._detector.feed(attempt.step_times, attempt.steps, start, count)
                 pairs += _durations(attempt.steps, attempt.step_times, max(0, start - 1), count)
         self._stats.set_many(pairs)
         self._stats_fed = list(layout)
         return self._stats
+
+    def _anomalies(self, timeline: Timeline, after_us: int | None) -> tuple[AnomalyChange, ...]:
+        """The detector's rows found after ``after_us`` up to the timeline's time, with the hang
+        the live attempt is in, if it is in one (the detector must have been fed)."""
+        as_of = timeline.as_of_us
+        changes = list(self._detector.changes)
+        layout = timeline.step_layout
+        if layout:
+            attempt_id, _, count = layout[-1]
+            attempt = self.attempts[attempt_id]
+            if count:
+                end = attempt.end_us if attempt.end_us is not None and attempt.end_us <= as_of else None
+                changes += self._detector.tail(attempt.step_times[count - 1], end, as_of)
+        elif timeline.subsegments:  # no layout: the steps were fed by sub-segment
+            sub = timeline.subsegments[-1]
+            end = None if sub.end_kind == "open" else sub.end_us
+            changes += self._detector.tail(sub.last_time, end, as_of)
+        after = -1 if after_us is None else after_us
+        found = (c for c in changes if after < c.changed_us <= as_of)
+        return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us)))
 
 
 def _summary(stats: StepStatistics) -> StepSummary | None:

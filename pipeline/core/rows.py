@@ -26,9 +26,9 @@ from pipeline.core.snapshot import Snapshot, WindowFigures
 Row = dict[str, Any]
 #: An output element: (table, row), or (EVENTS, batch) for the raw events of one message.
 Element = tuple[str, "Row | Batch"]
-GOODPUT, BADPUT, STEP_STATS, DISRUPTIONS, DEAD_LETTER, EVENTS, RUN_METADATA = (
-    "goodput_snapshots", "badput_snapshots", "step_stats", "disruptions", "dead_letter", "events",
-    "run_metadata")
+GOODPUT, BADPUT, STEP_STATS, DISRUPTIONS, RUN_ANOMALIES, DEAD_LETTER, EVENTS, RUN_METADATA = (
+    "goodput_snapshots", "badput_snapshots", "step_stats", "disruptions", "run_anomalies",
+    "dead_letter", "events", "run_metadata")
 
 
 def by_table(elements: Iterable[Element]) -> dict[str, list[Row]]:
@@ -49,7 +49,8 @@ def timestamp(time_us: int | float) -> datetime.datetime:
 
 
 def snapshot_rows(snapshot: Snapshot) -> Iterator[tuple[str, Row]]:
-    """(table, row) for every row of one snapshot: goodput and badput per window, disruptions."""
+    """(table, row) for every row of one snapshot: goodput and badput per window, step
+    statistics, disruptions, and the anomalies found since the run's previous snapshot."""
     at = timestamp(snapshot.as_of_us)
     windows = zip((0, *snapshot.window_sizes_s), (snapshot.cumulative, *snapshot.windows), strict=True)
     for window_s, window in windows:
@@ -78,6 +79,14 @@ def snapshot_rows(snapshot: Snapshot) -> Iterator[tuple[str, Row]]:
             "wasted_progress_s": disruption.wasted_progress_s, "recovery_s": disruption.recovery_s,
             "in_process": disruption.in_process,
         }
+    for change in snapshot.anomalies:
+        yield RUN_ANOMALIES, {
+            "run_id": snapshot.run_id, "kind": change.kind, "host": change.host,
+            "started_at": timestamp(change.started_us), "detected_at": timestamp(change.detected_us),
+            "ended_at": None if change.ended_us is None else timestamp(change.ended_us),
+            "changed_at": timestamp(change.changed_us), "baseline_step_s": change.baseline_s,
+            "observed_step_s": change.observed_s, "lost_s": change.lost_s,
+        }
 
 
 def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
@@ -96,6 +105,7 @@ def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
         "stepping_slice_efficiency": snapshot.stepping_slice_efficiency,
         "available_slice_efficiency": snapshot.available_slice_efficiency,
         "missing_events": snapshot.missing_events,
+        "slow_step_time_s": snapshot.slow_step_time_s if window_s == 0 else None,
     }
     if window is not None:
         row.update(window_start=timestamp(window.start_us), window_end=timestamp(window.end_us),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pipeline.core.detect import AnomalyChange
+
 PRODUCTIVE = "PRODUCTIVE"
 TPU_INITIALIZATION = "TPU_INITIALIZATION"
 TRAINING_PREP = "TRAINING_PREP"
@@ -106,3 +108,5 @@ class Snapshot:
     available_slice_efficiency: float | None
     step_summary: StepSummary | None = None
     missing_events: int = 0  # of every attempt, as ``Attempt.missing`` counts them
+    anomalies: tuple[AnomalyChange, ...] = ()  # the rows found since the previous snapshot
+    slow_step_time_s: float | None = None  # measured step time beyond the ideal step time

@@ -224,6 +224,15 @@ class StepStatistics:
             kept = self._total - sum(values[:lo]) - sum(values[cut:])
         return float(kept / (cut - lo))
 
+    def excess(self, ideal: float) -> float:
+        """The durations' sum beyond ``ideal``: each one's ``max(0, duration - ideal)``."""
+        values = self._sorted
+        cut = bisect.bisect_right(values, ideal)
+        if cut == len(values):
+            return 0.0
+        beyond = np.frombuffer(values, dtype=_DTYPES[self._typecode])[cut:]  # numpy: a long run's half
+        return float(beyond.sum() - ideal * len(beyond))
+
     def deviation(self, ideal: float) -> float | None:
         """The reference's cumulative step-time deviation against ``ideal``."""
         n = len(self.durations)

@@ -23,7 +23,9 @@ from pipeline.beam.live import DecodedStates, TrackRunsLive
 from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import SnapshotRows, WriteToDuckDB
 from pipeline.core import engine, state_coder
+from pipeline.core.detect import DetectionSettings
 from pipeline.core.events import Batch, Event, parse_batch
+from pipeline.core.rows import timestamp
 from pipeline.core.snapshot import Snapshot
 from support.beam import keyed_stream, streaming_options
 from support.runs import record_ours, shape
@@ -47,13 +49,19 @@ def run_batches(end: bool, run_id: str = "run") -> tuple[Batch, ...]:
     return tuple(batches)
 
 
-def track(stream: Stream, check: Any, stopping: Any = lambda: False, **timers: float) -> None:
+#: No hang is looked for before 300 s of silence, unless a test says so.
+NO_EARLY_HANG = DetectionSettings(hang_min_s=3600)
+
+
+def track(stream: Stream, check: Any, stopping: Any = lambda: False, table: str = "goodput_snapshots",
+          detection: DetectionSettings = NO_EARLY_HANG, **timers: float) -> None:
     settings = {"snapshot_interval_s": 30.0, "silence_s": 300.0, "gc_after_s": 600.0, **timers}
     with BeamTestPipeline(options=streaming_options()) as pipeline:
-        tracked = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0, stopping=stopping, **settings)
+        tracked = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0, stopping=stopping,
+                                                    detection=detection, **settings)
         rows = (tracked.snapshots
                 | SnapshotRows()
-                | beam.Filter(lambda row: row[0] == "goodput_snapshots")
+                | beam.Filter(lambda row: row[0] == table)
                 | beam.Map(lambda row: row[1]))
         assert_that(rows, check)
 
@@ -118,6 +126,29 @@ def test_a_silent_run_is_reported_every_interval_until_gc_after_s():
                    and r["snapshot_time"] > cumulative[0]["snapshot_time"])
 
     track(stream, check)
+
+
+def test_a_run_with_no_step_is_found_hung_within_its_threshold_and_one_interval():
+    """No event after the messages: the silence timer fires at the hang threshold (60 s, the
+    run's steps being much shorter), before the 300 s of silence, and its snapshot finds the
+    hang: started at the last step, found 60 s after it, reported once. (The first attempt's
+    last step came 67 s before the restart: a hang it was killed in, found and ended.)"""
+    batches = run_batches(end=False)
+    last_step = max(t for batch in batches for t in batch.step_times)
+    stream = (keyed_stream()
+              .add_elements([("run", b) for b in batches])
+              .advance_processing_time(31)   # SNAPSHOT_TIMER at 30 s
+              .advance_processing_time(30)   # SILENCE_TIMER at 60 s: the hang threshold
+              .advance_watermark_to_infinity())
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        assert [(r["kind"], r["ended_at"] is None) for r in sorted(rows, key=lambda r: r["changed_at"])] == [
+            ("hang", True), ("hang", False), ("hang", True)]
+        (row,) = [r for r in rows if r["started_at"] == timestamp(last_step)]
+        assert (row["ended_at"], row["host"]) == (None, None)
+        assert row["detected_at"] == row["changed_at"] == timestamp(last_step + 60_000_000)
+
+    track(stream, check, table="run_anomalies", detection=DetectionSettings())
 
 
 def test_duplicates_and_reordering_do_not_change_the_final_numbers():

@@ -410,7 +410,8 @@ REPLACES = {
         for kind in ("google_bigquery_table.tables", "google_bigquery_table_iam_member.pipeline")} | {
         *(f'google_bigquery_table_iam_member.pipeline_reader["{table}"]' for table in checks.READ_TABLES),
         'google_bigquery_table.tables["accelerator_prices"]',
-        *(f'google_bigquery_table.views["{view}.sql"]' for view in ("latest_badput", "latest_goodput"))},
+        *(f'google_bigquery_table.views["{view}.sql"]' for view in ("latest_anomalies", "latest_badput",
+                                                                      "latest_goodput"))},
     # A new repository is empty: the image is built into it again.
     f"kms_key_name={KEY}": {"google_artifact_registry_repository.images", "terraform_data.image[0]",
                             "google_artifact_registry_repository_iam_member.builder",

@@ -28,8 +28,8 @@ from support import REPO
 
 TEMPLATE_METADATA = REPO / "dataflow" / "metadata.json"
 #: The tables the pipeline appends rows to (not ``accelerator_prices``, which Terraform loads).
-PIPELINE_TABLES = (rows.GOODPUT, rows.BADPUT, rows.STEP_STATS, rows.DISRUPTIONS, rows.DEAD_LETTER,
-                   rows.EVENTS, rows.RUN_METADATA)
+PIPELINE_TABLES = (rows.GOODPUT, rows.BADPUT, rows.STEP_STATS, rows.DISRUPTIONS, rows.RUN_ANOMALIES,
+                   rows.DEAD_LETTER, rows.EVENTS, rows.RUN_METADATA)
 
 #: Google Cloud's own metrics the pipeline's self-monitoring may use, with their resource type.
 CLOUD_METRICS = {

@@ -1,0 +1,226 @@
+"""Anomalies in a run's steps, found as the steps arrive: a slowdown (a step-time regression) and
+a hang (no step for too long).
+
+A ``Detector`` is fed each attempt's step starts in time order (``feed``), one attempt after
+another, and keeps what it found as ``AnomalyChange`` rows: one when an anomaly is found, one
+when it is found to have ended. Each row depends only on the steps up to the event time it was
+found at (``changed_us``), never on when it is asked, so a stream that asks every few seconds
+and a replay that asks once find the same rows. A detector is O(1) in memory and work per step
+(``DetectionSettings.refresh_steps`` durations at most).
+
+The first ``warmup_steps`` steps of every attempt are warm-up (compilation, caches filling):
+nothing is looked for in them.
+
+**Baseline.** Taken from the first ``reference_steps`` steps after the warm-up, then from each
+later block of ``refresh_steps`` steps that ran with no slowdown open or building up, so that a
+slowdown is never learnt as the new normal before it is found: the block's median duration
+(what the sums below compare with), ``noise``, the spread of its log durations (1.4826 MAD, at
+least 1 %), and its mean step time with steps as long as a hang left out, which rows report as
+``baseline_s`` and count lost time against (a run's normal checkpoint and eval steps are part of
+its mean, not a loss).
+
+**Slowdown.** A one-sided CUSUM of each consecutive step's log duration against the baseline:
+``S = max(0, S + x - k)``, ``x = log(duration / baseline)`` clipped to ``[-c, c]`` so that a lone
+checkpoint, eval or data-loading step adds at most ``c - k``, with ``k = log(1 + min_slowdown /
+2)``, halfway to the smallest slowdown looked for. It is found when ``S > h``, ``h = max(4c,
+10 noise² / k)``: ``4c`` so that no three outliers in a row suffice, ``10 noise² / k`` to hold the
+false alarms on a noise of that spread to one in about e^20 steps. Its onset is where ``S`` last
+left 0. It ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
+``D`` last left 0.
+
+**Hang.** A gap between two step starts (or from the last one to the attempt's end, or to now)
+of ``max(hang_min_s, hang_factor * median)`` or more: found that long after the last step
+started, ended when a step (or the attempt's end, or its successor) comes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+SLOWDOWN, HANG, STRAGGLER = "slowdown", "hang", "straggler"
+_US = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionSettings:
+    """What the detector looks for."""
+
+    #: The smallest slowdown looked for: 0.10 is 10 % slower steps.
+    min_slowdown: float = 0.10
+    #: Steps at the start of every attempt in which nothing is looked for.
+    warmup_steps: int = 5
+    #: Steps after the warm-up whose median is the first baseline.
+    reference_steps: int = 32
+    #: Steps in each later block the baseline is taken from again.
+    refresh_steps: int = 256
+    #: A hang is no step for max(hang_min_s, hang_factor * baseline).
+    hang_min_s: float = 60.0
+    hang_factor: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.min_slowdown <= 10 and self.warmup_steps >= 0 and self.reference_steps >= 1
+                and self.refresh_steps >= 2 and self.hang_min_s > 0 and self.hang_factor > 0):
+            raise ValueError(f"detection settings out of range: {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnomalyChange:
+    """A row of ``run_anomalies``: an anomaly found (``ended_us`` None), or found to have ended.
+    Times are event times in microseconds; figures are seconds."""
+
+    kind: str
+    host: str | None
+    started_us: int  # the estimated onset
+    detected_us: int  # when it was found
+    ended_us: int | None
+    changed_us: int  # when this row's state was reached: ``detected_us``, or when the end was found
+    baseline_s: float
+    observed_s: float  # the mean step time from the onset to ``changed_us`` (to the end if ended)
+    lost_s: float  # the time those steps took beyond the baseline
+
+
+class Detector:
+    """Slowdowns and hangs of one run, as its steps are fed in time order (see the module)."""
+
+    def __init__(self, settings: DetectionSettings | None = None) -> None:
+        self.settings = settings = settings or DetectionSettings()
+        self.changes: list[AnomalyChange] = []  # in the order found
+        self._k = math.log1p(settings.min_slowdown / 2)
+        self._clip = self._limit = 0.0
+        # The baseline (see the module), in microseconds; the hang threshold and the longest
+        # step counted in a mean. None before the first baseline.
+        self._median: float | None = None
+        self._mean = 0.0
+        self._threshold = 0
+        self._block: list[float] = []  # durations since the baseline was last taken
+        self._sum = 0.0  # the slowdown CUSUM S, and the ending one D while a slowdown is open
+        self._onset: int | None = None  # where S (or D) last left 0,
+        self._since: tuple[float, int] = (0.0, 0)  # and the durations' sum and count since then
+        self._open: AnomalyChange | None = None  # the open slowdown's detection row
+        self._through: tuple[float, int] = (0.0, 0)  # its durations' sum and count, onset to now
+        self._position = 0  # the index of the current attempt's last step start fed
+
+    def new_attempt(self) -> None:
+        """The next steps fed are a new attempt's (a restart): its warm-up starts."""
+        self._position = 0
+
+    def feed(self, times: Sequence[int], steps: Sequence[int], lo: int, hi: int) -> None:
+        """Takes the current attempt's step starts ``lo`` to ``hi - 1`` (``times`` and ``steps``
+        are the attempt's, in time order; ``lo`` is the first not fed before)."""
+        for k in range(max(lo, 1, self.settings.warmup_steps + 1), hi):
+            start, end = times[k - 1], times[k]
+            threshold = self._threshold if self._median is not None else self.hang_threshold_us()
+            if threshold is not None and end - start >= threshold:
+                self.changes += self._hang(start, end, threshold)
+            if steps[k] == steps[k - 1] + 1 and end > start:
+                self._duration(start, end)
+        self._position = max(self._position, hi - 1)
+
+    def hang_threshold_us(self) -> int | None:
+        """How long a gap between step starts is a hang now (None before any step is measured)."""
+        if self._median is not None:
+            return self._threshold
+        return self._baseline()[1] if self._block else None
+
+    def tail(self, last_us: int, end_us: int | None, as_of_us: int) -> list[AnomalyChange]:
+        """The rows of a hang after the current attempt's last step start ``last_us``: to the
+        attempt's end ``end_us``, or still going at ``as_of_us`` if it has none. Not kept."""
+        threshold = self.hang_threshold_us()
+        if threshold is None or self._position < self.settings.warmup_steps:
+            return []
+        if end_us is not None:
+            return self._hang(last_us, end_us, threshold) if end_us - last_us >= threshold else []
+        if as_of_us - last_us < threshold:
+            return []
+        return self._hang(last_us, None, threshold)
+
+    def end_attempt(self, last_us: int | None, end_us: int) -> None:
+        """Keeps the rows of a hang between the current attempt's last step start and its end
+        ``end_us`` (its job_end, or its successor's start), before ``new_attempt``."""
+        if last_us is not None:
+            self.changes += self.tail(last_us, end_us, end_us)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _baseline(self) -> tuple[float, int, float]:
+        """The block's median, the hang threshold it gives, and its mean without hangs."""
+        median = statistics.median(self._block)
+        threshold = round(max(self.settings.hang_min_s * _US, self.settings.hang_factor * median))
+        kept = [value for value in self._block if value <= threshold]
+        return median, threshold, math.fsum(kept) / len(kept)
+
+    def _hang(self, start: int, end: int | None, threshold: int) -> list[AnomalyChange]:
+        mean = self._mean if self._median is not None else self._baseline()[2]
+        found = AnomalyChange(HANG, None, start, start + threshold, None, start + threshold, mean / _US,
+                              threshold / _US, (threshold - mean) / _US)
+        if end is None:
+            return [found]
+        return [found, dataclasses.replace(found, ended_us=end, changed_us=end,
+                                           observed_s=(end - start) / _US, lost_s=(end - start - mean) / _US)]
+
+    def _row(self, found: AnomalyChange | None, start: int, end: int, total: float,
+             count: int) -> AnomalyChange:
+        """A slowdown's row: found at ``end`` with onset ``start`` (``found`` None), or the end
+        at ``start`` of the one ``found``, found at ``end``; over ``count`` steps of ``total``."""
+        observed, lost = total / count / _US, (total - count * self._mean) / _US
+        if found is None:
+            return AnomalyChange(SLOWDOWN, None, start, end, None, end, self._mean / _US, observed, lost)
+        return dataclasses.replace(found, ended_us=start, changed_us=end, observed_s=observed, lost_s=lost)
+
+    def _duration(self, start: int, end: int) -> None:
+        duration = float(end - start)
+        self._block.append(duration)
+        if self._median is None:
+            if len(self._block) >= self.settings.reference_steps:
+                self._rebase()
+            return
+        x = max(-self._clip, min(self._clip, math.log(duration / self._median)))
+        counted = min(duration, self._threshold)  # a hang is a hang's loss
+        if self._open is None:
+            self._sum_step(start, counted, x - self._k)
+            if self._sum > self._limit:
+                assert self._onset is not None
+                self._open = self._row(None, self._onset, end, *self._since)
+                self.changes.append(self._open)
+                self._through = self._since
+                self._sum, self._onset = 0.0, None
+        else:
+            total, count = self._through
+            self._through = (total + counted, count + 1)
+            self._sum_step(start, counted, self._k - x)
+            if self._sum > self._limit:
+                assert self._onset is not None
+                total, count = self._through[0] - self._since[0], self._through[1] - self._since[1]
+                self.changes.append(self._row(self._open, self._onset, end, total, count))
+                self._open, self._sum, self._onset = None, 0.0, None
+                self._block = []  # the block ran slow: not a baseline
+        if len(self._block) >= self.settings.refresh_steps:
+            if self._open is None and self._sum < self._limit / 2:
+                self._rebase()
+            else:
+                self._block = []
+
+    def _sum_step(self, start: int, duration: float, increment: float) -> None:
+        """Adds ``increment`` to the running sum, noting where it leaves 0 and what it summed."""
+        if self._sum == 0.0:
+            if increment <= 0:
+                return
+            self._onset, self._since = start, (0.0, 0)
+        self._sum = max(0.0, self._sum + increment)
+        total, count = self._since
+        self._since = (total + duration, count + 1)
+        if self._sum == 0.0:
+            self._onset = None
+
+    def _rebase(self) -> None:
+        """Takes the baseline from the block of durations, and starts a new block."""
+        self._median, self._threshold, self._mean = self._baseline()
+        logs = [math.log(value) for value in self._block]
+        center = statistics.median(logs)
+        noise = max(0.01, 1.4826 * statistics.median(abs(value - center) for value in logs))
+        self._clip = max(4 * noise, 3 * self._k)
+        self._limit = max(4 * self._clip, 10 * noise * noise / self._k)
+        self._block = []

@@ -1,0 +1,205 @@
+"""Anomaly detection: slowdowns and hangs found in a run's steps, the same rows however often
+the run's snapshots ask, and ``slow_step_time_s`` beside goodput."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from pipeline.core import engine
+from pipeline.core.detect import HANG, SLOWDOWN, AnomalyChange, DetectionSettings, Detector
+from pipeline.core.events import Event
+
+S = 1_000_000
+T0 = 1_800_000_000 * S
+
+
+def step_times(count: int, step_s: float, *, noise: float = 0.03, seed: int = 0, compile_s: float = 30.0,
+               slow: tuple[float, float, float] | None = None, gaps: dict[int, float] | None = None,
+               start_us: int = T0) -> list[int]:
+    """Step start times of a run whose step time is log-normal with spread ``noise``, with a
+    checkpoint every 100 steps (3 times longer) and heavy tails (1 % of the others 2 to 6 times
+    longer), a
+    first step ``compile_s`` longer, ``slow`` = (from s, to s, fraction) slower steps between
+    those times (from the start), and ``gaps`` = {step: seconds} the given steps stuck that much
+    longer."""
+    rng = random.Random(seed)
+    times, clock = [start_us], 0.0
+    for index in range(count - 1):
+        duration = step_s * math.exp(rng.gauss(0, noise))
+        if index % 100 == 99:
+            duration *= 3
+        elif rng.random() < 0.01:
+            duration *= rng.uniform(2, 6)
+        if index == 0:
+            duration += compile_s
+        if slow is not None and slow[0] <= clock < slow[1]:
+            duration *= 1 + slow[2]
+        duration += (gaps or {}).get(index, 0.0)
+        clock += duration
+        times.append(start_us + round(clock * S))
+    return times
+
+
+def detect(times: list[int], settings: DetectionSettings | None = None) -> list[AnomalyChange]:
+    detector = Detector(settings)
+    detector.feed(times, range(len(times)), 0, len(times))
+    return detector.changes
+
+
+@pytest.mark.parametrize("step_s,noise", [(0.3, 0.05), (2.0, 0.03), (20.0, 0.02)])
+def test_a_clean_run_with_heavy_tails_and_checkpoints_has_no_anomaly(step_s, noise):
+    for seed in range(3):
+        assert detect(step_times(20_000 if step_s < 1 else 5_000, step_s, noise=noise, seed=seed)) == []
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.5])
+def test_a_slowdown_is_found_within_two_minutes_and_ends_where_it_ended(fraction):
+    """A slowdown from 10 to 20 minutes into a run of 1 s steps: found, with its onset and end
+    within a few steps of the truth, and its figures those of the slow steps."""
+    times = step_times(3_000, 1.0, slow=(600, 1200, fraction))
+    found, ended = detect(times)
+    onset, end = (next(t for t in times if t - T0 >= seconds * S) for seconds in (600, 1200))
+    assert found.kind == ended.kind == SLOWDOWN and found.host is None
+    assert found.ended_us is None and found.started_us == ended.started_us
+    assert abs(found.started_us - onset) <= 10 * S
+    assert found.detected_us - onset <= 120 * S
+    assert abs(ended.ended_us - end) <= 15 * S and ended.changed_us > ended.ended_us
+    # The baseline is the mean step, its checkpoints and heavy tails included.
+    normal = [(b - a) / S for a, b in itertools.pairwise(times[10:]) if b <= onset]
+    assert found.baseline_s == pytest.approx(sum(normal) / len(normal), rel=0.03)
+    assert ended.observed_s == pytest.approx(found.baseline_s * (1 + fraction), rel=0.05)
+    assert ended.lost_s == pytest.approx((end - onset) / S * fraction / (1 + fraction), rel=0.15)
+
+
+def test_a_two_percent_slowdown_is_below_what_is_looked_for_unless_asked():
+    times = step_times(3_000, 1.0, slow=(600, 1800, 0.02))
+    assert [c.kind for c in detect(times)] == []
+    assert [c.kind for c in detect(times, DetectionSettings(min_slowdown=0.02))] == [SLOWDOWN, SLOWDOWN]
+
+
+def test_a_hang_is_found_its_threshold_after_the_last_step_and_ends_at_the_next():
+    times = step_times(500, 2.0, gaps={300: 600.0})
+    found, ended = detect(times)
+    assert (found.kind, found.started_us, found.detected_us, found.ended_us) == (
+        HANG, times[300], times[300] + 60 * S, None)
+    assert (ended.ended_us, ended.changed_us) == (times[301], times[301])
+    assert ended.observed_s == pytest.approx((times[301] - times[300]) / S)
+    # Steps of 20 s: ten of them without a step.
+    times = step_times(500, 20.0, noise=0.01, gaps={300: 150.0})
+    assert detect(times) == []
+    times = step_times(500, 20.0, noise=0.01, gaps={300: 250.0})
+    (found, _) = detect(times)
+    assert found.detected_us - found.started_us == pytest.approx(200 * S, rel=0.02)
+
+
+def test_warm_up_steps_are_neither_a_hang_nor_a_slowdown():
+    """A first step that compiles for ten minutes, and slow steps after it."""
+    times = step_times(400, 1.0, compile_s=600.0, gaps={1: 3.0, 2: 3.0, 3: 3.0})
+    assert detect(times) == []
+
+
+@pytest.mark.parametrize("pieces", [2, 7, 50])
+def test_feeding_the_steps_in_pieces_finds_the_same(pieces):
+    times = step_times(3_000, 1.0, slow=(600, 1200, 0.2), gaps={2000: 100.0})
+    whole = detect(times)
+    detector = Detector()
+    cuts = sorted(random.Random(pieces).sample(range(1, len(times)), pieces - 1))
+    for lo, hi in zip([0, *cuts], [*cuts, len(times)], strict=True):
+        detector.feed(times, range(len(times)), lo, hi)
+    assert detector.changes == whole and len(whole) == 4
+
+
+def test_detection_settings_are_checked():
+    with pytest.raises(ValueError):
+        DetectionSettings(min_slowdown=0)
+    with pytest.raises(ValueError):
+        DetectionSettings(hang_min_s=-1)
+
+
+# -- in the engine ---------------------------------------------------------------------------
+
+
+def attempt_events(attempt_id: str, times: list[int], *, first_step: int = 0,
+                   start_us: int | None = None, end_us: int | None = None) -> list[Event]:
+    start = times[0] - 10 * S if start_us is None else start_us
+    events = [Event("run", attempt_id, 0, start, "job_start", {})]
+    events += [Event("run", attempt_id, 1 + k, t, "step_start", {"step": first_step + k})
+               for k, t in enumerate(times)]
+    if end_us is not None:
+        events.append(Event("run", attempt_id, len(events), end_us, "job_end", {}))
+    return events
+
+
+def run_events() -> tuple[list[Event], int]:
+    """A run with a slowdown, a hang its process was killed in, a restart, a hang it came out of
+    and one it is in at the end."""
+    first = step_times(2_000, 1.0, slow=(600, 1200, 0.3))
+    restart = first[-1] + 300 * S
+    second = step_times(800, 1.0, seed=1, start_us=restart + 20 * S, gaps={700: 1000.0})
+    events = attempt_events("a", first) + attempt_events("b", second, first_step=1_500, start_us=restart)
+    return events, second[-1] + 200 * S
+
+
+def snapshots_rows(events: list[Event], as_of_times: list[int]) -> list[AnomalyChange]:
+    """The anomaly rows of snapshots at ``as_of_times``, each after the one before, the events
+    added as their times come, as a stream sees them."""
+    state = engine.RunState("run")
+    ordered = sorted(events, key=lambda e: e.time_us)
+    rows: list[AnomalyChange] = []
+    added, previous = 0, None
+    for as_of in as_of_times:
+        while added < len(ordered) and ordered[added].time_us <= as_of:
+            state.add(ordered[added])
+            added += 1
+        snapshot = state.snapshot(as_of, anomalies_after_us=previous)
+        if snapshot is not None:
+            rows += snapshot.anomalies
+        previous = as_of
+    return rows
+
+
+def test_a_stream_finds_the_rows_a_replay_finds_whatever_its_snapshot_interval():
+    events, end = run_events()
+    replay = snapshots_rows(events, [end])
+    assert [(c.kind, c.ended_us is not None) for c in replay] == [
+        (SLOWDOWN, False), (SLOWDOWN, True), (HANG, False), (HANG, True), (HANG, False), (HANG, True),
+        (HANG, False)]
+    restart = next(e.time_us for e in events if e.attempt_id == "b" and e.kind == "job_start")
+    assert replay[3].ended_us == restart  # the first attempt's hang ends at the restart
+    start = min(e.time_us for e in events)
+    for interval_s in (7, 30, 61):
+        times = [*range(start, end, interval_s * S), end]
+        assert snapshots_rows(events, times) == replay, interval_s
+
+
+def test_a_hang_under_way_is_reported_once_and_its_end_later():
+    times = step_times(200, 1.0)
+    events = attempt_events("a", times)
+    last = times[-1]
+    state = engine.RunState("run")
+    state.add_all(events)
+    assert state.snapshot(last + 59 * S).anomalies == ()
+    (found,) = state.snapshot(last + 61 * S, anomalies_after_us=last + 59 * S).anomalies
+    assert (found.kind, found.detected_us, found.ended_us) == (HANG, last + 60 * S, None)
+    assert state.snapshot(last + 90 * S, anomalies_after_us=last + 61 * S).anomalies == ()
+    state.add(Event("run", "a", len(events), last + 100 * S, "step_start", {"step": 200}))
+    (ended,) = state.snapshot(last + 120 * S, anomalies_after_us=last + 90 * S).anomalies
+    assert (ended.started_us, ended.ended_us) == (last, last + 100 * S)
+    assert state.hang_threshold_s() == 60.0
+
+
+def test_slow_step_time_is_the_step_time_beyond_the_ideal():
+    durations = [1.0] * 50 + [1.5, 3.0]
+    times = [T0]
+    for duration in durations:
+        times.append(times[-1] + round(duration * S))
+    state = engine.RunState("run")
+    state.add_all(attempt_events("a", times))
+    snapshot = state.snapshot(times[-1])
+    assert snapshot.ideal_step_time_s == pytest.approx(1.0)
+    assert snapshot.slow_step_time_s == pytest.approx(0.5 + 2.0)
+    assert snapshot.cumulative.productive_s > snapshot.slow_step_time_s
