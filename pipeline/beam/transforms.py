@@ -140,9 +140,10 @@ class TrackRuns(beam.PTransform):
 
     ``as_of_us`` None means the latest event time in the input; ``exclusions`` are intervals
     left out of every run's elapsed time and buckets; ``detection`` says what anomalies are
-    looked for (every one found up to ``as_of_us`` is in the snapshot). Deduplication and reordering are the
-    engine's: duplicates and order never change a number. The ``dead_letter`` output holds what
-    the engine failed on, and the copies of conflicting duplicates it did not keep.
+    looked for (every one found up to ``as_of_us`` is in the snapshot). Deduplication and
+    reordering are the engine's: duplicates and order never change a number. The
+    ``dead_letter`` output holds what the engine failed on, and the copies of conflicting
+    duplicates it did not keep.
     """
 
     def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...],

@@ -40,7 +40,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-SLOWDOWN, HANG, STRAGGLER = "slowdown", "hang", "straggler"
+SLOWDOWN, HANG = "slowdown", "hang"
 _US = 1_000_000
 
 
@@ -112,7 +112,7 @@ class Detector:
         are the attempt's, in time order; ``lo`` is the first not fed before)."""
         for k in range(max(lo, 1, self.settings.warmup_steps + 1), hi):
             start, end = times[k - 1], times[k]
-            threshold = self._threshold if self._median is not None else self.hang_threshold_us()
+            threshold = self.hang_threshold_us()
             if threshold is not None and end - start >= threshold:
                 self.changes += self._hang(start, end, threshold)
             if steps[k] == steps[k - 1] + 1 and end > start:
