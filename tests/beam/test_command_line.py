@@ -14,6 +14,7 @@ import duckdb
 import pytest
 
 from pipeline.beam.launcher import run
+from pipeline.beam.options import UsageError, parse_command_line
 from support.beam import SNAPSHOT_TABLES, table
 
 STREAM = ["--streaming", "--subscription=projects/p/subscriptions/s"]
@@ -216,3 +217,12 @@ def test_help_names_the_command_it_was_run_as(capsys):
     assert run(["--help"], prog="goodput replay") == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: goodput replay") and "--snapshot_interval_s" in out and "gzip" in out
+
+
+def test_the_pipeline_options_take_detection_settings_and_refuse_nonsense():
+    events = ["--events=e.jsonl", "--duckdb=g.duckdb"]
+    options = parse_command_line([*events, "--min_slowdown=0.2", "--hang_min_s=120", "--hang_factor=5"])
+    assert (options.min_slowdown, options.hang_min_s, options.hang_factor) == (0.2, 120.0, 5.0)
+    for bad in ("--min_slowdown=0", "--min_slowdown=nan", "--hang_factor=-1", "--hang_min_s=0"):
+        with pytest.raises(UsageError, match=bad.split("=")[0]):
+            parse_command_line([*events, bad])
