@@ -40,7 +40,9 @@ import math
 import statistics
 from collections.abc import Sequence
 
-SLOWDOWN, HANG = "slowdown", "hang"
+SLOWDOWN, HANG, STRAGGLER = "slowdown", "hang", "straggler"
+#: Every kind of anomaly, as ``run_anomalies.kind`` names it.
+ANOMALY_KINDS = (SLOWDOWN, HANG, STRAGGLER)
 _US = 1_000_000
 
 
@@ -136,6 +138,11 @@ class Detector:
         if as_of_us - last_us < threshold:
             return []
         return self._hang(last_us, None, threshold)
+
+    @property
+    def slowdown_open(self) -> bool:
+        """Whether a slowdown was found and has not ended."""
+        return self._open is not None
 
     def end_attempt(self, last_us: int | None, end_us: int) -> None:
         """Keeps the rows of a hang between the current attempt's last step start and its end

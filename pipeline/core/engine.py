@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from goodput_schemas.limits import MAX_COUNT
-from pipeline.core.detect import AnomalyChange, DetectionSettings, Detector
+from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER, AnomalyChange, DetectionSettings, Detector
 from pipeline.core.events import Batch, DeadLetter, Event
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S, Snapshot, StepSummary
 from pipeline.core.stepstats import StepStatistics
@@ -509,6 +509,7 @@ class RunState:
         reference_ideal = configured if configured is not None else _seconds(reference_us)
         deviation = None if ideal is None else _seconds(stats.deviation(ideal * _US))
         stepping, available = timeline.slice_efficiency()
+        anomalies, open_anomalies = self._anomalies(timeline, anomalies_after_us)
         return Snapshot(
             run_id=self.run_id,
             as_of_us=as_of_us,
@@ -530,7 +531,8 @@ class RunState:
             step_summary=_summary(stats),
             # Capped: each attempt's count is below MAX_COUNT, but a run may have many attempts.
             missing_events=min(MAX_COUNT, sum(attempt.missing() for attempt in self.attempts.values())),
-            anomalies=self._anomalies(timeline, anomalies_after_us),
+            anomalies=anomalies,
+            open_anomalies=open_anomalies,
             slow_step_time_s=None if ideal is None else _seconds(stats.excess(ideal * _US)),
         )
 
@@ -577,11 +579,14 @@ class RunState:
         self._stats_fed = list(layout)
         return self._stats
 
-    def _anomalies(self, timeline: Timeline, after_us: int | None) -> tuple[AnomalyChange, ...]:
+    def _anomalies(self, timeline: Timeline,
+                   after_us: int | None) -> tuple[tuple[AnomalyChange, ...], dict[str, int]]:
         """The detector's rows found after ``after_us`` up to the timeline's time, with the hang
-        the live attempt is in, if it is in one (the detector must have been fed)."""
+        the live attempt is in, if it is in one (the detector must have been fed); and how many
+        anomalies of each kind are open then."""
         as_of = timeline.as_of_us
         changes = list(self._detector.changes)
+        known = len(changes)
         layout = timeline.step_layout
         if layout:
             attempt_id, _, count = layout[-1]
@@ -595,7 +600,9 @@ class RunState:
             changes += self._detector.tail(sub.last_time, end, as_of)
         after = -1 if after_us is None else after_us
         found = (c for c in changes if after < c.changed_us <= as_of)
-        return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us)))
+        open_hangs = sum(change.ended_us is None for change in changes[known:])
+        open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open), HANG: open_hangs, STRAGGLER: 0}
+        return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us))), open_anomalies
 
 
 def _summary(stats: StepStatistics) -> StepSummary | None:

@@ -110,3 +110,5 @@ class Snapshot:
     missing_events: int = 0  # of every attempt, as ``Attempt.missing`` counts them
     anomalies: tuple[AnomalyChange, ...] = ()  # the rows found since the previous snapshot
     slow_step_time_s: float | None = None  # measured step time beyond the ideal step time
+    #: How many anomalies of each kind (``ANOMALY_KINDS``) are open as of the snapshot.
+    open_anomalies: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from pipeline.core import engine
-from pipeline.core.detect import HANG, SLOWDOWN, AnomalyChange, DetectionSettings, Detector
+from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER, AnomalyChange, DetectionSettings, Detector
 from pipeline.core.events import Event
 
 S = 1_000_000
@@ -182,13 +182,18 @@ def test_a_hang_under_way_is_reported_once_and_its_end_later():
     last = times[-1]
     state = engine.RunState("run")
     state.add_all(events)
-    assert state.snapshot(last + 59 * S).anomalies == ()
-    (found,) = state.snapshot(last + 61 * S, anomalies_after_us=last + 59 * S).anomalies
+    before = state.snapshot(last + 59 * S)
+    assert (before.anomalies, before.open_anomalies[HANG]) == ((), 0)
+    during = state.snapshot(last + 61 * S, anomalies_after_us=last + 59 * S)
+    (found,) = during.anomalies
     assert (found.kind, found.detected_us, found.ended_us) == (HANG, last + 60 * S, None)
+    assert during.open_anomalies == {SLOWDOWN: 0, HANG: 1, STRAGGLER: 0}
     assert state.snapshot(last + 90 * S, anomalies_after_us=last + 61 * S).anomalies == ()
     state.add(Event("run", "a", len(events), last + 100 * S, "step_start", {"step": 200}))
-    (ended,) = state.snapshot(last + 120 * S, anomalies_after_us=last + 90 * S).anomalies
+    after = state.snapshot(last + 120 * S, anomalies_after_us=last + 90 * S)
+    (ended,) = after.anomalies
     assert (ended.started_us, ended.ended_us) == (last, last + 100 * S)
+    assert after.open_anomalies[HANG] == 0
     assert state.hang_threshold_s() == 60.0
 
 
