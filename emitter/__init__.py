@@ -11,6 +11,7 @@ batches to a file or a Pub/Sub topic. See ``GoodputRecorder`` for the arguments 
 
 import logging
 
+from emitter.hosts import HostStepTimer
 from emitter.recorder import ElasticGoodputRecorder, GoodputRecorder, __version__
 from emitter.settings import EmitterSettings
 from emitter.worker import EmitterStats
@@ -23,5 +24,6 @@ __all__ = [
     "EmitterSettings",
     "EmitterStats",
     "GoodputRecorder",
+    "HostStepTimer",
     "__version__",
 ]

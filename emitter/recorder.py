@@ -124,6 +124,14 @@ def _ideal_step_time(value: object) -> float | None:
     return ideal
 
 
+def _step_seconds(value: object, name: str) -> float:
+    """A duration in seconds the pipeline accepts: finite, >= 0, at most ``MAX_DURATION_S``."""
+    seconds = _number(value, name)
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S):
+        raise ValueError(f"{name} must be >= 0 s and at most {MAX_DURATION_S:.0f} s, got {seconds}")
+    return seconds
+
+
 def _settings(value: object) -> EmitterSettings:
     if value is None:
         return EmitterSettings()
@@ -685,6 +693,23 @@ class GoodputRecorder:
             self._record("model_metrics", time_, "time_", body)
         except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
             self._invalid_call("record_model_metrics", error)
+
+    @_guarded
+    def record_host_steps(self, host: str, count: int, mean_s: float, max_s: float,
+                          time_: datetime.datetime | None = None) -> None:
+        """Records a summary of one host's own step times since its previous summary: ``count``
+        steps, their mean and longest time in seconds, ending at ``time_`` (``None``: now).
+        ``HostStepTimer`` makes these summaries; the pipeline compares a run's hosts with each
+        other to find a straggler."""
+        if self._worker is None:
+            return
+        name, steps = _text(host, "host"), _count(count, "count")
+        mean, longest = _step_seconds(mean_s, "mean_s"), _step_seconds(max_s, "max_s")
+        if not name or steps < 1 or mean > longest:
+            raise ValueError(f"a summary needs a host, count >= 1 and mean_s <= max_s, got "
+                             f"{name!r}, {steps}, {mean}, {longest}")
+        self._record("host_steps", time_, "time_", {"host": name, "count": steps, "mean_s": mean,
+                                                     "max_s": longest})
 
     def _seconds(self, timeout: object, method: str) -> float:
         """A timeout as given, if it is a number of seconds >= 0; else counted, and the default."""

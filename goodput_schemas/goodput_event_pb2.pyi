@@ -9,7 +9,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class EventBatch(_message.Message):
     __slots__ = ("schema_version", "run_id", "attempt_id", "events")
     class Event(_message.Message):
-        __slots__ = ("seq", "time_us", "job_start", "job_end", "step_start", "tpu_init_start", "tpu_init_end", "training_prep_start", "training_prep_end", "data_loading_start", "data_loading_end", "custom_badput_start", "custom_badput_end", "elastic_slice_counts", "elastic_wait_start", "elastic_wait_end", "elastic_reinit_start", "elastic_reinit_end", "checkpoint_save", "checkpoint_restore", "heartbeat", "model_metrics")
+        __slots__ = ("seq", "time_us", "job_start", "job_end", "step_start", "tpu_init_start", "tpu_init_end", "training_prep_start", "training_prep_end", "data_loading_start", "data_loading_end", "custom_badput_start", "custom_badput_end", "elastic_slice_counts", "elastic_wait_start", "elastic_wait_end", "elastic_reinit_start", "elastic_reinit_end", "checkpoint_save", "checkpoint_restore", "heartbeat", "model_metrics", "host_steps")
         SEQ_FIELD_NUMBER: _ClassVar[int]
         TIME_US_FIELD_NUMBER: _ClassVar[int]
         JOB_START_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class EventBatch(_message.Message):
         CHECKPOINT_RESTORE_FIELD_NUMBER: _ClassVar[int]
         HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
         MODEL_METRICS_FIELD_NUMBER: _ClassVar[int]
+        HOST_STEPS_FIELD_NUMBER: _ClassVar[int]
         seq: int
         time_us: int
         job_start: EventBatch.JobStart
@@ -54,7 +55,8 @@ class EventBatch(_message.Message):
         checkpoint_restore: EventBatch.CheckpointRestore
         heartbeat: EventBatch.Empty
         model_metrics: EventBatch.ModelMetrics
-        def __init__(self, seq: _Optional[int] = ..., time_us: _Optional[int] = ..., job_start: _Optional[_Union[EventBatch.JobStart, _Mapping]] = ..., job_end: _Optional[_Union[EventBatch.JobEnd, _Mapping]] = ..., step_start: _Optional[_Union[EventBatch.StepStart, _Mapping]] = ..., tpu_init_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., tpu_init_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., custom_badput_start: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., custom_badput_end: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., elastic_slice_counts: _Optional[_Union[EventBatch.ElasticSliceCounts, _Mapping]] = ..., elastic_wait_start: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_wait_end: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_reinit_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., elastic_reinit_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., checkpoint_save: _Optional[_Union[EventBatch.CheckpointSave, _Mapping]] = ..., checkpoint_restore: _Optional[_Union[EventBatch.CheckpointRestore, _Mapping]] = ..., heartbeat: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., model_metrics: _Optional[_Union[EventBatch.ModelMetrics, _Mapping]] = ...) -> None: ...
+        host_steps: EventBatch.HostSteps
+        def __init__(self, seq: _Optional[int] = ..., time_us: _Optional[int] = ..., job_start: _Optional[_Union[EventBatch.JobStart, _Mapping]] = ..., job_end: _Optional[_Union[EventBatch.JobEnd, _Mapping]] = ..., step_start: _Optional[_Union[EventBatch.StepStart, _Mapping]] = ..., tpu_init_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., tpu_init_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., training_prep_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., data_loading_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., custom_badput_start: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., custom_badput_end: _Optional[_Union[EventBatch.CustomBadput, _Mapping]] = ..., elastic_slice_counts: _Optional[_Union[EventBatch.ElasticSliceCounts, _Mapping]] = ..., elastic_wait_start: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_wait_end: _Optional[_Union[EventBatch.ElasticWait, _Mapping]] = ..., elastic_reinit_start: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., elastic_reinit_end: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., checkpoint_save: _Optional[_Union[EventBatch.CheckpointSave, _Mapping]] = ..., checkpoint_restore: _Optional[_Union[EventBatch.CheckpointRestore, _Mapping]] = ..., heartbeat: _Optional[_Union[EventBatch.Empty, _Mapping]] = ..., model_metrics: _Optional[_Union[EventBatch.ModelMetrics, _Mapping]] = ..., host_steps: _Optional[_Union[EventBatch.HostSteps, _Mapping]] = ...) -> None: ...
     class Empty(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...
@@ -144,6 +146,17 @@ class EventBatch(_message.Message):
         mfu: float
         tflops_per_device: float
         def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., step_time_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., mfu: _Optional[float] = ..., tflops_per_device: _Optional[float] = ...) -> None: ...
+    class HostSteps(_message.Message):
+        __slots__ = ("host", "count", "mean_s", "max_s")
+        HOST_FIELD_NUMBER: _ClassVar[int]
+        COUNT_FIELD_NUMBER: _ClassVar[int]
+        MEAN_S_FIELD_NUMBER: _ClassVar[int]
+        MAX_S_FIELD_NUMBER: _ClassVar[int]
+        host: str
+        count: int
+        mean_s: float
+        max_s: float
+        def __init__(self, host: _Optional[str] = ..., count: _Optional[int] = ..., mean_s: _Optional[float] = ..., max_s: _Optional[float] = ...) -> None: ...
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -35,10 +35,12 @@ started, ended when a step (or the attempt's end, or its successor) comes.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 SLOWDOWN, HANG, STRAGGLER = "slowdown", "hang", "straggler"
 #: Every kind of anomaly, as ``run_anomalies.kind`` names it.
@@ -61,10 +63,17 @@ class DetectionSettings:
     #: A hang is no step for max(hang_min_s, hang_factor * baseline).
     hang_min_s: float = 60.0
     hang_factor: float = 10.0
+    #: Hosts are compared per ``host_bucket_s`` of their summaries' times; a bucket is scored
+    #: ``host_settle_s`` after it ends (summaries of its hosts are on their way until then).
+    host_bucket_s: int = 60
+    host_settle_s: int = 30
+    #: A straggler is a host slower than its peers for ``straggler_min_s``.
+    straggler_min_s: int = 300
 
     def __post_init__(self) -> None:
         if not (0 < self.min_slowdown <= 10 and self.warmup_steps >= 0 and self.reference_steps >= 1
-                and self.refresh_steps >= 2 and self.hang_min_s > 0 and self.hang_factor > 0):
+                and self.refresh_steps >= 2 and self.hang_min_s > 0 and self.hang_factor > 0
+                and self.host_bucket_s >= 1 and self.host_settle_s >= 0 and self.straggler_min_s >= 0):
             raise ValueError(f"detection settings out of range: {self}")
 
 
@@ -231,3 +240,160 @@ class Detector:
         self._clip = max(4 * noise, 3 * self._k)
         self._limit = max(4 * self._clip, 10 * noise * noise / self._k)
         self._block = []
+
+
+@dataclasses.dataclass
+class _Streak:
+    """A host's run of slow buckets: from ``start_us``, its step time and its peers' over the
+    streak's buckets, and its row once it is a straggler."""
+
+    start_us: int
+    last_bucket: int
+    own_s: float = 0.0
+    peers_s: float = 0.0
+    count: int = 0
+    found: AnomalyChange | None = None
+
+    def row(self, host: str, changed_us: int, ended_us: int | None = None) -> AnomalyChange:
+        baseline, observed = self.peers_s / self.count, self.own_s / self.count
+        if self.found is None:
+            return AnomalyChange(STRAGGLER, host, self.start_us, changed_us, None, changed_us, baseline,
+                                 observed, self.own_s - self.peers_s)
+        return dataclasses.replace(self.found, ended_us=ended_us, changed_us=changed_us, baseline_s=baseline,
+                                   observed_s=observed, lost_s=self.own_s - self.peers_s)
+
+
+class HostScorer:
+    """Stragglers of one run, from its hosts' step summaries (``host_steps`` events).
+
+    Each summary's longest step is left out (a heavy tail or a checkpoint says nothing of the
+    host). Summaries are put in buckets of ``host_bucket_s`` by their time, and a bucket is scored once
+    the snapshot time is ``host_settle_s`` past its end: each host's mean step time in it against
+    the median of the other hosts' (at least one other). A bucket where a host is at least
+    ``min_slowdown / 2`` slower than its peers starts (or goes on with) its streak, one at least
+    ``min_slowdown / 4`` slower goes on with it, any other ends it; a bucket without the host
+    leaves it as it is, unless the host has been missing for ``straggler_min_s``, which ends it.
+    A streak of ``straggler_min_s`` or more, with the host at least ``3/4 min_slowdown`` slower
+    over it, is a straggler: found at its bucket's end plus ``host_settle_s`` (so a stream and a
+    replay find it at the same time), ended the same way. Its figures are over the streak: the
+    peers' and the host's mean step times, and the host's time beyond its peers'.
+
+    Memory is the buckets not scored yet and a streak per host, whatever the run's length. A
+    summary that comes after its bucket was scored is late, counted in ``late`` and left out;
+    one seen before (the same host and time) is a redelivery.
+    """
+
+    def __init__(self) -> None:
+        self.changes: list[AnomalyChange] = []
+        self.late = 0
+        self._pending: dict[tuple[str, int], tuple[int, float]] = {}  # (host, time) -> (count, mean)
+        self._scored_until_us = 0  # summaries before this time are scored
+        self._streaks: dict[str, _Streak] = {}
+
+    def add(self, host: str, time_us: int, count: int, mean_s: float, max_s: float) -> bool:
+        """Takes one summary; False if it was seen before or came too late to be scored."""
+        if time_us < self._scored_until_us:
+            self.late += 1
+            return False
+        key = (host, time_us)
+        if key in self._pending:
+            return False
+        if count > 1:  # its longest step left out: a heavy tail or a checkpoint, not the host
+            count, mean_s = count - 1, max(0.0, (count * mean_s - max_s) / (count - 1))
+        self._pending[key] = (count, mean_s)
+        return True
+
+    def score(self, as_of_us: int, settings: DetectionSettings) -> None:
+        """Scores every bucket that ended ``host_settle_s`` or more before ``as_of_us``, in order."""
+        bucket_us = settings.host_bucket_s * _US
+        until = (as_of_us - settings.host_settle_s * _US) // bucket_us * bucket_us
+        if until <= self._scored_until_us or not self.has_state:
+            return
+        buckets: dict[int, dict[str, tuple[int, float]]] = {}
+        for (host, time_us), (count, mean_s) in list(self._pending.items()):
+            if time_us < until:
+                del self._pending[(host, time_us)]
+                steps, total = buckets.setdefault(time_us // bucket_us, {}).get(host, (0, 0.0))
+                buckets[time_us // bucket_us][host] = (steps + count, total + count * mean_s)
+        self._scored_until_us = until
+        for bucket in sorted(buckets):
+            self._score_bucket(bucket, buckets[bucket], settings)
+
+    @property
+    def has_state(self) -> bool:
+        """Whether it was given any summary."""
+        return bool(self._scored_until_us or self._pending)
+
+    @property
+    def open_count(self) -> int:
+        return sum(streak.found is not None for streak in self._streaks.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """The scorer as JSON values (for the state coder); ``from_json`` reads it back."""
+        pending = [[host, t, count, mean] for (host, t), (count, mean) in sorted(self._pending.items())]
+        streaks = {host: [dataclasses.astuple(streak)[:5],
+                          None if streak.found is None else dataclasses.astuple(streak.found)]
+                   for host, streak in sorted(self._streaks.items())}
+        return {"until": self._scored_until_us, "late": self.late, "pending": pending, "streaks": streaks,
+                "changes": [dataclasses.astuple(change) for change in self.changes]}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> HostScorer:
+        scorer = cls()
+        scorer._scored_until_us, scorer.late = value["until"], value["late"]
+        scorer._pending = {(host, t): (count, mean) for host, t, count, mean in value["pending"]}
+        for host, (fields, found) in value["streaks"].items():
+            start_us, last_bucket, own_s, peers_s, count = fields
+            scorer._streaks[host] = _Streak(start_us, last_bucket, own_s, peers_s, count,
+                                            None if found is None else AnomalyChange(*found))
+        scorer.changes = [AnomalyChange(*change) for change in value["changes"]]
+        return scorer
+
+    def _score_bucket(self, bucket: int, hosts: dict[str, tuple[int, float]],
+                      settings: DetectionSettings) -> None:
+        bucket_us = settings.host_bucket_s * _US
+        start_us, changed_us = bucket * bucket_us, (bucket + 1) * bucket_us + settings.host_settle_s * _US
+        missing_buckets = max(1, math.ceil(settings.straggler_min_s / settings.host_bucket_s))
+        for host, gone in list(self._streaks.items()):
+            if host not in hosts and bucket - gone.last_bucket > missing_buckets:
+                self._end(host, gone, (gone.last_bucket + 1) * bucket_us, changed_us)
+        if len(hosts) < 2:
+            return
+        means = {host: total / count for host, (count, total) in hosts.items()}
+        ordered = sorted(means.values())
+        enter, stay = 1 + settings.min_slowdown / 2, 1 + settings.min_slowdown / 4
+        for host, mean in means.items():
+            peers = _median_without(ordered, mean)
+            going = self._streaks.get(host)
+            ratio = mean / peers if peers > 0 else 1.0
+            if ratio < (enter if going is None else stay):
+                if going is not None:
+                    self._end(host, going, start_us, changed_us)
+                continue
+            streak = self._streaks.setdefault(host, _Streak(start_us, bucket))
+            count = hosts[host][0]
+            streak.last_bucket = bucket
+            streak.own_s += count * mean
+            streak.peers_s += count * peers
+            streak.count += count
+            lasted_us = (bucket + 1) * bucket_us - streak.start_us
+            if (streak.found is None and lasted_us >= settings.straggler_min_s * _US
+                    and streak.own_s >= (1 + 0.75 * settings.min_slowdown) * streak.peers_s):
+                streak.found = streak.row(host, changed_us)
+                self.changes.append(streak.found)
+
+    def _end(self, host: str, streak: _Streak, ended_us: int, changed_us: int) -> None:
+        if streak.found is not None:
+            self.changes.append(streak.row(host, changed_us, ended_us))
+        del self._streaks[host]
+
+
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of the sorted ``ordered`` with one ``value`` of it left out."""
+    at = bisect.bisect_left(ordered, value)
+    rest = len(ordered) - 1
+
+    def nth(k: int) -> float:
+        return ordered[k if k < at else k + 1]
+
+    return (nth((rest - 1) // 2) + nth(rest // 2)) / 2

@@ -37,7 +37,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from goodput_schemas.limits import MAX_COUNT
-from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER, AnomalyChange, DetectionSettings, Detector
+from pipeline.core.detect import (
+    HANG,
+    SLOWDOWN,
+    STRAGGLER,
+    AnomalyChange,
+    DetectionSettings,
+    Detector,
+    HostScorer,
+)
 from pipeline.core.events import Batch, DeadLetter, Event
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S, Snapshot, StepSummary
 from pipeline.core.stepstats import StepStatistics
@@ -287,6 +295,9 @@ class RunState:
         self._stats = StepStatistics("q")
         self._detector = Detector()
         self._stats_fed: list[tuple[str, int, int]] | None = []
+        # The hosts' step summaries (``host_steps``), scored for stragglers; they change no
+        # figure of the run, and their attempts hold no event but their seqs.
+        self.hosts = HostScorer()
         # The last snapshot's classified timeline up to its settle point (see Timeline).
         self._settled: Settled | None = None
         # Changes other than steps extending the live (latest started) attempt bump the version;
@@ -298,11 +309,13 @@ class RunState:
         self._timeline: Timeline | None = None
 
     @classmethod
-    def of(cls, run_id: str, attempts: Iterable[Attempt], events: int, duplicates: int) -> RunState:
-        """The state that holds ``attempts`` as recorded, with its event counts (how the state
-        coder rebuilds a run)."""
+    def of(cls, run_id: str, attempts: Iterable[Attempt], events: int, duplicates: int,
+           hosts: HostScorer | None = None) -> RunState:
+        """The state that holds ``attempts`` as recorded, with its event counts and host scorer
+        (how the state coder rebuilds a run)."""
         state = cls(run_id)
         state.events, state.duplicates = events, duplicates
+        state.hosts = hosts or HostScorer()
         for attempt in attempts:
             state.attempts[attempt.attempt_id] = attempt
             state._latest_us = max(state._latest_us, attempt.last_event_us)
@@ -411,6 +424,9 @@ class RunState:
         return len(seqs)
 
     def _apply(self, attempt: Attempt, seq: int, t: int, kind: str, body: dict[str, Any]) -> None:
+        if kind == "host_steps":  # not the run's clock, nor any of its figures
+            self.hosts.add(body["host"], t, int(body["count"]), float(body["mean_s"]), float(body["max_s"]))
+            return
         attempt.last_event_us = max(attempt.last_event_us, t)
         self._latest_us = max(self._latest_us, t)
         if kind == "step_start":
@@ -501,7 +517,9 @@ class RunState:
         configured = configured_ideal_step_time_s
         if configured is None:
             configured = timeline.metadata.get("configured_ideal_step_time_s")
-        stats = self._feed_steps(timeline, detection or DetectionSettings())  # in microseconds
+        detection = detection or DetectionSettings()
+        stats = self._feed_steps(timeline, detection)  # in microseconds
+        self.hosts.score(as_of_us, detection)
         computed_us = stats.ideal()
         # The reference ignores steps under 1 s.
         reference_us = stats.ideal(_US) if stats.any_below(_US) else computed_us
@@ -585,7 +603,7 @@ class RunState:
         the live attempt is in, if it is in one (the detector must have been fed); and how many
         anomalies of each kind are open then."""
         as_of = timeline.as_of_us
-        changes = list(self._detector.changes)
+        changes = self._detector.changes + self.hosts.changes
         known = len(changes)
         layout = timeline.step_layout
         if layout:
@@ -601,7 +619,8 @@ class RunState:
         after = -1 if after_us is None else after_us
         found = (c for c in changes if after < c.changed_us <= as_of)
         open_hangs = sum(change.ended_us is None for change in changes[known:])
-        open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open), HANG: open_hangs, STRAGGLER: 0}
+        open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open), HANG: open_hangs,
+                          STRAGGLER: self.hosts.open_count}
         return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us))), open_anomalies
 
 

@@ -233,6 +233,14 @@ def event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]
     ideal = body.get("configured_ideal_step_time_s")
     if ideal is not None and not ideal > 0:
         return f"job_start.configured_ideal_step_time_s must be > 0, got {ideal}"
+    if kind == "host_steps":
+        if not body.get("host"):
+            return "host_steps.host must not be empty"
+        if body.get("count", 0) < 1:
+            return f"host_steps.count must be >= 1, got {body.get('count', 0)}"
+        mean, longest = body.get("mean_s", 0.0), body.get("max_s", 0.0)
+        if mean > longest:
+            return f"host_steps.mean_s ({mean}) must be at most max_s ({longest})"
     if kind == "elastic_slice_counts":
         total = body.get("total_slices", 0)
         for name in ("active_slices", "available_slices"):

@@ -18,6 +18,7 @@ import sys
 from array import array
 from typing import Any
 
+from pipeline.core.detect import HostScorer
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
 
@@ -50,8 +51,10 @@ def encode_state(state: RunState) -> bytes:
         })
         arrays += [attempt.steps, attempt.step_times, attempt.step_seqs, attempt.obs_seqs, attempt.obs_times,
                    attempt.obs_prints, attempt.obs_kinds]
-    header = json.dumps({"run": state.run_id, "events": state.events, "dups": state.duplicates,
-                         "attempts": attempts}, separators=(",", ":")).encode()
+    fields = {"run": state.run_id, "events": state.events, "dups": state.duplicates, "attempts": attempts}
+    if state.hosts.has_state:  # only then: a run without host summaries encodes as before they existed
+        fields["hosts"] = state.hosts.to_json()
+    header = json.dumps(fields, separators=(",", ":")).encode()
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *map(_little_endian, arrays)])
 
 
@@ -78,7 +81,8 @@ def decode_state(data: bytes) -> RunState:
         attempt.failed = item.get("failed")  # absent in states encoded before the flag existed
         attempt.records = {seq: (t, kind, body) for seq, t, kind, body in item.get("records", ())}
         attempts.append(attempt)
-    return RunState.of(header["run"], attempts, header["events"], header["dups"])
+    hosts = HostScorer.from_json(header["hosts"]) if "hosts" in header else None
+    return RunState.of(header["run"], attempts, header["events"], header["dups"], hosts)
 
 
 def encode_batch(batch: Batch) -> bytes:

@@ -328,6 +328,9 @@ _BODIES: dict[str, st.SearchStrategy[dict[str, object]]] = {
     "elastic_wait_start": st.fixed_dictionaries({"event_type": st.sampled_from(["scale_up", "slice_down"])}),
     "elastic_wait_end": st.fixed_dictionaries({"event_type": st.sampled_from(["scale_up", "slice_down"])}),
     "model_metrics": st.fixed_dictionaries({"step": st.integers(0, 50)}),
+    "host_steps": st.floats(0, 100).flatmap(lambda mean: st.fixed_dictionaries(
+        {"host": st.sampled_from(["h0", "h1"]), "count": st.integers(1, 100), "mean_s": st.just(mean),
+         "max_s": st.floats(mean, 200)})),
 }
 
 

@@ -3,6 +3,7 @@ the run's snapshots ask, and ``slow_step_time_s`` beside goodput."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -10,7 +11,15 @@ import random
 import pytest
 
 from pipeline.core import engine
-from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER, AnomalyChange, DetectionSettings, Detector
+from pipeline.core.detect import (
+    HANG,
+    SLOWDOWN,
+    STRAGGLER,
+    AnomalyChange,
+    DetectionSettings,
+    Detector,
+    HostScorer,
+)
 from pipeline.core.events import Event
 
 S = 1_000_000
@@ -209,3 +218,130 @@ def test_slow_step_time_is_the_step_time_beyond_the_ideal():
     assert snapshot.slow_step_time_s == pytest.approx(0.5 + 2.0)
     assert snapshot.cumulative.productive_s > snapshot.slow_step_time_s
 
+
+
+# -- stragglers ------------------------------------------------------------------------------
+
+
+def host_summaries(hosts: int, minutes: int, *, step_s: float = 1.0, noise: float = 0.03, seed: int = 0,
+                   slow: tuple[int, float, float, float] | None = None,
+                   start_us: int = T0) -> list[tuple[str, int, int, float, float]]:
+    """(host, time, count, mean, max) of each host's summary about every 60 s (60 s plus up to a
+    step, as ``HostStepTimer`` records them), its steps' times log-normal with spread ``noise``
+    with heavy tails (1 % of steps 2 to 6 times longer); ``slow`` = (host, from s, to s,
+    fraction): that host that much slower between those times."""
+    rng = random.Random(seed)
+    summaries = []
+    for host in range(hosts):
+        clock = rng.uniform(0, 60)
+        while clock < minutes * 60:
+            durations = []
+            began = clock
+            while clock - began < 60:
+                duration = step_s * math.exp(rng.gauss(0, noise))
+                if rng.random() < 0.01:
+                    duration *= rng.uniform(2, 6)
+                if slow is not None and host == slow[0] and slow[1] <= clock < slow[2]:
+                    duration *= 1 + slow[3]
+                durations.append(duration)
+                clock += step_s
+            summaries.append((f"host-{host}", start_us + round(clock * S), len(durations),
+                              sum(durations) / len(durations), max(durations)))
+    return sorted(summaries, key=lambda summary: summary[1])
+
+
+def stragglers(summaries: list[tuple[str, int, int, float, float]], as_of_times: list[int],
+               settings: DetectionSettings | None = None) -> list[AnomalyChange]:
+    """The straggler rows of a scorer given the summaries as their times come and scored at
+    each of ``as_of_times``."""
+    scorer, added = HostScorer(), 0
+    for as_of in as_of_times:
+        while added < len(summaries) and summaries[added][1] <= as_of:
+            scorer.add(*summaries[added])
+            added += 1
+        scorer.score(as_of, settings or DetectionSettings())
+    return scorer.changes
+
+
+@pytest.mark.parametrize("hosts", [2, 8, 256])
+def test_a_host_ten_percent_slower_is_a_straggler_within_ten_minutes_and_ends_when_it_recovers(hosts):
+    summaries = host_summaries(hosts, 60, slow=(1, 600, 2400, 0.10))
+    found, ended = stragglers(summaries, [T0 + 3600 * S])
+    assert (found.kind, found.host, ended.host) == (STRAGGLER, "host-1", "host-1")
+    assert 600 * S - 60 * S <= found.started_us - T0 <= 600 * S + 120 * S
+    assert found.detected_us - (T0 + 600 * S) <= 600 * S
+    assert abs(ended.ended_us - (T0 + 2400 * S)) <= 120 * S
+    assert ended.observed_s == pytest.approx(1.1 * ended.baseline_s, rel=0.03)
+    assert ended.lost_s == pytest.approx(0.1 * (2400 - 600) * ended.baseline_s / 1.1, rel=0.15)
+
+
+@pytest.mark.parametrize("step_s,noise", [(0.3, 0.05), (2.0, 0.03), (20.0, 0.02)])
+def test_clean_hosts_are_never_stragglers(step_s, noise):
+    minutes = 60 if step_s < 1 else 240
+    for seed in range(2):
+        assert stragglers(host_summaries(64, minutes, step_s=step_s, noise=noise, seed=seed),
+                          [T0 + minutes * 60 * S]) == []
+
+
+def test_a_host_slower_for_less_than_five_minutes_or_by_less_than_the_threshold_is_no_straggler():
+    assert stragglers(host_summaries(16, 60, slow=(3, 600, 780, 0.5)), [T0 + 3600 * S]) == []
+    assert stragglers(host_summaries(16, 60, slow=(3, 600, 3000, 0.04)), [T0 + 3600 * S]) == []
+
+
+def test_stragglers_are_found_at_the_same_times_whatever_the_snapshot_interval():
+    summaries = host_summaries(32, 90, slow=(7, 900, 3000, 0.2), seed=3)
+    end = T0 + 90 * 60 * S
+    replay = stragglers(summaries, [end])
+    assert [(c.host, c.ended_us is None) for c in replay] == [("host-7", True), ("host-7", False)]
+    for interval_s in (7, 30, 61):
+        assert stragglers(summaries, [*range(T0, end, interval_s * S), end]) == replay, interval_s
+
+
+def test_a_straggler_that_stops_reporting_ends_and_late_or_repeated_summaries_are_left_out():
+    summaries = host_summaries(8, 60, slow=(2, 300, 3600, 0.3))
+    cut = T0 + 1800 * S
+    kept = [s for s in summaries if s[0] != "host-2" or s[1] < cut]
+    (found, ended) = stragglers(kept, [T0 + 3600 * S])
+    assert found.host == ended.host == "host-2"
+    assert cut - 120 * S <= ended.ended_us <= cut
+    scorer = HostScorer()
+    assert scorer.add("h", T0, 60, 1.0, 2.0) and not scorer.add("h", T0, 60, 1.0, 2.0)  # a redelivery
+    scorer.score(T0 + 600 * S, DetectionSettings())
+    assert not scorer.add("h", T0 + 60 * S, 60, 1.0, 2.0) and scorer.late == 1
+
+
+def host_events(summaries: list[tuple[str, int, int, float, float]]) -> list[Event]:
+    """The summaries as ``host_steps`` events, each host's from an attempt of its own."""
+    seqs: dict[str, int] = {}
+    events = []
+    for host, time_us, count, mean, longest in summaries:
+        seq = seqs[host] = seqs.get(host, -1) + 1
+        events.append(Event("run", f"timer-{host}", seq, time_us, "host_steps",
+                            {"host": host, "count": count, "mean_s": mean, "max_s": longest}))
+    return events
+
+
+def test_host_summaries_find_a_straggler_change_no_figure_and_survive_the_state_coder():
+    from pipeline.core import state_coder
+
+    times = step_times(3_600, 1.0)
+    end = times[-1]
+    goodput = attempt_events("a", times)
+    summaries = host_events(host_summaries(16, 60, slow=(5, 600, 3600, 0.2)))
+    plain, with_hosts = engine.RunState("run"), engine.RunState("run")
+    plain.add_all(goodput)
+    with_hosts.add_all(sorted(goodput + summaries, key=lambda e: e.time_us))
+    expected, snapshot = plain.snapshot(end), with_hosts.snapshot(end)
+    assert dataclasses.replace(snapshot, anomalies=(), open_anomalies={}) == dataclasses.replace(
+        expected, anomalies=(), open_anomalies={})
+    (found,) = snapshot.anomalies
+    assert (found.kind, found.host, found.ended_us) == (STRAGGLER, "host-5", None)
+    assert snapshot.open_anomalies[STRAGGLER] == 1
+    # Half-way through, through the state coder: the same rows and a redelivery is no new event.
+    state, half = engine.RunState("run"), len(summaries) // 2
+    state.add_all(goodput + summaries[:half])
+    state.snapshot(summaries[half - 1].time_us)
+    state = state_coder.decode_state(state_coder.encode_state(state))
+    assert not state.add(summaries[half - 1])
+    state.add_all(summaries[half:])
+    assert state.snapshot(end).anomalies == (found,)

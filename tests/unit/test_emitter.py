@@ -13,7 +13,7 @@ import time
 import numpy
 import pytest
 
-from emitter import EmitterSettings, GoodputRecorder
+from emitter import EmitterSettings, GoodputRecorder, HostStepTimer
 from emitter.testing import capture_events
 from support.emitter import FlakyTransport, GatedTransport, line_count, read_events, wait_for
 from support.runs import at
@@ -474,3 +474,34 @@ def test_reference_keywords_map_to_settings(make_settings):
                                background_max_latency_s=0.5, background_grace_period_s=3)
     assert (recorder.settings.max_batch_events, recorder.settings.max_latency_s,
             recorder.settings.close_timeout_s) == (7, 0.5, 3)
+
+
+def test_a_host_step_timer_records_one_summary_per_interval_from_an_attempt_of_its_own(caplog):
+    """Every ``interval_s`` of its clock a summary of the step times since the last one; the rest
+    at close; what cannot be a step time is counted, never raised."""
+    clock = [0.0]
+    with capture_events() as captured:
+        timer = HostStepTimer("run-1", host="worker-3", interval_s=60.0, clock=lambda: clock[0])
+        for step in range(150):
+            with timer.measure():
+                clock[0] += 0.5 if step != 10 else 2.0
+            clock[0] += 0.5
+        timer.record(math.nan)
+        timer.record("soon")  # type: ignore[arg-type]
+        assert timer.close() and timer.close()
+    summaries = [(e.attempt_id, e.body) for e in captured.events]
+    assert [body for _, body in summaries] == [
+        {"host": "worker-3", "count": 59, "mean_s": pytest.approx((58 * 0.5 + 2.0) / 59), "max_s": 2.0},
+        {"host": "worker-3", "count": 60, "mean_s": 0.5, "max_s": 0.5},
+        {"host": "worker-3", "count": 31, "mean_s": 0.5, "max_s": 0.5}]
+    assert {attempt for attempt, _ in summaries} == {timer.recorder.attempt_id}
+    assert timer.stats.invalid_calls == 2
+    assert "HostStepTimer.record recorded nothing" in caplog.text
+
+
+def test_a_disabled_host_step_timer_records_nothing():
+    with capture_events() as captured:
+        timer = HostStepTimer("run-1", enabled=False)
+        timer.record(1.0)
+        timer.close()
+    assert captured.events == []

@@ -90,6 +90,10 @@ def test_unreadable_message_is_one_dead_letter(payload, reason):
         ({"seq": 1, "time_us": T, "job_start": {"configured_ideal_step_time_s": 0}}, "> 0"),
         ({"seq": 1, "time_us": T, "job_end": {"failed": "yes"}}, "does not match"),
         ({"seq": 1, "time_us": T, "job_end": {"failed": 1}}, "does not match"),
+        ({"seq": 1, "time_us": T, "host_steps": {"count": 3, "mean_s": 1.0, "max_s": 2.0}}, "host must not"),
+        ({"seq": 1, "time_us": T, "host_steps": {"host": "h", "mean_s": 1.0, "max_s": 2.0}}, "count must be >= 1"),
+        ({"seq": 1, "time_us": T, "host_steps": {"host": "h", "count": 3, "mean_s": 3.0, "max_s": 2.0}},
+         "at most max_s"),
     ],
 )
 def test_invalid_event_is_dead_lettered_and_its_neighbours_kept(event, reason):

@@ -37,6 +37,7 @@ def record_every_kind(recorder: GoodputRecorder) -> None:
     recorder.record_elastic_reinit_start_time(at(16))
     recorder.record_elastic_reinit_end_time(at(17))
     recorder.record_heartbeat(at(18))
+    recorder.record_host_steps("worker-1", 60, 0.25, 0.5, at(18.5))
     recorder.record_job_end_time(at(19))
 
 
