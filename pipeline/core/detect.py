@@ -1,5 +1,6 @@
-"""Anomalies in a run's steps, found as the steps arrive: a slowdown (a step-time regression) and
-a hang (no step for too long).
+"""Anomalies in a run's steps, found as the steps arrive: a slowdown (a step-time regression), a
+hang (no step for too long), and a straggler (one host slower than the run's other hosts, from
+their ``host_steps`` summaries: ``HostScorer``).
 
 A ``Detector`` is fed each attempt's step starts in time order (``feed``), one attempt after
 another, and keeps what it found as ``AnomalyChange`` rows: one when an anomaly is found, one
