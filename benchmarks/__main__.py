@@ -1,9 +1,10 @@
 """Runs every benchmark and writes BENCHMARKS.md: ``make bench`` or ``python -m benchmarks``.
 
 ``python -m benchmarks NAME ...`` runs only the named sections (emitter, training_loop, engine,
-restarts, replay, fleet, streaming, state, costs, profile) and rewrites only those in BENCHMARKS.md,
-keeping the others and the header as they are (a comment line, ``<!-- section: NAME -->``, opens
-each section there). ``python -m benchmarks.restarts`` prints that one section and writes nothing.
+restarts, replay, fleet, streaming, state, costs, detection, profile) and rewrites only those in
+BENCHMARKS.md, keeping the others and the header as they are (a comment line,
+``<!-- section: NAME -->``, opens each section there). ``python -m benchmarks.restarts`` prints
+that one section and writes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ SECTIONS = {"emitter": "benchmarks.emitter_overhead", "training_loop": "benchmar
             "engine": "benchmarks.engine",
             "restarts": "benchmarks.restarts", "replay": "benchmarks.replay", "fleet": "benchmarks.fleet",
             "streaming": "benchmarks.streaming", "state": "benchmarks.state_io",
-            "costs": "benchmarks.costs", "profile": "benchmarks.profile"}
+            "costs": "benchmarks.costs", "detection": "benchmarks.detection",
+            "profile": "benchmarks.profile"}
 OUTPUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKER = re.compile(r"^<!-- section: (\w+) -->$", re.MULTILINE)
 

@@ -12,8 +12,9 @@ and a replay that asks once find the same rows. A detector is O(1) in memory and
 The first ``warmup_steps`` steps of every attempt are warm-up (compilation, caches filling):
 nothing is looked for in them.
 
-**Baseline.** Taken from the first ``reference_steps`` steps after the warm-up, then from each
-later block of ``refresh_steps`` steps that ran with no slowdown open or building up, so that a
+**Baseline.** Taken from the first ``reference_steps`` steps after the warm-up (and at least
+``reference_s`` of them: consecutive short steps go together too much to tell the noise), then
+from each later block of ``refresh_steps`` steps that ran with no slowdown open or building up, so that a
 slowdown is never learnt as the new normal before it is found: the block's median duration
 (what the sums below compare with), ``noise``, the spread of its log durations (1.4826 MAD, at
 least 1 %), and its mean step time with steps as long as a hang left out, which rows report as
@@ -38,10 +39,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 SLOWDOWN, HANG, STRAGGLER = "slowdown", "hang", "straggler"
 #: Every kind of anomaly, as ``run_anomalies.kind`` names it.
@@ -59,6 +63,7 @@ class DetectionSettings:
     warmup_steps: int = 5
     #: Steps after the warm-up whose median is the first baseline.
     reference_steps: int = 32
+    reference_s: float = 300.0
     #: Steps in each later block the baseline is taken from again.
     refresh_steps: int = 256
     #: A hang is no step for max(hang_min_s, hang_factor * baseline).
@@ -73,7 +78,8 @@ class DetectionSettings:
 
     def __post_init__(self) -> None:
         if not (0 < self.min_slowdown <= 10 and self.warmup_steps >= 0 and self.reference_steps >= 1
-                and self.refresh_steps >= 2 and self.hang_min_s > 0 and self.hang_factor > 0
+                and self.reference_s >= 0 and self.refresh_steps >= 2 and self.hang_min_s > 0
+                and self.hang_factor > 0
                 and self.host_bucket_s >= 1 and self.host_settle_s >= 0 and self.straggler_min_s >= 0):
             raise ValueError(f"detection settings out of range: {self}")
 
@@ -191,7 +197,8 @@ class Detector:
         duration = float(end - start)
         self._block.append(duration)
         if self._median is None:
-            if len(self._block) >= self.settings.reference_steps:
+            if (len(self._block) >= self.settings.reference_steps
+                    and math.fsum(self._block) >= self.settings.reference_s * _US):
                 self._rebase()
             return
         x = max(-self._clip, min(self._clip, math.log(duration / self._median)))
@@ -239,7 +246,20 @@ class Detector:
         center = statistics.median(logs)
         noise = max(0.01, 1.4826 * statistics.median(abs(value - center) for value in logs))
         self._clip = max(4 * noise, 3 * self._k)
-        self._limit = max(4 * self._clip, 10 * noise * noise / self._k)
+        # Consecutive steps' times go together (a busy host, a slow input shard): a sum of n of
+        # them spreads as n independent ones would if their variance were (1 + r) / (1 - r) times
+        # larger, r the block's lag-1 autocorrelation.
+        clipped = [max(-self._clip, min(self._clip, value - center)) for value in logs]
+        power = math.fsum(value * value for value in clipped)
+        lagged = math.fsum(a * b for a, b in itertools.pairwise(clipped))
+        r = min(0.8, max(0.0, lagged / power)) if power > 0 else 0.0
+        inflation = (1 + r) / (1 - r)
+        # A sum with increments x - k passes h about once in e^(theta h) steps, theta the root
+        # of mean(exp(theta (x - k))) = 1 over the block's increments: heavy tails, clipped,
+        # make theta far smaller than a normal noise's 2k / noise^2.
+        increments = [math.log(value / self._median) for value in self._block]
+        theta = _tilt([max(-self._clip, min(self._clip, x)) - self._k for x in increments])
+        self._limit = max(4 * self._clip, 10 * noise * noise * inflation / self._k, 20 * inflation / theta)
         self._block = []
 
 
@@ -387,6 +407,30 @@ class HostScorer:
         if streak.found is not None:
             self.changes.append(streak.row(host, changed_us, ended_us))
         del self._streaks[host]
+
+
+def _tilt(increments: list[float]) -> float:
+    """The theta > 0 at which mean(exp(theta x)) over ``increments`` (of negative mean) is 1; inf
+    if none is positive."""
+    values = np.array(increments)
+    top = float(values.max())
+    if top <= 0:
+        return math.inf
+    shifted = values - top
+
+    def excess(theta: float) -> float:  # mean(exp(theta x)) - 1, over exp(theta top)
+        return float(np.exp(theta * shifted).mean()) - math.exp(-theta * top)
+
+    low, high = 0.0, 1.0
+    while excess(high) < 0 and high < 1e6:
+        low, high = high, 2 * high
+    for _ in range(30):
+        middle = (low + high) / 2
+        if excess(middle) < 0:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def _median_without(ordered: list[float], value: float) -> float:
