@@ -1,7 +1,8 @@
 # The dashboard and alerts on the metrics the pipeline writes: the reference's workload metrics on
 # the compute.googleapis.com/Workload resource, so that they also work on the reference's own data
-# (goodput % is goodput_time over total_elapsed_time). And the pipeline watching itself: Pub/Sub
-# backlog and dead letters, Dataflow failure and lag.
+# (goodput % is goodput_time over total_elapsed_time), and the pipeline's own anomaly counts on
+# generic_task (job = the run id). And the pipeline watching itself: Pub/Sub backlog and dead
+# letters, Dataflow failure and lag.
 
 locals {
   workload = "resource.type = \"compute.googleapis.com/Workload\""
@@ -10,6 +11,13 @@ locals {
     goodput_time = "{\"__name__\"=\"compute.googleapis.com/workload/goodput_time\", \"monitored_resource\"=\"compute.googleapis.com/Workload\"}"
     total_time   = "{\"__name__\"=\"compute.googleapis.com/workload/total_elapsed_time\", \"monitored_resource\"=\"compute.googleapis.com/Workload\", \"window_type\"=\"cumulative\"}"
     disruptions  = "{\"__name__\"=\"compute.googleapis.com/workload/disruptions\", \"monitored_resource\"=\"compute.googleapis.com/Workload\", \"window_type\"=\"cumulative\"}"
+  }
+  # The kinds of anomaly the pipeline finds in a run (pipeline/core/detect.py), as their alerts
+  # explain them. The hang's numbers are the pipeline's defaults (--hang_min_s, --hang_factor).
+  anomaly_kinds = {
+    slowdown  = "steps slower than the run's own baseline"
+    hang      = "no step for max(60 s, 10 x the run's median step time)"
+    straggler = "one host slower than the run's other hosts"
   }
   stall_window_s = tostring(min(var.rolling_windows_s...))
   job_filter     = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
@@ -146,6 +154,34 @@ resource "google_monitoring_alert_policy" "stalled" {
 
   documentation {
     content   = local.alert_documentation
+    mime_type = "text/markdown"
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# One policy per kind of anomaly: it fires when a run has one open (found and not yet ended) and
+# closes when the count is back to 0, which the pipeline writes at every snapshot.
+resource "google_monitoring_alert_policy" "anomaly" {
+  for_each = { for kind in toset(var.anomaly_alert_kinds) : kind => local.anomaly_kinds[kind] }
+  project  = var.project_id
+
+  display_name          = "${var.name}: a run has a ${each.key}"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "A ${each.key} is open in a run: ${each.value}"
+    condition_prometheus_query_language {
+      query               = "max by (job) ({\"__name__\"=\"custom.googleapis.com/fleet_goodput/open_anomalies\", \"monitored_resource\"=\"generic_task\", \"kind\"=\"${each.key}\"}) > 0"
+      duration            = "0s"
+      evaluation_interval = "60s"
+    }
+  }
+
+  documentation {
+    content   = "${local.alert_documentation} A ${each.key} is ${each.value}. Each anomaly found is a row of the view ${var.dataset_id}.latest_anomalies (its host, onset, detection and end, the baseline and observed step times, the time lost); the incident closes when the run has no ${each.key} open."
     mime_type = "text/markdown"
   }
 

@@ -217,6 +217,17 @@ variable "stall_after_s" {
   default     = 600
 }
 
+variable "anomaly_alert_kinds" {
+  description = "Kinds of anomaly that alert as soon as a run has one: slowdown (steps slower than the run's own baseline), hang (no step for too long), straggler (one host slower than the run's other hosts). Each kind is a policy of its own; leave one out to silence it."
+  type        = list(string)
+  default     = ["slowdown", "hang", "straggler"]
+
+  validation {
+    condition     = alltrue([for kind in var.anomaly_alert_kinds : contains(["slowdown", "hang", "straggler"], kind)])
+    error_message = "anomaly_alert_kinds may hold only slowdown, hang and straggler."
+  }
+}
+
 variable "backlog_threshold" {
   description = "Alert when the pipeline's subscription holds more undelivered messages than this."
   type        = number

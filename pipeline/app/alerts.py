@@ -1,8 +1,9 @@
 """The training-run alert policies of ``terraform/monitoring.tf``, replayed on a snapshot history.
 
 Cloud Monitoring evaluates the policies on the points the pipeline writes; this module evaluates
-the same conditions on the snapshots in a DuckDB file (``goodput_snapshots``), so a replay, a demo
-or a post-mortem can tell which alerts would have fired, for which run, and when::
+the same conditions on the snapshots in a DuckDB file (``goodput_snapshots``, and ``run_anomalies``
+for the anomaly policies), so a replay, a demo or a post-mortem can tell which alerts would have
+fired, for which run, and when::
 
     from pipeline.app.alerts import AlertThresholds, evaluate_file
     for alert in evaluate_file("goodput.duckdb", AlertThresholds()):
@@ -27,6 +28,14 @@ policies themselves and are constants here. The conditions, per run (``workload_
     ``interval_goodput`` of the shortest rolling window below 0.001 % for ``stall_after_s``, each
     point the maximum of the run's values in the 60 s before (``ALIGN_MAX``); a window that holds
     nothing of the run (``goodput_pct`` NULL) writes no point.
+``anomaly_slowdown``, ``anomaly_hang``, ``anomaly_straggler``
+    The ``anomaly`` policy of each kind in ``anomaly_alert_kinds``: PromQL ``max by (job)
+    (open_anomalies{kind=KIND}) > 0``, for 0 s. A run's count of open anomalies of the kind is read
+    from ``run_anomalies``: an anomaly (``run_id``, ``kind``, ``host``, ``started_at``) is open from
+    its ``detected_at`` until the ``changed_at`` of its row with an ``ended_at``. The alert fires at
+    the detection that takes the count from 0, once per run while any anomaly of the kind stays
+    open (one incident, as Cloud Monitoring keeps it); its value is the count then. A file written
+    before ``run_anomalies`` existed fires none of these.
 
 Approximations, all from evaluating at snapshot times rather than Cloud Monitoring's continuous
 evaluation (every 60 s for the PromQL conditions):
@@ -42,6 +51,9 @@ evaluation (every 60 s for the PromQL conditions):
   (``pipeline.beam.live``).
 * Points are taken at snapshot times; the pipeline stamps them when it writes them (at most every
   ``monitoring_min_interval_s``), which is the snapshot time for a live run.
+* The anomaly counts are taken at each detection and end, as if a snapshot were written then: an
+  anomaly found and ended between two points the pipeline writes fires here, though Cloud
+  Monitoring never sees its count above 0.
 """
 
 from __future__ import annotations
@@ -52,12 +64,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.detect import ANOMALY_KINDS, HANG, SLOWDOWN, STRAGGLER, DetectionSettings
+
+#: The policy of each kind of anomaly: ``google_monitoring_alert_policy.anomaly[KIND]``.
+ANOMALY_POLICIES: dict[str, str] = {kind: f"anomaly_{kind}" for kind in ANOMALY_KINDS}
+_DETECTION = DetectionSettings()  # the pipeline's defaults, which the hang's description states
 #: The policies replayed, by their Terraform resource names, with what each means.
 POLICIES: dict[str, str] = {
     "low_goodput": "cumulative goodput below the threshold",
     "disruption": "disruption count went up",
     "step_deviation": "step-time deviation above the threshold",
     "stalled": "no productive time in the shortest rolling window",
+    ANOMALY_POLICIES[SLOWDOWN]: "a slowdown found: steps slower than the run's own baseline",
+    ANOMALY_POLICIES[HANG]: f"a hang found: no step for max({_DETECTION.hang_min_s:g} s, "
+                            f"{_DETECTION.hang_factor:g} x the median step time)",
+    ANOMALY_POLICIES[STRAGGLER]: "a straggler found: one host slower than the run's other hosts",
 }
 
 # Numbers written in the policies of terraform/monitoring.tf (a test reads them from there).
@@ -82,10 +103,14 @@ class AlertThresholds:
     step_deviation_threshold_s: float = 1
     stall_after_s: float = 600
     rolling_windows_s: tuple[int, ...] = (60, 300, 900, 3600)
+    anomaly_alert_kinds: tuple[str, ...] = ANOMALY_KINDS
 
     def __post_init__(self) -> None:
         if not self.rolling_windows_s:
             raise ValueError("rolling_windows_s needs at least one window")
+        unknown = sorted(set(self.anomaly_alert_kinds) - set(ANOMALY_KINDS))
+        if unknown:
+            raise ValueError(f"anomaly_alert_kinds {unknown} are not kinds of anomaly {ANOMALY_KINDS}")
         if min(self.goodput_window_s, self.stall_after_s) < 0:
             raise ValueError("durations must not be negative")
 
@@ -171,12 +196,42 @@ def _disruption_points(points: Sequence[_Point]) -> list[_Point]:
     return deltas
 
 
-def evaluate(goodput_rows: Iterable[Mapping[str, Any]],
-             thresholds: AlertThresholds | None = None) -> list[Alert]:
-    """The alerts that would have fired on these ``goodput_snapshots`` rows, in firing order.
+def _anomaly_alerts(anomaly_rows: Iterable[Mapping[str, Any]], kinds: Sequence[str]) -> list[Alert]:
+    """The alerts of the anomaly policies of ``kinds`` on these ``run_anomalies`` rows."""
+    detected: dict[tuple[Any, ...], datetime.datetime] = {}
+    ended: dict[tuple[Any, ...], datetime.datetime] = {}
+    for row in anomaly_rows:
+        if row["kind"] not in kinds:
+            continue
+        # A replay as of a later time writes the same rows of an anomaly again.
+        key = (row["run_id"], row["kind"], row["host"], row["started_at"])
+        detected.setdefault(key, row["detected_at"])
+        if row["ended_at"] is not None:
+            ended.setdefault(key, row["changed_at"])
+    spans: dict[tuple[str, str], list[tuple[datetime.datetime, datetime.datetime | None]]] = {}
+    for key, found in detected.items():
+        spans.setdefault((key[0], key[1]), []).append((found, ended.get(key)))
+    alerts = []
+    for (run_id, kind), run_spans in sorted(spans.items()):
+        for time in sorted({found for found, _ in run_spans}):
+            # A new incident only where the count rises from 0 (an end found at this very time
+            # leaves no gap); none for an anomaly whose end was found as it was.
+            already = any(found < time and (end is None or end >= time) for found, end in run_spans)
+            count = sum(found <= time and (end is None or end > time) for found, end in run_spans)
+            if count and not already:
+                alerts.append(Alert(ANOMALY_POLICIES[kind], run_id, time, time, float(count)))
+    return alerts
 
-    Each row needs ``run_id``, ``snapshot_time``, ``window_s``, ``productive_time_s``,
-    ``total_time_s``, ``disruptions``, ``step_time_deviation_s`` and ``goodput_pct``.
+
+def evaluate(goodput_rows: Iterable[Mapping[str, Any]], thresholds: AlertThresholds | None = None,
+             anomaly_rows: Iterable[Mapping[str, Any]] = ()) -> list[Alert]:
+    """The alerts that would have fired on these ``goodput_snapshots`` and ``run_anomalies`` rows,
+    in firing order.
+
+    Each goodput row needs ``run_id``, ``snapshot_time``, ``window_s``, ``productive_time_s``,
+    ``total_time_s``, ``disruptions``, ``step_time_deviation_s`` and ``goodput_pct``; each
+    anomaly row ``run_id``, ``kind``, ``host``, ``started_at``, ``detected_at``, ``ended_at`` and
+    ``changed_at``.
     """
     thresholds = thresholds or AlertThresholds()
     cumulative: dict[str, list[Mapping[str, Any]]] = {}
@@ -212,6 +267,7 @@ def evaluate(goodput_rows: Iterable[Mapping[str, Any]],
                             STALL_ALIGNMENT_S, max)
         add("stalled", run_id, _stretches(interval, lambda v: v < STALL_BELOW_PCT, thresholds.stall_after_s,
                                           STALL_ALIGNMENT_S))
+    alerts += _anomaly_alerts(anomaly_rows, thresholds.anomaly_alert_kinds)
     return sorted(alerts, key=lambda alert: (alert.fired_at, alert.run_id, alert.policy))
 
 
@@ -219,18 +275,29 @@ _COLUMNS = ("run_id", "snapshot_time", "window_s", "productive_time_s", "total_t
             "step_time_deviation_s", "goodput_pct")
 
 
+def _has_table(connection: Any, name: str) -> bool:
+    present = connection.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                                 [name]).fetchone()
+    return bool(present and present[0])
+
+
 def evaluate_connection(connection: Any, thresholds: AlertThresholds | None = None) -> list[Alert]:
-    """``evaluate`` on the ``goodput_snapshots`` table of an open DuckDB connection (none if the
-    table is missing)."""
+    """``evaluate`` on the ``goodput_snapshots`` and ``run_anomalies`` tables of an open DuckDB
+    connection (a missing table holds no rows)."""
     thresholds = thresholds or AlertThresholds()
-    present = connection.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'goodput_snapshots'").fetchone()
-    if not present or not present[0]:
-        return []
-    cursor = connection.execute(
-        f"SELECT {', '.join(_COLUMNS)} FROM goodput_snapshots WHERE window_s IN (0, ?) "
-        "ORDER BY run_id, snapshot_time", [thresholds.stall_window_s])
-    return evaluate((dict(zip(_COLUMNS, row, strict=True)) for row in cursor.fetchall()), thresholds)
+    goodput: list[dict[str, Any]] = []
+    anomalies: list[dict[str, Any]] = []
+    if _has_table(connection, "goodput_snapshots"):
+        cursor = connection.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM goodput_snapshots WHERE window_s IN (0, ?) "
+            "ORDER BY run_id, snapshot_time", [thresholds.stall_window_s])
+        goodput = [dict(zip(_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+    if _has_table(connection, "run_anomalies"):
+        cursor = connection.execute(
+            "SELECT run_id, kind, host, started_at, detected_at, ended_at, changed_at FROM run_anomalies")
+        names = [column[0] for column in cursor.description]
+        anomalies = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return evaluate(goodput, thresholds, anomalies)
 
 
 def evaluate_file(duckdb_path: str | Path, thresholds: AlertThresholds | None = None) -> list[Alert]:

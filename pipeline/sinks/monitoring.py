@@ -8,7 +8,12 @@ and alerts built on it keep working. Its one collision is fixed: the reference w
 here ``performance`` is only the ideal step time (the deviation has its own
 ``step_time_deviation``). What is new is under ``custom.googleapis.com/fleet_goodput/``, on the
 ``generic_task`` resource (``job`` = the run id): Cloud Monitoring takes user-defined metrics only
-on a few resource types, and the Workload is not one of them.
+on a few resource types, and the Workload is not one of them. They are ``goodput_pct``, the
+cumulative goodput in percent, and ``open_anomalies``, an INT64 gauge per ``kind`` of anomaly
+(``pipeline.core.detect.ANOMALY_KINDS``): how many anomalies of that kind are open in the run as of
+the snapshot. It is written for every kind at every snapshot, 0 when none is open, so that a
+series falls back to 0 when an anomaly ends and an alert on it closes. Their descriptors are
+made by the service from their first points, as for any user-defined metric written without one.
 
 The write rules are Cloud Monitoring's: at most 200 series per request, one point per series per
 request, points of a series in order and no more often than every ``min_interval_s`` (the
@@ -37,6 +42,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pipeline.core.detect import ANOMALY_KINDS
 from pipeline.core.events import DeadLetter
 from pipeline.core.sanitize import label_value
 from pipeline.core.snapshot import CUSTOM_PREFIX, DATA_LOADING_ASYNC, Snapshot
@@ -67,7 +73,8 @@ METRICS: dict[str, frozenset[str]] = {
         "interval_goodput": {"goodput_source", "accelerator_type", "rolling_window_size"},
         "interval_badput": {"badput_source", "accelerator_type", "rolling_window_size"},
     }.items()
-} | {CUSTOM + "goodput_pct": frozenset({"accelerator_type"})}
+} | {CUSTOM + "goodput_pct": frozenset({"accelerator_type"}),
+     CUSTOM + "open_anomalies": frozenset({"kind", "accelerator_type"})}
 OPTIONAL_LABEL = "cluster_name"
 
 
@@ -144,6 +151,8 @@ def snapshot_points(snapshot: Snapshot, default_location: str = "global",
                         ("available_slice_efficiency", snapshot.available_slice_efficiency)):
         add(REFERENCE + name, value, accelerator, ("window_type", "CUMULATIVE"), ("rolling_window_size", "0"))
     add(CUSTOM + "goodput_pct", cumulative.goodput_pct, accelerator)
+    for kind in ANOMALY_KINDS:
+        add(CUSTOM + "open_anomalies", int(snapshot.open_anomalies.get(kind, 0)), ("kind", kind), accelerator)
     windows = [(0, cumulative), *zip(snapshot.window_sizes_s, snapshot.windows, strict=True)]
     badput = [_Badput(window_s, source, seconds, figures.badput_pct(source))
               for window_s, figures in windows if figures is not None

@@ -106,6 +106,29 @@ run "points_more_often_than_every_5_s_are_refused" {
   expect_failures = [var.monitoring_min_interval_s]
 }
 
+run "each_kind_of_anomaly_has_its_alert" {
+  command = plan
+
+  variables {
+    build_image = false
+  }
+
+  assert {
+    condition     = toset(keys(google_monitoring_alert_policy.anomaly)) == toset(["slowdown", "hang", "straggler"])
+    error_message = "By default every kind of anomaly alerts, each on a policy of its own."
+  }
+}
+
+run "only_kinds_the_pipeline_finds_can_alert" {
+  command = plan
+
+  variables {
+    anomaly_alert_kinds = ["stall"]
+  }
+
+  expect_failures = [var.anomaly_alert_kinds]
+}
+
 run "the_pipeline_appends_rows_and_keeps_its_files_apart" {
   command = plan
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
+from pipeline.core.detect import ANOMALY_KINDS, HANG, SLOWDOWN
+from pipeline.emulators.monitoring import GAUGE, MetricDescriptor, MetricStore, MonitoringEmulator
 from pipeline.sinks.monitoring import (
     CUSTOM,
     MAX_SERIES_PER_REQUEST,
@@ -60,6 +61,25 @@ def test_writer_writes_every_series_through_the_real_client(monitoring):
     (goodput_pct,) = monitoring.store.points(CUSTOM + "goodput_pct")  # user-defined: not on the Workload
     assert goodput_pct[1] == {"location": "us-central2-b", "namespace": "fleet_goodput", "job": "run-1",
                               "task_id": "0", "project_id": PROJECT.removeprefix("projects/")}
+
+
+def test_open_anomalies_goes_back_to_0_when_an_anomaly_ends(monitoring):
+    """A snapshot with a slowdown open, then one a minute later with none: the service takes an
+    INT64 gauge per kind on the run's generic_task, and the slowdown's series goes from 1 to 0."""
+    writer = MetricWriter(make_client(monitoring.host), PROJECT)
+    during = dataclasses.replace(run_snapshot(), open_anomalies={SLOWDOWN: 1, HANG: 0})
+    after = dataclasses.replace(run_snapshot(), open_anomalies={})
+    assert writer.write(stamped(snapshot_points(during), NOW_S - 60)) == 0
+    assert writer.write(stamped(snapshot_points(after))) == 0
+    written = monitoring.store.points(CUSTOM + "open_anomalies")
+    series: dict[str, list[object]] = {}
+    for labels, resource, _, value in written:
+        assert resource["job"] == "run-1" and resource["namespace"] == "fleet_goodput"
+        series.setdefault(labels["kind"], []).append(value)
+    assert series == {SLOWDOWN: [1, 0], **{kind: [0, 0] for kind in ANOMALY_KINDS if kind != SLOWDOWN}}
+    descriptor = monitoring.store.get_metric_descriptor(
+        f"projects/{PROJECT}/metricDescriptors/{CUSTOM}open_anomalies")
+    assert (descriptor.metric_kind, descriptor.value_type) == (GAUGE, MetricDescriptor.INT64)
 
 
 def test_writer_splits_requests_and_retries_transient_errors(monitoring):

@@ -14,9 +14,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pipeline.app.alerts import ANOMALY_POLICIES
 from support import REPO
 from support import terraform as checks
 
@@ -134,6 +136,26 @@ def test_the_plan_passes_every_cross_check(module: Path):
     types = {r["type"] for r in checks.resources(planned)}
     assert {"google_dataflow_flex_template_job", "google_monitoring_dashboard",
             "google_monitoring_alert_policy", "google_pubsub_schema", "google_compute_subnetwork"} <= types
+
+
+def anomaly_policies(planned: checks.Plan) -> dict[str, dict[str, Any]]:
+    """The planned ``anomaly`` alert policies by the name ``pipeline.app.alerts`` replays them as."""
+    return {f"anomaly_{policy['index']}": policy["values"]
+            for policy in checks.resources(planned, "google_monitoring_alert_policy")
+            if policy["name"] == "anomaly"}
+
+
+def test_each_kind_of_anomaly_alerts_as_the_replay_says(module: Path):
+    """By default every kind of anomaly has its policy, each one the replay of pipeline.app.alerts
+    evaluates, on that kind's count of open anomalies; anomaly_alert_kinds leaves the others out."""
+    planned = anomaly_policies(plan_with(module, "-var=build_image=false"))
+    assert set(planned) == set(ANOMALY_POLICIES.values())
+    for kind, name in ANOMALY_POLICIES.items():
+        (condition,) = planned[name]["conditions"]
+        (promql,) = condition["condition_prometheus_query_language"]
+        assert f'"kind"="{kind}"' in promql["query"] and "open_anomalies" in promql["query"]
+    assert set(anomaly_policies(plan_with(module, "-var=build_image=false",
+                                          '-var=anomaly_alert_kinds=["hang"]'))) == {"anomaly_hang"}
 
 
 def test_by_default_the_image_is_built_from_the_checkout_and_run(module: Path):
@@ -271,6 +293,10 @@ WORKLOAD = 'resource.type = "compute.googleapis.com/Workload"'
     ('resource.type = "gce_instance" AND metric.type = "compute.googleapis.com/workload/goodput_time"',
      [], "is written on compute.googleapis.com/Workload"),
     ('resource.type = "dataflow_job" AND metric.type = "dataflow.googleapis.com/job/system_lag"', [], None),
+    ('resource.type = "generic_task" AND metric.type = "custom.googleapis.com/fleet_goodput/open_anomalies"',
+     ["resource.label.job", "metric.label.kind"], None),
+    ('resource.type = "generic_task" AND metric.type = "custom.googleapis.com/fleet_goodput/open_anomalies"',
+     ["metric.label.host"], "has no metric label host"),
     ('resource.type = "dataflow_job" AND metric.type = "dataflow.googleapis.com/job/elements_produced_count"',
      [], "no pipeline writes"),
 ])
@@ -285,6 +311,10 @@ def test_check_query(query: str, group_by: list[str], problem: str | None):
     ('max by (job) (delta({"__name__"="compute.googleapis.com/workload/disruptions"}[10m])) > 0',
      "PromQL label job"),
     ('rate({"__name__"="compute.googleapis.com/workload/restarts"}[5m]) > 0', "no pipeline writes"),
+    ('max by (job) ({"__name__"="custom.googleapis.com/fleet_goodput/open_anomalies", '
+     '"monitored_resource"="generic_task", "kind"="hang"}) > 0', None),
+    ('max by (workload_id) ({"__name__"="custom.googleapis.com/fleet_goodput/open_anomalies", '
+     '"kind"="hang"}) > 0', "PromQL label workload_id"),
 ])
 def test_check_promql(query: str, problem: str | None):
     problems = checks.check_promql(query)
@@ -393,6 +423,7 @@ IN_PLACE = {
     "notification_channels": '["projects/goodput-test/notificationChannels/1"]',
     "goodput_threshold_pct": "70",
     "goodput_window_s": "600", "step_deviation_threshold_s": "2", "stall_after_s": "900",
+    "anomaly_alert_kinds": '["slowdown", "hang"]',
     "backlog_threshold": "5000", "oldest_unacked_threshold_s": "300", "system_lag_threshold_s": "120",
 }
 REGIONAL = {"google_artifact_registry_repository.images",

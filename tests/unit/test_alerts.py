@@ -12,19 +12,21 @@ import duckdb
 import pytest
 
 from pipeline.app import alerts
-from pipeline.app.alerts import Alert, AlertThresholds, evaluate, evaluate_file
+from pipeline.app.alerts import ANOMALY_POLICIES, POLICIES, Alert, AlertThresholds, evaluate, evaluate_file
+from pipeline.core.detect import ANOMALY_KINDS, HANG, SLOWDOWN, STRAGGLER
 from support.history import REPO, at, goodput_row, write_rows
 
 TERRAFORM = REPO / "terraform"
 
 
 def terraform_defaults() -> dict[str, Any]:
-    """Every variable's default in terraform/variables.tf that is a number or a list of numbers."""
+    """Every variable's default in terraform/variables.tf that is a number or a list of numbers or
+    of plain strings."""
     defaults = {}
     for name, body in re.findall(r'^variable "(\w+)" \{\n(.*?)^\}', (TERRAFORM / "variables.tf").read_text(),
                                  re.M | re.S):
         match = re.search(r"^\s*default\s*=\s*(.+?)\s*$", body, re.M)
-        if match and re.fullmatch(r"[\d.]+|\[[\d., ]*\]", match.group(1)):
+        if match and re.fullmatch(r'[\d.]+|\[[\d., ]*\]|\[[\w", ]*\]', match.group(1)):
             defaults[name] = json.loads(match.group(1))
     return defaults
 
@@ -38,11 +40,11 @@ def policy(resource: str) -> str:
     return match.group(1)
 
 
-def fired(history: list[dict[str, Any]],
-          thresholds: AlertThresholds | None = None) -> list[tuple[str, str, float]]:
+def fired(history: list[dict[str, Any]], thresholds: AlertThresholds | None = None,
+          anomaly_rows: list[dict[str, Any]] | None = None) -> list[tuple[str, str, float]]:
     """(policy, run, seconds after T0) of each alert the history fires."""
     return [(alert.policy, alert.run_id, (alert.fired_at - at(0)).total_seconds())
-            for alert in evaluate(history, thresholds)]
+            for alert in evaluate(history, thresholds, anomaly_rows or [])]
 
 
 def test_thresholds_are_the_terraform_defaults():
@@ -71,6 +73,100 @@ def test_policy_constants_are_those_written_in_terraform():
     assert 'duration            = "${var.goodput_window_s}s"' in policy("low_goodput")
     locals_block = (TERRAFORM / "monitoring.tf").read_text()
     assert "stall_window_s = tostring(min(var.rolling_windows_s...))" in locals_block
+
+
+def test_anomaly_policies_are_the_terraform_policy_of_each_kind():
+    """One ``anomaly`` policy per kind of monitoring.tf's locals, named anomaly_KIND here; it fires
+    at once on the run's count of open anomalies of its kind, by run."""
+    text = (TERRAFORM / "monitoring.tf").read_text()
+    kinds = re.search(r"^  anomaly_kinds = \{\n(.*?)^  \}", text, re.M | re.S)
+    assert kinds
+    assert re.findall(r"^\s*(\w+)\s*=", kinds.group(1), re.M) == list(ANOMALY_KINDS)
+    assert set(ANOMALY_POLICIES.values()) == {f"anomaly_{kind}" for kind in ANOMALY_KINDS} <= set(POLICIES)
+    anomaly = policy("anomaly")
+    assert "for kind in toset(var.anomaly_alert_kinds) : kind => local.anomaly_kinds[kind]" in anomaly
+    assert ('max by (job) ({\\"__name__\\"=\\"custom.googleapis.com/fleet_goodput/open_anomalies\\", '
+            '\\"monitored_resource\\"=\\"generic_task\\", \\"kind\\"=\\"${each.key}\\"}) > 0"') in anomaly
+    assert 'duration            = "0s"' in anomaly and "latest_anomalies" in anomaly
+
+
+def anomaly(run_id: str, kind: str, started: float, detected: float, ended: float | None = None,
+            changed: float | None = None, host: str | None = None) -> dict[str, Any]:
+    """A ``run_anomalies`` row (times in seconds after T0): the row of the anomaly found, or with
+    ``ended``, the row of its end, found at ``changed`` (``ended`` unless told)."""
+    return {"run_id": run_id, "kind": kind, "host": host, "started_at": at(started),
+            "detected_at": at(detected), "ended_at": None if ended is None else at(ended),
+            "changed_at": at(detected if ended is None else ended if changed is None else changed),
+            "baseline_step_s": 1.0, "observed_step_s": 1.5, "lost_s": 10.0}
+
+
+def found_and_ended(run_id: str, kind: str, started: float, detected: float, ended: float,
+                    host: str | None = None) -> list[dict[str, Any]]:
+    """The two rows of an anomaly that was found and then ended."""
+    return [anomaly(run_id, kind, started, detected, host=host),
+            anomaly(run_id, kind, started, detected, ended, host=host)]
+
+
+def test_an_anomaly_fires_its_kinds_policy_once_at_its_detection():
+    """A slowdown found at 600 s and ended at 900 s fires anomaly_slowdown at 600 s, its value the
+    count of open slowdowns then; its end fires nothing."""
+    alert, = evaluate([], anomaly_rows=found_and_ended("r", SLOWDOWN, 500, 600, 900))
+    assert alert == Alert("anomaly_slowdown", "r", at(600), at(600), 1.0)
+
+
+def test_each_kind_and_each_run_has_its_own_incidents():
+    """A hang and a slowdown of one run, and a hang of another, fire three alerts."""
+    rows = [*found_and_ended("a", SLOWDOWN, 100, 200, 400), anomaly("a", HANG, 250, 310),
+            anomaly("b", HANG, 50, 110)]
+    assert fired([], anomaly_rows=rows) == [("anomaly_hang", "b", 110.0), ("anomaly_slowdown", "a", 200.0),
+                                            ("anomaly_hang", "a", 310.0)]
+
+
+def test_anomalies_open_together_are_one_incident():
+    """While one straggler is open, a second one (another host) keeps the same incident, as
+    max by (job) stays above 0; once both have ended, the next straggler fires again."""
+    rows = [*found_and_ended("r", STRAGGLER, 0, 100, 500, host="h1"),
+            *found_and_ended("r", STRAGGLER, 200, 300, 700, host="h2"),
+            *found_and_ended("r", STRAGGLER, 650, 700, 800, host="h3"),  # found as h2's end is
+            *found_and_ended("r", STRAGGLER, 850, 900, 950, host="h1")]
+    assert fired([], anomaly_rows=rows) == [("anomaly_straggler", "r", 100.0),
+                                            ("anomaly_straggler", "r", 900.0)]
+
+
+def test_an_anomaly_is_open_until_its_end_is_found():
+    """An anomaly counts until the row of its end was written (changed_at), not from the end it
+    estimates (ended_at): one found in between is the same incident."""
+    rows = [anomaly("r", STRAGGLER, 0, 100, host="h1"), anomaly("r", STRAGGLER, 0, 100, 400, 500, host="h1"),
+            anomaly("r", STRAGGLER, 420, 450, host="h2")]
+    assert fired([], anomaly_rows=rows) == [("anomaly_straggler", "r", 100.0)]
+
+
+def test_an_anomaly_ended_as_it_was_found_fires_nothing():
+    """A hang whose end is found at the time it is found never makes a count above 0."""
+    assert fired([], anomaly_rows=found_and_ended("r", HANG, 100, 160, 160)) == []
+
+
+def test_the_value_is_the_count_open_at_the_detection():
+    """Two anomalies of a kind found at once fire one alert, with value 2."""
+    rows = [anomaly("r", STRAGGLER, 0, 100, host="h1"), anomaly("r", STRAGGLER, 0, 100, host="h2")]
+    assert [alert.value for alert in evaluate([], anomaly_rows=rows)] == [2.0]
+
+
+def test_an_anomaly_written_again_by_a_later_replay_fires_once():
+    """A replay as of a later time writes an anomaly's rows again: it is still one anomaly."""
+    rows = found_and_ended("r", HANG, 100, 160, 400)
+    again = [*rows, anomaly("r", HANG, 100, 160), *rows]
+    assert fired([], anomaly_rows=again) == [("anomaly_hang", "r", 160.0)]
+
+
+def test_only_the_kinds_that_alert_fire():
+    """anomaly_alert_kinds leaves the policies of the other kinds out; an unknown kind is refused."""
+    rows = [anomaly("r", SLOWDOWN, 0, 100), anomaly("r", HANG, 0, 200)]
+    assert fired([], AlertThresholds(anomaly_alert_kinds=(HANG,)), anomaly_rows=rows) == [
+        ("anomaly_hang", "r", 200.0)]
+    assert fired([], AlertThresholds(anomaly_alert_kinds=()), anomaly_rows=rows) == []
+    with pytest.raises(ValueError, match="stall"):
+        AlertThresholds(anomaly_alert_kinds=("stall",))
 
 
 def test_low_goodput_fires_once_it_has_held_for_the_window():
@@ -210,6 +306,24 @@ def test_evaluate_file_reads_a_duckdb_history(tmp_path: Path):
     database = write_rows(tmp_path / "goodput.duckdb", {"goodput_snapshots": history})
     assert evaluate_file(database) == evaluate(history)
     assert evaluate_file(database)[0] == Alert("low_goodput", "r", at(60), at(1860), pytest.approx(50.0))
+
+
+def test_evaluate_file_reads_the_anomalies_of_a_duckdb_history(tmp_path: Path):
+    """evaluate_file replays run_anomalies beside goodput_snapshots; a file with only one of the two
+    tables (one written before run_anomalies existed) is replayed on what it has."""
+    history = [goodput_row("r", t, goodput_pct=50.0) for t in range(60, 2500, 60)]
+    anomalies = found_and_ended("r", SLOWDOWN, 500, 600, 900)
+    both = write_rows(tmp_path / "both.duckdb", {"goodput_snapshots": history, "run_anomalies": anomalies})
+    assert evaluate_file(both) == evaluate(history, anomaly_rows=anomalies)
+    assert [alert.policy for alert in evaluate_file(both)] == ["anomaly_slowdown", "low_goodput"]
+    only_anomalies = write_rows(tmp_path / "anomalies.duckdb", {"run_anomalies": anomalies})
+    assert fired_in(only_anomalies) == ["anomaly_slowdown"]
+    only_goodput = write_rows(tmp_path / "goodput.duckdb", {"goodput_snapshots": history})
+    assert fired_in(only_goodput) == ["low_goodput"]
+
+
+def fired_in(database: Path) -> list[str]:
+    return [alert.policy for alert in evaluate_file(database)]
 
 
 def test_evaluate_file_of_an_empty_or_missing_file(tmp_path: Path):

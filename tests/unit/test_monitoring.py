@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from pipeline.core.detect import ANOMALY_KINDS, HANG, SLOWDOWN, STRAGGLER
 from pipeline.core.rows import snapshot_rows
 from pipeline.sinks.monitoring import (
     CUSTOM,
@@ -38,7 +39,8 @@ def test_points_are_the_references_metrics_with_its_labels():
     grouped = by_metric(snapshot_points(snapshot))
     assert set(grouped) == {"goodput_time", "badput_time", "disruptions", "max_productive_steps",
                             "step_time_deviation", "total_elapsed_time", "performance",
-                            "interval_goodput", "interval_badput", CUSTOM + "goodput_pct"}
+                            "interval_goodput", "interval_badput", CUSTOM + "goodput_pct",
+                            CUSTOM + "open_anomalies"}
     v5p = ("accelerator_type", "v5p")
     (goodput,) = grouped["goodput_time"]
     assert goodput.labels == (v5p, ("goodput_source", "TOTAL"))
@@ -77,6 +79,29 @@ def test_unknown_accelerator_default_location_and_cluster_name():
             assert labels == {}
         else:
             assert labels["accelerator_type"] == "UNKNOWN" and labels["cluster_name"] == "pool-a"
+
+
+def open_anomalies(points: list[Point]) -> dict[str, int | float]:
+    """The ``open_anomalies`` points' values by their ``kind`` label."""
+    return {dict(p.labels)["kind"]: p.value for p in points if p.metric == CUSTOM + "open_anomalies"}
+
+
+def test_open_anomalies_is_a_point_per_kind_with_the_snapshots_count():
+    """Each kind gets an int64 point with the snapshot's count of open anomalies of that kind."""
+    snapshot = dataclasses.replace(run_snapshot(), open_anomalies={SLOWDOWN: 1, HANG: 0, STRAGGLER: 2})
+    points = [p for p in snapshot_points(snapshot) if p.metric == CUSTOM + "open_anomalies"]
+    assert open_anomalies(points) == {SLOWDOWN: 1, HANG: 0, STRAGGLER: 2}
+    assert all(isinstance(p.value, int) for p in points)
+    v5p = ("accelerator_type", "v5p")
+    assert {p.labels for p in points} == {(v5p, ("kind", kind)) for kind in ANOMALY_KINDS}
+    assert {(p.run_id, p.location) for p in points} == {("run-1", "us-central2-b")}
+
+
+def test_open_anomalies_falls_back_to_0_for_every_kind():
+    """A snapshot with no anomaly open writes 0 for every kind, so a series returns to 0 when its
+    anomaly ends; a kind the snapshot does not name is 0 too."""
+    snapshot = dataclasses.replace(run_snapshot(), open_anomalies={HANG: 0})
+    assert open_anomalies(snapshot_points(snapshot)) == dict.fromkeys(ANOMALY_KINDS, 0)
 
 
 @pytest.mark.parametrize("cluster_name", [None, "pool-a"])
