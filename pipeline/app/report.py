@@ -2,19 +2,23 @@
 
 One file to open in a browser or attach to a post-mortem: the fleet at a glance, then goodput over
 time per run (cumulative and rolling windows), the badput breakdown per run and for the fleet,
-disruptions on a timeline, step-time deviation, the alerts the Terraform policies would have fired
-(``pipeline.app.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``). The plots are
-drawn with matplotlib and embedded as inline SVG; the file loads nothing from the network::
+disruptions on a timeline, step-time deviation, the anomalies the pipeline found (slowdowns, hangs
+and stragglers, ``pipeline.core.detect``) on a timeline, the alerts the Terraform policies would have
+fired (``pipeline.app.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``).
+The plots are drawn with matplotlib and embedded as inline SVG; the file loads nothing from the
+network::
 
     from pipeline.app.report import write_report
     write_report(Path("goodput.duckdb"), Path("report.html"))
 
 Every section is an element with a stable id (``summary``, ``goodput``, ``badput``,
-``disruptions``, ``step-deviation``, ``alerts``, ``fleet-queries``, and ``query-NAME`` for each
-saved query), as are the summary's figures (``run-count``, ``fleet-goodput``, ``chip-hours``,
-``disruption-count``, ``alert-count``). Legends, panels and bars are capped for large fleets and
-long histories are thinned, so the page stays readable and light. The DuckDB file is opened
-read-only; matplotlib is imported only when a report is written.
+``disruptions``, ``step-deviation``, ``anomalies``, ``alerts``, ``fleet-queries``, and
+``query-NAME`` for each saved query), as are the summary's figures (``run-count``,
+``fleet-goodput``, ``chip-hours``, ``disruption-count``, ``anomaly-count``, ``alert-count``).
+Legends, panels, bars, timeline rows and tables are capped for large fleets and long histories are
+thinned, so the page stays readable and light. A file written before anomalies were detected (no
+``run_anomalies`` table) still gives the whole report. The DuckDB file is opened read-only;
+matplotlib is imported only when a report is written.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.app.alerts import POLICIES, Alert, AlertThresholds, evaluate_connection
+from pipeline.app.alerts import ANOMALY_POLICIES, POLICIES, Alert, AlertThresholds, evaluate_connection
+from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER
 
 #: The sections of the report: (element id, heading).
 SECTIONS = (("goodput", "Goodput over time"), ("badput", "Badput breakdown"), ("disruptions", "Disruptions"),
-            ("step-deviation", "Step-time deviation"), ("alerts", "Alerts that would have fired"),
-            ("fleet-queries", "Fleet queries"))
+            ("step-deviation", "Step-time deviation"), ("anomalies", "Anomalies"),
+            ("alerts", "Alerts that would have fired"), ("fleet-queries", "Fleet queries"))
 #: Runs named in a plot's legend; the others are drawn in grey as one entry.
 MAX_LEGEND_RUNS = 10
 #: Runs given their own panel, bar or timeline row (those with the most chip-hours).
@@ -53,8 +58,10 @@ _DISRUPTION_COLUMNS = ("run_id", "disruption_index", "restart_time", "last_step_
                        "wasted_progress_s", "recovery_s", "in_process")
 _GOOD = "#2e9d5b"
 _BAD = "#c8463d"
+_KIND_COLORS = {SLOWDOWN: "#f28e2b", HANG: "#e15759", STRAGGLER: "#17becf"}
 _POLICY_STYLE = {"low_goodput": ("v", "#c8463d"), "disruption": ("X", "#7b3fb5"),
-                 "step_deviation": ("D", "#d98a1c"), "stalled": ("s", "#3a6fb0")}
+                 "step_deviation": ("D", "#d98a1c"), "stalled": ("s", "#3a6fb0"),
+                 **{ANOMALY_POLICIES[kind]: ("^", color) for kind, color in _KIND_COLORS.items()}}
 _SOURCE_COLORS = ["#e15759", "#f28e2b", "#edc948", "#76b7b2", "#59a14f", "#4e79a7", "#b07aa1", "#ff9da7",
                   "#9c755f", "#bab0ac", "#86bcb6", "#d37295", "#8cd17d", "#499894"]
 
@@ -66,6 +73,7 @@ class _Fleet:
     goodput: list[dict[str, Any]]
     badput: list[dict[str, Any]]  # the latest cumulative snapshot of each run
     disruptions: list[dict[str, Any]]  # each disruption as its run's latest snapshot reports it
+    anomalies: list[dict[str, Any]] | None  # each anomaly's latest row; None: the file has no such table
     queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]]
     alerts: list[Alert]
 
@@ -131,6 +139,11 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
                        f"SELECT {', '.join(_DISRUPTION_COLUMNS)} FROM disruptions QUALIFY row_number() OVER "
                        "(PARTITION BY run_id, disruption_index ORDER BY snapshot_time DESC) = 1 "
                        "ORDER BY restart_time, run_id")
+    anomalies = None  # a file written before anomalies were detected has neither the view nor its table
+    if "latest_anomalies" in tables:
+        cursor = connection.execute("SELECT * FROM latest_anomalies ORDER BY started_at, run_id, kind, host")
+        names = [column[0] for column in cursor.description]
+        anomalies = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]] = []
     for name, sql in saved_queries(DUCKDB_DATASET).items():
         about = " ".join(line.removeprefix("--").strip() for line in sql.splitlines()
@@ -140,7 +153,8 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
             queries.append((name, about, columns, result, None))
         except duckdb.Error as error:  # an older file may lack a table the query reads
             queries.append((name, about, [], [], str(error).splitlines()[0]))
-    return _Fleet(goodput, badput, disruptions, queries, evaluate_connection(connection, thresholds))
+    return _Fleet(goodput=goodput, badput=badput, disruptions=disruptions, anomalies=anomalies,
+                  queries=queries, alerts=evaluate_connection(connection, thresholds))
 
 
 # -- Formatting ---------------------------------------------------------------------------------
@@ -534,6 +548,80 @@ def _step_deviation_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThres
         return plots.svg(figure, "Step-time deviation of each run over time")
 
 
+def _anomaly_end(row: dict[str, Any], latest: dict[str, dict[str, Any]]) -> datetime.datetime:
+    """Where an anomaly's span ends: at its end, or while it goes on at its run's latest snapshot
+    (``latest``: each run's latest cumulative row), or when its state was reached if that is later."""
+    run = latest.get(row["run_id"])
+    end: datetime.datetime = (row["ended_at"] if row["ended_at"] is not None else row["changed_at"]
+                              if run is None else max(run["snapshot_time"], row["changed_at"]))
+    return end
+
+
+def _anomalies_section(plots: _Plots, fleet: _Fleet) -> str:
+    if fleet.anomalies is None:
+        return _note("No anomaly data in this file: it was written before anomalies were detected "
+                     "(it has no run_anomalies table).")
+    if not fleet.anomalies:
+        return _note("No anomalies found.")
+    anomalies = fleet.anomalies
+    latest = fleet.latest()
+    counts: dict[str, tuple[int, int]] = {}  # each run's open anomalies and all of them
+    for row in anomalies:
+        open_, total = counts.get(row["run_id"], (0, 0))
+        counts[row["run_id"]] = (open_ + (row["ended_at"] is None), total + 1)
+    rank = {run: index for index, run in enumerate(fleet.ranked_runs())}
+    runs = sorted(counts, key=lambda run: (-counts[run][0], -counts[run][1], rank.get(run, len(rank)), run))
+    shown = runs[:MAX_TIMELINE_ROWS]
+    known = {kind: index for index, kind in enumerate(_KIND_COLORS)}
+    kinds = sorted({row["kind"] for row in anomalies}, key=lambda kind: (known.get(kind, len(known)), kind))
+    colors = {kind: _KIND_COLORS.get(kind, "#888888") for kind in kinds}  # grey: a kind newer than this
+    # Each kind on its own line within the run's row, so that a hang inside a slowdown shows.
+    offsets = {kind: 0.2 * ((len(kinds) - 1) / 2 - index) for index, kind in enumerate(kinds)}
+
+    def draw(axis: Any, positions: dict[str, int]) -> None:
+        for row in anomalies:
+            if row["run_id"] not in positions:
+                continue
+            y = positions[row["run_id"]] + offsets[row["kind"]]
+            color = colors[row["kind"]]
+            ongoing = row["ended_at"] is None
+            end = _anomaly_end(row, latest)
+            axis.plot([row["started_at"], end], [y, y], color=color, linewidth=6, solid_capstyle="butt",
+                      alpha=0.5 if ongoing else 1.0, zorder=2)
+            if ongoing:
+                axis.scatter([end], [y], marker=">", s=45, color=color, zorder=3)
+            axis.scatter([row["detected_at"]], [y], marker="|", s=90, color="#1f2430", linewidths=1.5,
+                         zorder=4)
+            if row["host"] is not None:
+                axis.annotate(_label(row["host"]), (row["started_at"], y), xytext=(0, -5),
+                              textcoords="offset points", color=color, fontsize=7, va="top")
+        # Legend entries drawn apart from the data, so that each looks like the kind whatever came first.
+        for kind, color in colors.items():
+            axis.plot([], [], color=color, linewidth=6, solid_capstyle="butt", label=kind)
+        axis.plot([], [], marker="|", markersize=9, markeredgewidth=1.5, color="#1f2430", linestyle="none",
+                  label="detected")
+        if any(row["ended_at"] is None for row in anomalies):
+            axis.plot([], [], marker=">", color="#888888", linestyle="none",
+                      label="ongoing (to the run's latest snapshot)")
+
+    parts = [_timeline(plots, "Anomalies: each from its onset to its end", shown, fleet, draw,
+                       row_height=0.5)]
+    if len(runs) > len(shown):
+        parts.append(f'<p class="note">{len(runs) - len(shown)} more runs with anomalies are in the table '
+                     "only.</p>")
+    parts.append('<p class="note">The latest state of each anomaly, ongoing ones first, then those that '
+                 "lost the most time: the time its steps took beyond the run's baseline step time (a hang: "
+                 "the time with no step), up to its end, or up to when it was found if it goes on.</p>")
+    ordered = sorted(anomalies, key=lambda row: (row["ended_at"] is not None, -row["lost_s"],
+                                                 row["started_at"], row["run_id"]))
+    table_rows = [(row["run_id"], row["kind"], row["host"], row["started_at"], row["detected_at"],
+                   "ongoing" if row["ended_at"] is None else row["ended_at"], row["baseline_step_s"],
+                   row["observed_step_s"], row["lost_s"]) for row in ordered]
+    parts.append(_table(("run", "kind", "host", "started (UTC)", "detected (UTC)", "ended (UTC)",
+                         "baseline step s", "observed step s", "lost s"), table_rows))
+    return "".join(parts)
+
+
 def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -> str:
     rules = [("goodput below",
               f"{thresholds.goodput_threshold_pct:g} % for {_duration(thresholds.goodput_window_s)}"),
@@ -541,6 +629,8 @@ def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -
              ("step-time deviation above", f"{thresholds.step_deviation_threshold_s:g} s for 10 min"),
              ("stalled", f"no productive time in the last {_window_name(thresholds.stall_window_s)} "
                          f"for {_duration(thresholds.stall_after_s)}")]
+    if thresholds.anomaly_alert_kinds:
+        rules.append(("anomaly found", f"{', '.join(thresholds.anomaly_alert_kinds)}: at once"))
     parts = ['<ul class="rules">'
              + "".join(f"<li><b>{_esc(name)}</b> {_esc(rule)}</li>" for name, rule in rules) + "</ul>"]
     if not fleet.alerts:
@@ -551,9 +641,11 @@ def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -
         counts[alert.run_id] = counts.get(alert.run_id, 0) + 1
     runs = sorted(counts, key=lambda run: (-counts[run], run))[:MAX_TIMELINE_ROWS]
 
-    order = list(POLICIES)
-    # Each policy on its own line within the run's row, so stretches and markers do not overlap.
-    offsets = {policy: 0.2 * (1.5 - index) for index, policy in enumerate(order)}
+    fired = {alert.policy for alert in fleet.alerts}
+    order = [policy for policy in POLICIES if policy in fired]
+    # Each policy that fired on its own line within the run's row, so stretches and markers do not overlap.
+    spacing = min(0.2, 0.8 / max(1, len(order) - 1))
+    offsets = {policy: spacing * ((len(order) - 1) / 2 - index) for index, policy in enumerate(order)}
 
     def draw(axis: Any, positions: dict[str, int]) -> None:
         seen: set[str] = set()
@@ -608,6 +700,14 @@ def fleet_goodput(latest: dict[str, dict[str, Any]]) -> tuple[float | None, bool
     return (100 * productive / total if total else None), False
 
 
+def _anomaly_card(anomalies: list[dict[str, Any]] | None) -> tuple[str, str, str, str]:
+    """The summary's anomaly figure: (id, open / all, what it says, its style)."""
+    if anomalies is None:
+        return "anomaly-count", "—", "no anomaly data in this file", ""
+    open_ = sum(1 for row in anomalies if row["ended_at"] is None)
+    return "anomaly-count", f"{open_} / {len(anomalies)}", "ongoing / all found", "bad" if open_ else "good"
+
+
 def _summary(fleet: _Fleet, source: str) -> str:
     latest = fleet.latest()
     goodput, chip_weighted = fleet_goodput(latest)
@@ -626,10 +726,11 @@ def _summary(fleet: _Fleet, source: str) -> str:
          if chip_weighted else "time-weighted (no chip counts)", goodput_class),
         ("chip-hours", _fmt(chip_s / 3600, 1), f"{_fmt(lost_chip_s / 3600, 1)} lost", ""),
         ("disruption-count", str(disruptions), "across all runs", "bad" if disruptions else ""),
+        _anomaly_card(fleet.anomalies),
         ("alert-count", str(len(fleet.alerts)), "would have fired", "bad" if fleet.alerts else "good"),
     ]
     names = {"run-count": "Runs", "fleet-goodput": "Fleet goodput", "chip-hours": "Chip-hours",
-             "disruption-count": "Disruptions", "alert-count": "Alerts"}
+             "disruption-count": "Disruptions", "anomaly-count": "Anomalies", "alert-count": "Alerts"}
     card_html = "".join(
         f'<div class="card {css}"><div class="label">{names[key]}</div>'
         f'<div class="value" id="{key}">{_esc(value)}</div><div class="sub">{_esc(sub)}</div></div>'
@@ -721,6 +822,7 @@ def _page(source: str, fleet: _Fleet, thresholds: AlertThresholds) -> str:
         "badput": lambda: _badput_section(plots, fleet),
         "disruptions": lambda: _disruptions_section(plots, fleet),
         "step-deviation": lambda: _step_deviation_section(plots, fleet, thresholds),
+        "anomalies": lambda: _anomalies_section(plots, fleet),
         "alerts": lambda: _alerts_section(plots, fleet, thresholds),
         "fleet-queries": lambda: _queries_section(fleet),
     }

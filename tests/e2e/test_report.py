@@ -17,16 +17,21 @@ from goodput_schemas import saved_queries
 from pipeline.app.alerts import evaluate_file
 from pipeline.app.fleet_sql import run_saved
 from pipeline.app.report import write_report
-from support.history import SECTION_IDS, replay, section, simulate
+from support.history import SECTION_IDS, SlowStretch, replay, section, simulate, simulate_profile
 
 RUNS = [("run-a", 300, 1), ("run-b", 200, 2), ("run-c<&>", 500, 3)]
+#: A run of 1 s steps that are half as slow again from step 150 to 549, then hangs at step 760 for
+#: the 5 minutes until its events end: a slowdown that ended and a hang that goes on.
+ANOMALOUS = ("run-slow", 800, 4, SlowStretch(step_time_s=1.0, crashes_at=(), slow_from=150, slow_until=550,
+                                             slow_factor=1.5, hang_at=0.95, hang_for_s=300))
 
 
 @pytest.fixture(scope="module")
 def fleet_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three simulated runs replayed by the batch pipeline as of three times, then at their end."""
+    """Four simulated runs (RUNS and ANOMALOUS) replayed by the batch pipeline as of three times, then
+    at their end."""
     directory = tmp_path_factory.mktemp("fleet")
-    events = simulate(directory, RUNS)
+    events = [*simulate(directory, RUNS), simulate_profile(directory, *ANOMALOUS)]
     database = directory / "goodput.duckdb"
     for as_of in ("08:06:00", "08:09:00", "08:12:00"):
         replay(events, database, f"--as_of=2026-11-01T{as_of}Z", "--no_raw_events")
@@ -50,7 +55,7 @@ def test_every_section_is_present(report: str):
     """The summary and each section are there, each once, and each plotted section has a plot."""
     for key in SECTION_IDS:
         assert report.count(f'id="{key}"') == 1, key
-    for key in ("goodput", "badput", "disruptions", "step-deviation", "alerts"):
+    for key in ("goodput", "badput", "disruptions", "step-deviation", "anomalies", "alerts"):
         assert "<svg" in section(report, key), key
     assert section(report, "goodput").count("<svg") == 2
 
@@ -73,14 +78,14 @@ def test_fleet_goodput_is_the_chip_weighted_figure_of_the_sql(report: str, fleet
     with duckdb.connect(str(fleet_database), read_only=True) as connection:
         _, rows = run_saved("fleet_goodput_by_day", connection)
     (_, _, _, runs, _, by_day), = rows  # one day, one accelerator type, one group
-    assert runs == len(RUNS) and by_day == pytest.approx(expected, abs=1e-3)
-    assert re.search(r'id="run-count">3<', report)
+    assert runs == len(RUNS) + 1 and by_day == pytest.approx(expected, abs=1e-3)
+    assert re.search(r'id="run-count">4<', report)
 
 
 def test_disruptions_are_listed_once_each(report: str, fleet_database: Path):
     """Every disruption of the file is in the table once, with its restart time and recovery."""
     rows = sql(fleet_database, "SELECT DISTINCT run_id, restart_time, recovery_s FROM disruptions")
-    assert rows  # each simulated run crashes once
+    assert rows  # each run of RUNS crashes once
     table = section(report, "disruptions").split("<table>")[1]
     for run_id, restart, recovery_s in rows:
         assert table.count(f"<td>{restart:%Y-%m-%d %H:%M:%S}</td>") == 1
@@ -88,11 +93,34 @@ def test_disruptions_are_listed_once_each(report: str, fleet_database: Path):
         assert html.escape(run_id) in table
 
 
+def test_anomalies_are_each_anomalys_latest_state(report: str, fleet_database: Path):
+    """The anomalies table lists each anomaly of the file once, as the latest_anomalies view has it:
+    the simulated slowdown ended, though the replays as of earlier times wrote it open; the hang its
+    events end in goes on; each crash was a hang that its restart ended. The summary counts them."""
+    latest = sql(fleet_database, "SELECT run_id, kind, started_at, detected_at, ended_at, lost_s "
+                                 "FROM latest_anomalies")
+    assert sorted((run, kind, ended is None) for run, kind, _, _, ended, _ in latest) == [
+        *((run, "hang", False) for run, _, _ in RUNS), ("run-slow", "hang", True),
+        ("run-slow", "slowdown", False)]
+    (open_slowdown_rows,), = sql(fleet_database, "SELECT count(*) FROM run_anomalies "
+                                                 "WHERE kind = 'slowdown' AND ended_at IS NULL")
+    assert open_slowdown_rows > 0
+    table = section(report, "anomalies").split("<tbody>")[1]
+    assert table.count("<tr>") == len(latest) and table.count("<td>ongoing</td>") == 1
+    for run, kind, started, detected, ended, lost_s in latest:
+        row = next(row for row in table.split("<tr>") if f"<td>{started:%Y-%m-%d %H:%M:%S}</td>" in row)
+        assert f"<td>{html.escape(run)}</td><td>{kind}</td>" in row
+        assert f"<td>{detected:%Y-%m-%d %H:%M:%S}</td>" in row
+        assert (f"<td>{ended:%Y-%m-%d %H:%M:%S}</td>" if ended else "<td>ongoing</td>") in row
+        assert "<td class=num>" + f"{lost_s:,.3f}".rstrip("0").rstrip(".") + "</td>" in row
+    assert re.search(rf'id="anomaly-count">1 / {len(latest)}<', report)
+
+
 def test_alerts_are_those_the_policies_would_have_fired(report: str, fleet_database: Path):
     """The alerts table lists what pipeline.app.alerts finds in the file (here, disruptions that a later
-    snapshot within 10 minutes showed)."""
+    snapshot within 10 minutes showed, and each anomaly when it was found)."""
     alerts = evaluate_file(fleet_database)
-    assert alerts and {alert.policy for alert in alerts} == {"disruption"}
+    assert {alert.policy for alert in alerts} == {"disruption", "anomaly_slowdown", "anomaly_hang"}
     assert re.search(rf'id="alert-count">{len(alerts)}<', report)
     table = section(report, "alerts").split("<table>")[1]
     for alert in alerts:
@@ -131,7 +159,8 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: Path, tmp_path: Path):
     """Chromium opens the report from a file: no console or page errors, every section visible
-    with its plots drawn, and a full-page screenshot that is not blank."""
+    with its plots drawn, the anomaly figure counting the rows of the anomalies table (and the
+    ongoing ones), and a full-page screenshot that is not blank."""
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("needs Debian's chromium (apt-get install chromium) at /usr/bin/chromium")
@@ -156,6 +185,10 @@ def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: P
                 box = page.locator("figure.plot svg").nth(index).bounding_box()
                 assert box and box["width"] > 600 and box["height"] > 100, (index, box)
             assert page.locator("#fleet-goodput").inner_text().endswith("%")
+            assert page.locator("#anomalies figure.plot svg").is_visible()
+            ongoing, found = page.locator("#anomaly-count").inner_text().split(" / ")
+            cells = page.locator("#anomalies tbody tr td:nth-child(6)").all_inner_texts()
+            assert len(cells) == int(found) and cells.count("ongoing") == int(ongoing) > 0
             page.screenshot(path=str(screenshot), full_page=True)
         finally:
             browser.close()

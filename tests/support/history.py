@@ -3,6 +3,7 @@ from simulated runs replayed by the batch pipeline."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.app.report import SECTIONS
+from pipeline.demo.simulated_job import JobProfile
+from pipeline.demo.simulated_job import simulate as simulate_job
 from pipeline.sinks.duckdb import DuckDBSink
 from support import REPO
 
@@ -41,6 +44,20 @@ def goodput_row(run_id: str, seconds: float, window_s: int = 0, **values: Any) -
     return row
 
 
+def anomaly_row(run_id: str, kind: str, started: float, detected: float, ended: float | None = None,
+                changed: float | None = None, **values: Any) -> dict[str, Any]:
+    """A ``run_anomalies`` row of ``run_id``, its times T0 + seconds: the row of the anomaly found
+    (``ended`` None), or of its end, found at ``changed`` (default: ``ended``)."""
+    row: dict[str, Any] = {
+        "run_id": run_id, "kind": kind, "host": None, "started_at": at(started), "detected_at": at(detected),
+        "ended_at": None if ended is None else at(ended),
+        "changed_at": at(changed if changed is not None else detected if ended is None else ended),
+        "baseline_step_s": 1.0, "observed_step_s": 1.5, "lost_s": 0.5 * (detected - started),
+    }
+    row.update(values)
+    return row
+
+
 def write_rows(path: Path, rows_by_table: dict[str, Iterable[dict[str, Any]]]) -> Path:
     sink = DuckDBSink(path)
     try:
@@ -61,6 +78,27 @@ def simulate(directory: Path, runs: Sequence[tuple[str, int, int]]) -> list[Path
                        cwd=REPO, check=True, capture_output=True, timeout=120)
         files.append(events)
     return files
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowStretch(JobProfile):
+    """A simulated run whose steps ``slow_from`` to ``slow_until - 1`` take ``slow_factor`` times
+    as long: a slowdown that ends, which ``JobProfile.slowdown`` (growing to the last step) is not."""
+
+    slow_from: int = 0
+    slow_until: int = 0
+    slow_factor: float = 1.0
+
+    def step_time_factor(self, step: int, steps: int) -> float:
+        return self.slow_factor if self.slow_from <= step < self.slow_until else 1.0
+
+
+def simulate_profile(directory: Path, run_id: str, steps: int, seed: int, profile: JobProfile) -> Path:
+    """The event file of a simulated run of the shape ``profile``, recorded in this process."""
+    events = directory / f"{run_id}.jsonl"
+    simulate_job(f"file:{events}", run_id=run_id, steps=steps, seed=seed, spool_dir=directory / "spool",
+                 profile=profile)
+    return events
 
 
 def replay(events: Sequence[Path], database: Path, *options: str) -> None:

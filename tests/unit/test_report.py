@@ -1,5 +1,5 @@
 """The HTML report (pipeline.app.report) of hand-made tables: empty, missing, with nulls, many runs,
-a long history."""
+a long history, anomalies."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline.app.report import write_report
-from support.history import SECTION_IDS, at, goodput_row, section, write_rows
+from pipeline.app.report import MAX_TABLE_ROWS, MAX_TIMELINE_ROWS, _anomaly_end, write_report
+from support.history import SECTION_IDS, anomaly_row, at, goodput_row, section, write_rows
 
 
 def test_an_empty_file_gives_every_section_with_a_note(tmp_path: Path):
@@ -29,6 +29,8 @@ def test_an_empty_file_gives_every_section_with_a_note(tmp_path: Path):
         assert "No alert would have fired" in page
         assert re.search(r'id="run-count">0<', page)
     assert "Could not run on this file" in (tmp_path / "bare.html").read_text()
+    assert "No anomalies found." in (tmp_path / "empty.html").read_text()
+    assert "No anomaly data in this file" in (tmp_path / "bare.html").read_text()
 
 
 def test_a_missing_file_is_an_error(tmp_path: Path):
@@ -90,3 +92,95 @@ def test_a_long_history_is_thinned(tmp_path: Path):
     assert "2026-11-04 02:40:00" in section(output.read_text(), "summary")  # the last snapshot
 
 
+def test_a_file_from_before_anomalies_were_detected_gives_the_report(tmp_path: Path):
+    """A file with snapshots but no run_anomalies table (nor its view): the section says there is no
+    anomaly data, the summary figure is a dash, and the rest of the report is drawn."""
+    database = write_rows(tmp_path / "old.duckdb", {"goodput_snapshots": [goodput_row("old", 600)]})
+    with duckdb.connect(str(database)) as connection:
+        connection.execute("DROP VIEW latest_anomalies")
+        connection.execute("DROP TABLE run_anomalies")
+    output = tmp_path / "old.html"
+    write_report(database, output)
+    page = output.read_text()
+    assert "No anomaly data in this file" in section(page, "anomalies")
+    assert re.search(r'id="anomaly-count">—<', page)
+    assert "<svg" in section(page, "goodput") and "<td class=\"run\">old</td>" in page
+
+
+#: Two runs' anomalies as the pipeline appends them: a row when each is found, another when it ends.
+ANOMALIES = [
+    anomaly_row("run-a", "slowdown", 100, 160),
+    anomaly_row("run-a", "slowdown", 100, 160, ended=400, changed=430, observed_step_s=1.4, lost_s=120.0),
+    anomaly_row("run-a", "hang", 540, 600, lost_s=59.0),
+    anomaly_row("run-b", "straggler", 200, 260, host="host-7"),
+    anomaly_row("run-b", "straggler", 200, 260, ended=500, host="host-7", lost_s=75.0),
+    anomaly_row("run-b", "straggler", 650, 700, host="host-<3>", lost_s=25.0),
+]
+
+
+@pytest.fixture(scope="module")
+def anomalies_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The report of two runs with the anomalies of ANOMALIES, snapshots up to T0 + 900 s."""
+    rows = [goodput_row(run, seconds) for run in ("run-a", "run-b") for seconds in (300, 600, 900)]
+    database = write_rows(tmp_path_factory.mktemp("anomalies") / "anomalies.duckdb",
+                          {"goodput_snapshots": rows, "run_anomalies": ANOMALIES})
+    output = database.with_suffix(".html")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(database, output)
+    return output.read_text()
+
+
+def test_the_anomaly_figure_counts_ongoing_over_all(anomalies_page: str):
+    """The summary figure is the anomalies still going on over all of them, each counted once."""
+    assert re.search(r'id="anomaly-count">2 / 4<', anomalies_page)
+
+
+def test_the_anomaly_table_lists_each_anomalys_latest_state_ongoing_first(anomalies_page: str):
+    """One row per anomaly, in its latest state: the ongoing ones first, then by time lost."""
+    table = section(anomalies_page, "anomalies").split("<tbody>")[1]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+    assert [[*cells[:3], cells[5]] for cells in rows] == [
+        ["run-a", "hang", "—", "ongoing"],
+        ["run-b", "straggler", "host-&lt;3&gt;", "ongoing"],
+        ["run-a", "slowdown", "—", f"{at(400):%Y-%m-%d %H:%M:%S}"],
+        ["run-b", "straggler", "host-7", f"{at(500):%Y-%m-%d %H:%M:%S}"],
+    ]
+    assert rows[2][6:] == ["1", "1.4", "120"]  # baseline and observed step time, lost time
+
+
+def test_the_anomaly_timeline_has_each_kind_the_detections_and_the_stragglers_hosts(anomalies_page: str):
+    """The timeline's legend names each kind found, the detection mark and the ongoing mark; each
+    straggler is labelled with its host, escaped."""
+    svg = section(anomalies_page, "anomalies").split("<svg", 1)[1].split("</svg>")[0]
+    for text in ("slowdown", "hang", "straggler", "detected", "ongoing (to the run's latest snapshot)",
+                 "host-7", "host-&lt;3&gt;", "run-a", "run-b"):
+        assert f">{text}<" in svg, text
+
+
+def test_an_anomaly_span_ends_at_its_end_or_at_its_runs_latest_snapshot():
+    """An ended anomaly spans to its end; an ongoing one to its run's latest snapshot, or to when it
+    was found if its run has no later snapshot."""
+    ended = anomaly_row("r", "slowdown", 10, 20, ended=50, changed=60)
+    ongoing = anomaly_row("r", "hang", 70, 130)
+    latest = {"r": goodput_row("r", 300)}
+    assert _anomaly_end(ended, latest) == at(50)
+    assert _anomaly_end(ongoing, latest) == at(300)
+    assert _anomaly_end(ongoing, {"r": goodput_row("r", 100)}) == at(130)
+    assert _anomaly_end(ongoing, {}) == at(130)
+
+
+def test_many_anomalies_keep_the_timeline_and_table_bounded(tmp_path: Path):
+    """Fifty runs with five anomalies each: MAX_TIMELINE_ROWS timeline rows and MAX_TABLE_ROWS table
+    rows, the rest counted."""
+    anomalies = [anomaly_row(f"run-{n:02d}", "slowdown", 100 * i, 100 * i + 30, ended=100 * i + 60)
+                 for n in range(50) for i in range(5)]
+    database = write_rows(tmp_path / "many.duckdb", {"run_anomalies": anomalies})
+    output = tmp_path / "many.html"
+    write_report(database, output)
+    anomalies_section = section(output.read_text(), "anomalies")
+    assert f"{50 - MAX_TIMELINE_ROWS} more runs with anomalies are in the table only." in anomalies_section
+    assert f"{250 - MAX_TABLE_ROWS} more rows not shown." in anomalies_section
+    svg = anomalies_section.split("</svg>")[0]
+    assert sum(f">run-{n:02d}<" in svg for n in range(50)) == MAX_TIMELINE_ROWS
+    assert anomalies_section.count("<tr>") == MAX_TABLE_ROWS + 1
