@@ -52,6 +52,7 @@ from goodput_schemas.limits import (
     MAX_LABELS,
     MAX_TIME_US,
     MIN_TIME_US,
+    host_steps_problem,
     id_problem,
     int_limit,
     int_name,
@@ -705,9 +706,9 @@ class GoodputRecorder:
             return
         name, steps = _text(host, "host"), _count(count, "count")
         mean, longest = _step_seconds(mean_s, "mean_s"), _step_seconds(max_s, "max_s")
-        if not name or steps < 1 or mean > longest:
-            raise ValueError(f"a summary needs a host, count >= 1 and mean_s <= max_s, got "
-                             f"{name!r}, {steps}, {mean}, {longest}")
+        problem = host_steps_problem(name, steps, mean, longest)
+        if problem is not None:
+            raise ValueError(problem)
         self._record("host_steps", time_, "time_", {"host": name, "count": steps, "mean_s": mean,
                                                      "max_s": longest})
 

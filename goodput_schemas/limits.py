@@ -95,6 +95,17 @@ def text_problem(where: str, value: str, free_form: bool = False) -> str | None:
     return None
 
 
+def host_steps_problem(host: str, count: int, mean_s: float, max_s: float) -> str | None:
+    """Why a ``host_steps`` summary is invalid beyond its fields' own ranges, or None."""
+    if not host:
+        return "host_steps.host must not be empty"
+    if count < 1:
+        return f"host_steps.count must be >= 1, got {count}"
+    if mean_s > max_s:
+        return f"host_steps.mean_s ({mean_s}) must be at most max_s ({max_s})"
+    return None
+
+
 def int_limit(name: str) -> int:
     """The largest value of an integer field of an event body, by the field's name."""
     if name == "chip_count":

@@ -61,7 +61,7 @@ class DetectionSettings:
     min_slowdown: float = 0.10
     #: Steps at the start of every attempt in which nothing is looked for.
     warmup_steps: int = 5
-    #: Steps after the warm-up whose median is the first baseline.
+    #: Steps after the warm-up whose median is the first baseline, and the least time they span.
     reference_steps: int = 32
     reference_s: float = 300.0
     #: Steps in each later block the baseline is taken from again.
@@ -79,8 +79,8 @@ class DetectionSettings:
     def __post_init__(self) -> None:
         if not (0 < self.min_slowdown <= 10 and self.warmup_steps >= 0 and self.reference_steps >= 1
                 and self.reference_s >= 0 and self.refresh_steps >= 2 and self.hang_min_s > 0
-                and self.hang_factor > 0
-                and self.host_bucket_s >= 1 and self.host_settle_s >= 0 and self.straggler_min_s >= 0):
+                and self.hang_factor > 0 and self.host_bucket_s >= 1 and self.host_settle_s >= 0
+                and self.straggler_min_s >= 0):
             raise ValueError(f"detection settings out of range: {self}")
 
 
@@ -242,14 +242,14 @@ class Detector:
     def _rebase(self) -> None:
         """Takes the baseline from the block of durations, and starts a new block."""
         self._median, self._threshold, self._mean = self._baseline()
-        logs = [math.log(value) for value in self._block]
-        center = statistics.median(logs)
-        noise = max(0.01, 1.4826 * statistics.median(abs(value - center) for value in logs))
+        center = math.log(self._median)
+        logs = [math.log(value) - center for value in self._block]  # the sums' x, before the clip
+        noise = max(0.01, 1.4826 * statistics.median(abs(value) for value in logs))
         self._clip = max(4 * noise, 3 * self._k)
+        clipped = [max(-self._clip, min(self._clip, value)) for value in logs]
         # Consecutive steps' times go together (a busy host, a slow input shard): a sum of n of
         # them spreads as n independent ones would if their variance were (1 + r) / (1 - r) times
         # larger, r the block's lag-1 autocorrelation.
-        clipped = [max(-self._clip, min(self._clip, value - center)) for value in logs]
         power = math.fsum(value * value for value in clipped)
         lagged = math.fsum(a * b for a, b in itertools.pairwise(clipped))
         r = min(0.8, max(0.0, lagged / power)) if power > 0 else 0.0
@@ -257,8 +257,7 @@ class Detector:
         # A sum with increments x - k passes h about once in e^(theta h) steps, theta the root
         # of mean(exp(theta (x - k))) = 1 over the block's increments: heavy tails, clipped,
         # make theta far smaller than a normal noise's 2k / noise^2.
-        increments = [math.log(value / self._median) for value in self._block]
-        theta = _tilt([max(-self._clip, min(self._clip, x)) - self._k for x in increments])
+        theta = _tilt([x - self._k for x in clipped])
         self._limit = max(4 * self._clip, 10 * noise * noise * inflation / self._k, 20 * inflation / theta)
         self._block = []
 

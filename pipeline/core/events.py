@@ -44,6 +44,7 @@ from goodput_schemas.limits import (
     MAX_TIME_US,
     MIN_TIME_US,
     SUPPORTED_SCHEMA_VERSIONS,
+    host_steps_problem,
     id_problem,
     int_limit,
     int_name,
@@ -234,13 +235,10 @@ def event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]
     if ideal is not None and not ideal > 0:
         return f"job_start.configured_ideal_step_time_s must be > 0, got {ideal}"
     if kind == "host_steps":
-        if not body.get("host"):
-            return "host_steps.host must not be empty"
-        if body.get("count", 0) < 1:
-            return f"host_steps.count must be >= 1, got {body.get('count', 0)}"
-        mean, longest = body.get("mean_s", 0.0), body.get("max_s", 0.0)
-        if mean > longest:
-            return f"host_steps.mean_s ({mean}) must be at most max_s ({longest})"
+        problem = host_steps_problem(body.get("host", ""), body.get("count", 0), body.get("mean_s", 0.0),
+                                     body.get("max_s", 0.0))
+        if problem is not None:
+            return problem
     if kind == "elastic_slice_counts":
         total = body.get("total_slices", 0)
         for name in ("active_slices", "available_slices"):

@@ -505,3 +505,18 @@ def test_a_disabled_host_step_timer_records_nothing():
         timer.record(1.0)
         timer.close()
     assert captured.events == []
+
+
+@pytest.mark.parametrize(("host", "count", "mean_s", "max_s", "reason"), [
+    ("", 3, 1.0, 2.0, "host must not be empty"), ("h", 0, 1.0, 2.0, "count must be >= 1"),
+    ("h", 3, 3.0, 2.0, "must be at most max_s")])
+def test_a_host_summary_the_pipeline_would_refuse_is_refused_by_the_recorder(host, count, mean_s, max_s,
+                                                                             reason):
+    """The recorder applies the pipeline's own rule (``limits.host_steps_problem``): nothing it
+    records is dead-lettered."""
+    with capture_events() as captured:
+        recorder = GoodputRecorder("run-1", logging_enabled=True, strict=True)
+        with pytest.raises(ValueError, match=reason):
+            recorder.record_host_steps(host, count, mean_s, max_s)
+        recorder.close()
+    assert captured.events == []
