@@ -170,7 +170,8 @@ def _publish_rates(directory: Path) -> list[float]:
         for repeat in range(PUBLISH_REPEATS):
             recorder = GoodputRecorder(f"bench-publish-{repeat}", logging_enabled=True, destination=TOPIC,
                                        settings=EmitterSettings(spool_dir=directory / f"spool{repeat}",
-                                                                heartbeat_interval_s=None))
+                                                                heartbeat_interval_s=None,
+                                                                collect_configs=False))
             started = time.perf_counter()
             recorder.record_job_start_time(when)
             for step in range(PUBLISHED):

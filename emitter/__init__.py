@@ -5,8 +5,9 @@ A drop-in for ``ml_goodput_measurement``'s recorders: change the import, keep th
     from emitter import GoodputRecorder
 
 Each ``record_*`` call queues one event and returns in microseconds; a background thread sends
-batches to a file or a Pub/Sub topic. See ``GoodputRecorder`` for the arguments and
-``goodput_schemas/README.md`` for the events.
+batches to a file or a Pub/Sub topic. See ``GoodputRecorder`` for the arguments,
+``emitter.metrics`` for the names ``record_metrics`` takes, and ``goodput_schemas/README.md`` for
+the events.
 """
 
 import logging

@@ -19,11 +19,18 @@ hook either, whatever the destination does.
 
 One recorder instance is one attempt of the run (a new process start, a new attempt id), until it
 records a second job start: as in the reference's own tests, that starts a new attempt.
+
+Beyond the reference, a recorder says which workload it runs in (``emitter.workload``: every
+message carries the workload's uid, and the job start the workload), records the job's own
+configuration (``record_configs``) and metrics by name (``record_metrics``, ``emitter.metrics``),
+and its background thread records the software and system configs of each attempt
+(``emitter.collect``).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import datetime
 import functools
@@ -41,22 +48,29 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from emitter import testing
+from emitter.collect import AttemptCollector
+from emitter.configs import fit_configs
 from emitter.discovery import DiscoveredTransport
 from emitter.settings import EmitterSettings, destination_from_env
 from emitter.spool import Spool
 from emitter.transports import Transport, transport_for
 from emitter.worker import BatchWorker, EmitterStats
+from emitter.workload import WorkloadDiscovery, local_workload, on_google_cloud, uid_of
 from goodput_schemas.limits import (
     MAX_COUNT,
     MAX_DURATION_S,
     MAX_LABELS,
+    MAX_METRIC_NAMES,
+    MAX_METRICS_PER_EVENT,
     MAX_TIME_US,
     MIN_TIME_US,
     host_steps_problem,
     id_problem,
     int_limit,
     int_name,
+    metrics_problem,
     text_problem,
+    workload_uid_problem,
 )
 from goodput_schemas.wire import MODEL_METRICS, Message, json_double
 
@@ -148,6 +162,25 @@ def _badput_type(value: object, name: str) -> str:
     return _text(value if isinstance(value, str) else str(value), name)
 
 
+def _workload_uid(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"workload_uid must be a str, got {type(value).__name__}")
+    problem = workload_uid_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _metric_name(name: object) -> str:
+    """A metric name the pipeline accepts (``limits.metrics_problem``)."""
+    if not isinstance(name, str):
+        raise ValueError(f"a metric name must be a str, got {type(name).__name__}")
+    problem = metrics_problem({name: 0.0})
+    if problem is not None:
+        raise ValueError(problem)
+    return name
+
+
 def _guarded(method: _Method) -> _Method:
     """Makes a public method of the recorder never raise: what it cannot record is logged (once
     per method) and counted, unless the recorder is strict. (The calls made every step catch
@@ -229,7 +262,10 @@ class GoodputRecorder:
         chip_count: Accelerator chips the attempt holds (weights fleet figures).
         labels: Free-form string labels of the run.
         location: Zone or region of the job (the Cloud Monitoring resource's location).
-        settings: Batching, spooling and retry settings (``EmitterSettings``).
+        workload_uid: The uid every message carries (``EventBatch.workload_uid``): a run id
+            reused by another workload is another run. ``None`` (the default): the JobSet's
+            uid, else the Job's, as ``emitter.workload`` finds them; ``""``: none.
+        settings: Batching, spooling, retry and collection settings (``EmitterSettings``).
         background_grace_period_s: The reference's keyword; sets ``close_timeout_s``.
         background_batch_size: The reference's keyword; sets ``max_batch_events``.
         background_max_latency_s: The reference's keyword; sets ``max_latency_s``.
@@ -260,6 +296,7 @@ class GoodputRecorder:
         chip_count: int = 0,
         labels: Mapping[str, str] | None = None,
         location: str = "",
+        workload_uid: str | None = None,
         settings: EmitterSettings | None = None,
         background_grace_period_s: float | None = None,
         background_batch_size: int | None = None,
@@ -278,6 +315,11 @@ class GoodputRecorder:
         self._in_job = False
         self._job_started = False
         self._invalid: dict[str, int] = {}
+        self._dropped_values: collections.Counter[str] = collections.Counter()  # by EmitterStats field
+        self._dropped_logged: set[str] = set()  # methods
+        self._dropped_lock = threading.Lock()  # the background thread counts collected entries
+        self._metric_names: set[str] = set()  # of this attempt
+        self.workload_uid = ""
         self.job_name = job_name
         self.logger_name = logger_name
         self._now_ns = wall_clock_ns if callable(wall_clock_ns) else time.time_ns
@@ -299,6 +341,7 @@ class GoodputRecorder:
         if not logging_enabled:
             _LOG.debug("goodput recording is disabled in this process (logging_enabled=False)")
             return
+        self._workload = self._discover_workload(workload_uid)
 
         capture = testing.active_capture()
         transport: Transport
@@ -338,6 +381,31 @@ class GoodputRecorder:
             _LOG.error("goodput recorder for %r: invalid %s, %s: %s", self.job_name, what,
                        "left out" if fallback is None else f"using {fallback!r} instead", error)
             return fallback
+
+    def _discover_workload(self, uid: str | None) -> WorkloadDiscovery | None:
+        """The workload as the local sources show it (the background thread asks the metadata
+        server later), put on the job start, and the uid every message carries."""
+        discovery = None
+        if self.settings.discover_workload:
+            nothing: dict[str, str] = {}
+            local = self._lenient(lambda: local_workload(self.settings.podinfo_dir), nothing, "workload")
+            discovery = WorkloadDiscovery(local, ask_server=on_google_cloud())
+            if local:
+                self._metadata["workload"] = local
+            if uid is None:
+                uid = uid_of(local)
+        self.workload_uid = self._lenient(lambda: _workload_uid(uid or ""), "", "workload_uid")
+        return discovery
+
+    def _count_dropped(self, field: str, method: str, count: int, reason: str) -> None:
+        """Counts (in ``stats.<field>``) and logs (once per method) values a call left out."""
+        with self._dropped_lock:
+            self._dropped_values[field] += count
+            first = method not in self._dropped_logged
+            self._dropped_logged.add(method)
+        if first:
+            _LOG.warning("goodput recorder for %r: %s left out %d values: %s (logged once; counted in "
+                         "stats.%s)", self.job_name, method, count, reason, field)
 
     def _invalid_call(self, method: str, error: Exception) -> Any:
         """Counts and logs (once per method) a call that recorded nothing, and returns what the
@@ -382,12 +450,20 @@ class GoodputRecorder:
     def _new_worker(self) -> BatchWorker:
         """A worker for a new attempt of the run, with an attempt id of its own."""
         self.attempt_id = uuid.uuid4().hex
+        self._metric_names = set()
         settings = self.settings
         spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, self._now_ns(),
                       max_bytes=settings.max_spool_bytes,
-                      segment_bytes=settings.spool_segment_bytes)
+                      segment_bytes=settings.spool_segment_bytes, workload_uid=self.workload_uid)
         return BatchWorker(self.job_name, self.attempt_id, self._transport, spool, settings,
-                           heartbeat=self._automatic_heartbeat)
+                           heartbeat=self._automatic_heartbeat, workload_uid=self.workload_uid,
+                           derive=self._collector())
+
+    def _collector(self) -> AttemptCollector:
+        """What the background thread adds to a new attempt's events (``emitter.collect``)."""
+        return AttemptCollector(self._workload, self.settings.collect_configs, __version__,
+                                functools.partial(self._count_dropped, "dropped_config_entries",
+                                                  "collected configs"))
 
     def _start_new_attempt(self) -> None:
         """Hands the current attempt's events to a thread that delivers them (within the close
@@ -696,6 +772,80 @@ class GoodputRecorder:
             self._invalid_call("record_model_metrics", error)
 
     @_guarded
+    def record_configs(self, configs: Mapping[str, Any], time_: datetime.datetime | None = None) -> None:
+        """Records the job's own configuration (source ``user``), flat or nested (``emitter.configs``
+        says how it is flattened and made text): model sizes, optimizer settings, batch size,
+        seed... Pass ``vars(args)``, ``dataclasses.asdict(config)`` or a config's ``to_dict()``.
+
+        Entries the contract's limits refuse, and those past ``MAX_CONFIG_ENTRIES``, are left
+        out, counted in ``stats.dropped_config_entries`` and logged once (a strict recorder
+        raises ``ValueError`` instead).
+        """
+        if self._worker is None:
+            return
+        if not isinstance(configs, Mapping):
+            raise ValueError(f"configs must be a mapping, got {type(configs).__name__}")
+        if time_ is not None:
+            _time_us(time_, "time_")  # before the work of flattening
+        fitted = fit_configs(configs)
+        if fitted.dropped:
+            if self._strict:
+                raise ValueError(fitted.reason)
+            self._count_dropped("dropped_config_entries", "record_configs", fitted.dropped, fitted.reason)
+        self._record("configs", time_, "time_", {"source": "user", "values": fitted.values})
+
+    def record_metrics(self, values: Mapping[str, float], step: int | None = None,
+                       time_: datetime.datetime | None = None) -> None:
+        """Records named metrics at ``step`` (``None``: at the event time alone), dated ``time_``
+        (``None``: now)::
+
+            recorder.record_metrics({metrics.LOSS: loss, metrics.LEARNING_RATE: lr}, step=step)
+
+        Names are ML Diagnostics' (``emitter.metrics``) or the job's own. A value is any
+        number (numpy and jax scalars too), non-finite ones included (a diverged loss). An
+        attempt records at most ``MAX_METRIC_NAMES`` distinct names: values of further names
+        are left out, counted in ``stats.dropped_metric_values`` and logged once (a strict
+        recorder raises ``ValueError``). More than ``MAX_METRICS_PER_EVENT`` values make
+        several events.
+        """
+        try:
+            if self._worker is None:
+                return
+            if not isinstance(values, Mapping) or not values:
+                raise ValueError(f"values must be a non-empty mapping of metric names to numbers, got "
+                                 f"{values!r:.80}")
+            if step is not None and (type(step) is not int or not 0 <= step <= MAX_COUNT):
+                step = _count(step, "step")
+            if time_ is not None:
+                _time_us(time_, "time_")
+            known = self._metric_names
+            checked = {(name if name in known else _metric_name(name)):
+                       (value if type(value) is float and value - value == 0.0 else _metric(value, name))
+                       for name, value in values.items()}
+            new = [name for name in checked if name not in known]
+            room = MAX_METRIC_NAMES - len(known)
+            if len(new) > room:
+                over = new[room:]
+                reason = (f"{len(known) + len(new)} metric names in this attempt, more than "
+                          f"MAX_METRIC_NAMES ({MAX_METRIC_NAMES}): left out {over[0]!r:.80}")
+                if self._strict:
+                    raise ValueError(reason)
+                for name in over:
+                    del checked[name]
+                self._count_dropped("dropped_metric_values", "record_metrics", len(over), reason)
+                new = new[:room]
+            known.update(new)
+            names = list(checked)
+            for first in range(0, len(names), MAX_METRICS_PER_EVENT):
+                body: dict[str, Any] = {"values": {name: checked[name]
+                                                   for name in names[first:first + MAX_METRICS_PER_EVENT]}}
+                if step is not None:
+                    body["step"] = step
+                self._record("metrics", time_, "time_", body)
+        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
+            self._invalid_call("record_metrics", error)
+
+    @_guarded
     def record_host_steps(self, host: str, count: int, mean_s: float, max_s: float,
                           time_: datetime.datetime | None = None) -> None:
         """Records a summary of one host's own step times since its previous summary: ``count``
@@ -748,7 +898,8 @@ class GoodputRecorder:
     def stats(self) -> EmitterStats:
         """Counters of this recorder, over all its attempts: recorded, sent, spilled, dropped
         events and send errors."""
-        invalid = EmitterStats(invalid_calls=sum(self._invalid.values()))
+        with self._dropped_lock:
+            invalid = EmitterStats(invalid_calls=sum(self._invalid.values()), **self._dropped_values)
         if self._worker is None:
             return invalid
         return _summed([self._closed_stats, *(retired.worker.stats for retired in self._retired),
@@ -808,7 +959,11 @@ class GoodputRecorder:
         self._close_lock = threading.RLock()
         self._retired, self._closed_stats = [], EmitterStats()  # the parent delivers its own
         self.attempt_id = uuid.uuid4().hex
-        self._worker.after_fork(self.attempt_id, self._now_ns())
+        self._metric_names = set()
+        self._dropped_lock = threading.Lock()
+        if self._workload is not None:
+            self._workload.after_fork()
+        self._worker.after_fork(self.attempt_id, self._now_ns(), self._collector())
         self._in_job = self._job_started = False
 
 

@@ -16,11 +16,27 @@ _LOG = logging.getLogger(__name__)
 DESTINATION_ENV = "GOODPUT_DESTINATION"
 #: Environment variable naming the spool root directory.
 SPOOL_DIR_ENV = "GOODPUT_SPOOL_DIR"
+#: Environment variables turning the collected configs and the workload's discovery off ("0").
+COLLECT_CONFIGS_ENV = "GOODPUT_COLLECT_CONFIGS"
+DISCOVER_WORKLOAD_ENV = "GOODPUT_DISCOVER_WORKLOAD"
+#: Environment variable naming the directory of a Kubernetes downward-API volume.
+PODINFO_DIR_ENV = "GOODPUT_PODINFO_DIR"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _env_path(name: str, default: Path) -> Path:
     value = os.environ.get(name, "").strip()
     return Path(value) if value else default
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    """A yes/no environment variable; unset, blank or unreadable (logged): ``default``."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    if value:
+        _LOG.warning("goodput emitter: $%s=%r is neither 1 nor 0; using %s", name, value[:80], int(default))
+    return default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +67,15 @@ class EmitterSettings:
             before it counts as failed and the emitter backs off (the attempt then under way
             may take this long again). The next send starts on a new connection, so a broker
             that comes back is found within about ``send_timeout_s + retry_max_backoff_s``.
+        collect_configs: Whether the background thread records each attempt's ``software``
+            and ``system`` configs (``emitter.collect``). Defaults to ``$GOODPUT_COLLECT_CONFIGS``
+            (``0`` turns it off), else on.
+        discover_workload: Whether the recorder looks for the workload it runs in (Kubernetes
+            JobSet or Job, pod, cluster, instance; ``emitter.workload``). Defaults to
+            ``$GOODPUT_DISCOVER_WORKLOAD`` (``0`` turns it off), else on. A recorder's
+            ``workload_uid`` applies either way.
+        podinfo_dir: Where a Kubernetes downward-API volume holds the pod's ``labels`` and
+            ``annotations`` files. Defaults to ``$GOODPUT_PODINFO_DIR``, else ``/etc/podinfo``.
     """
 
     max_batch_events: int = 1000
@@ -68,9 +93,18 @@ class EmitterSettings:
     retry_initial_backoff_s: float = 0.5
     retry_max_backoff_s: float = 30.0
     send_timeout_s: float = 30.0
+    collect_configs: bool = dataclasses.field(default_factory=lambda: _env_flag(COLLECT_CONFIGS_ENV, True))
+    discover_workload: bool = dataclasses.field(
+        default_factory=lambda: _env_flag(DISCOVER_WORKLOAD_ENV, True))
+    podinfo_dir: Path = dataclasses.field(
+        default_factory=lambda: _env_path(PODINFO_DIR_ENV, Path("/etc/podinfo")))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spool_dir", Path(self.spool_dir))
+        object.__setattr__(self, "podinfo_dir", Path(self.podinfo_dir))
+        for name in ("collect_configs", "discover_workload"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EmitterSettings.{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("max_batch_events", "max_queue_events", "max_spool_bytes", "spool_segment_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -1,10 +1,11 @@
 """The on-disk spool: a bounded FIFO of recorded events of one run, kept in segment files.
 
-Each segment holds events of one attempt: a JSON header line ``{"run_id", "attempt_id"}`` and one
-JSON array ``[seq, time_us, kind, body]`` per event. Names sort oldest first: the attempt's start
-time, its id, then the first sequence number in the file. A segment is written by one process
-under an exclusive ``flock``, so another process (the next attempt draining what this one left)
-never reads or deletes a segment that is still being written.
+Each segment holds events of one attempt: a JSON header line ``{"run_id", "attempt_id"}`` (and
+``"workload_uid"``, where the attempt has one) and one JSON array ``[seq, time_us, kind, body]``
+per event. Names sort oldest first: the attempt's start time, its id, then the first sequence
+number in the file. A segment is written by one process under an exclusive ``flock``, so another
+process (the next attempt draining what this one left) never reads or deletes a segment that is
+still being written.
 
 Each event is written with its own ``write`` as it is spilled, not buffered in the process: what
 the spool accepted survives the process being killed (``SIGKILL``, the OOM killer), and a write
@@ -30,6 +31,7 @@ import re
 import stat
 from pathlib import Path
 
+from goodput_schemas.limits import workload_uid_problem
 from goodput_schemas.wire import Record, event_body
 
 _LOG = logging.getLogger(__name__)
@@ -77,10 +79,12 @@ class Spool:
         *,
         max_bytes: int,
         segment_bytes: int,
+        workload_uid: str = "",
     ) -> None:
         self.directory = run_directory(root, run_id)
         self._run_id = run_id
         self._attempt_id = attempt_id
+        self._workload_uid = workload_uid
         self._prefix = f"{attempt_start_ns:020d}-{attempt_id}-"
         self._max_bytes = max_bytes
         self._segment_bytes = segment_bytes
@@ -175,7 +179,10 @@ class Spool:
         self._ensure_private()
         path = self.directory / f"{self._prefix}{first_seq:012d}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        header = (json.dumps({"run_id": self._run_id, "attempt_id": self._attempt_id}) + "\n").encode()
+        fields = {"run_id": self._run_id, "attempt_id": self._attempt_id}
+        if self._workload_uid:
+            fields["workload_uid"] = self._workload_uid
+        header = (json.dumps(fields) + "\n").encode()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._fd, self._open_bytes = fd, 0
@@ -225,8 +232,9 @@ class Spool:
         """Marks the segment being sent (``None``: none), so that making room never drops it."""
         self._claimed = path
 
-    def read(self, path: Path) -> tuple[str, str, list[Record]] | None:
-        """(run_id, attempt_id, records) of a sealed segment; None if it is gone, in use or unreadable.
+    def read(self, path: Path) -> tuple[str, str, str, list[Record]] | None:
+        """(run_id, attempt_id, workload_uid, records) of a sealed segment; None if it is gone, in
+        use or unreadable. The workload uid is the one of the attempt that wrote it (empty for none).
 
         Changes nothing, so the worker reads and decodes a segment without holding the lock that
         ``record_*`` calls take. A segment with no valid header, or not this run's own (see the
@@ -239,13 +247,13 @@ class Spool:
             return None
         except OSError as error:
             _LOG.warning("spool segment %s cannot be read (%s); removing it", path, error)
-            return "", "", []
+            return "", "", "", []
         handle = os.fdopen(fd, "rb")
         with handle:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
                 _LOG.warning("spool segment %s is not a file of this user's; removing it", path)
-                return "", "", []
+                return "", "", "", []
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -258,13 +266,16 @@ class Spool:
         try:
             header = json.loads(lines[0])
             run_id, attempt_id = str(header["run_id"]), str(header["attempt_id"])
-        except (ValueError, KeyError, TypeError, IndexError):
+            workload_uid = str(header.get("workload_uid", ""))
+            if workload_uid_problem(workload_uid) is not None:
+                raise ValueError("an invalid workload uid")
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             _LOG.warning("spool segment %s has no valid header; removing it", path)
-            return "", "", []
+            return "", "", "", []
         if run_id != self._run_id or f"-{attempt_id}-" not in path.name:
             _LOG.warning("spool segment %s names run %r, attempt %r: not this run's; removing it",
                          path, run_id[:100], attempt_id[:100])
-            return "", "", []
+            return "", "", "", []
         records: list[Record] = []
         for number, line in enumerate(lines[1:], start=2):
             try:
@@ -272,7 +283,7 @@ class Spool:
                 records.append((int(seq), int(time_us), str(kind), dict(body)))
             except (ValueError, TypeError):
                 _LOG.warning("spool segment %s: skipping unreadable line %d", path, number)
-        return run_id, attempt_id, records
+        return run_id, attempt_id, workload_uid, records
 
     def remove(self, path: Path) -> None:
         """Deletes a drained (or dropped) segment."""

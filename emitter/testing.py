@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class CapturedEvent:
-    """One delivered event, decoded from its message."""
+    """One delivered event, decoded from its message (``workload_uid``: its header's, or empty)."""
 
     run_id: str
     attempt_id: str
@@ -45,6 +45,7 @@ class CapturedEvent:
     time_us: int
     kind: str
     body: dict[str, Any]
+    workload_uid: str = ""
 
 
 class _MemoryTransport:
@@ -104,7 +105,7 @@ class CapturedEvents:
             for event in batch["events"]:
                 (kind, body), = ((k, v) for k, v in event.items() if k not in ("seq", "time_us"))
                 events.append(CapturedEvent(batch["run_id"], batch["attempt_id"], event["seq"],
-                                            event["time_us"], kind, body))
+                                            event["time_us"], kind, body, batch.get("workload_uid", "")))
         return events
 
 

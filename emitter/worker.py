@@ -24,6 +24,11 @@ queue, then this attempt's own spooled events. A failed send is retried with exp
 written to the spool for the next process of the run to send. The thread reads and decodes spool
 segments without holding the lock, so a ``record_*`` call never waits for the disk's reads.
 
+Before it sends a batch from the queue, the thread shows it to the recorder's ``derive`` hook
+(``emitter.collect``), which may complete the job start's workload and returns the events to
+record because of it (the collected configs); a ``flush`` that waits for a batch waits for what
+was derived from it too.
+
 Every pause here is paced by the monotonic clock: a wall clock that jumps neither stalls nor
 hurries batching, retries or heartbeats.
 """
@@ -47,6 +52,10 @@ from goodput_schemas.limits import MAX_MESSAGE_BYTES
 from goodput_schemas.wire import Message, Record, encode_batches
 
 _LOG = logging.getLogger("emitter")
+
+#: The recorder's hook: given a batch of the attempt's own events about to be sent, the events
+#: to record because of it, as (time_us, kind, body).
+Derive = Callable[[list[Record]], list[tuple[int, str, Any]]]
 
 #: Kinds never spilled nor dropped to make room: an attempt's start carries its metadata (chips,
 #: accelerator, run group), without which the pipeline cannot weigh or place the attempt.
@@ -87,6 +96,10 @@ class EmitterStats:
             refused for good by the destination.
         invalid_calls: ``record_*`` calls that recorded nothing because an argument could not
             be recorded (each logged, once per method); not in ``recorded``.
+        dropped_config_entries: Entries left out of ``configs`` events that were recorded:
+            refused by the contract's limits, or past ``MAX_CONFIG_ENTRIES`` (logged once).
+        dropped_metric_values: Values left out of ``record_metrics`` calls: of metric names past
+            the attempt's ``MAX_METRIC_NAMES`` (logged once).
     """
 
     recorded: int = 0
@@ -100,6 +113,8 @@ class EmitterStats:
     backlog_sent: int = 0
     backlog_dropped: int = 0
     invalid_calls: int = 0
+    dropped_config_entries: int = 0
+    dropped_metric_values: int = 0
 
 
 class BatchWorker:
@@ -113,9 +128,14 @@ class BatchWorker:
         spool: Spool,
         settings: EmitterSettings,
         heartbeat: Callable[[], None] | None = None,
+        *,
+        workload_uid: str = "",
+        derive: Derive | None = None,
     ) -> None:
         self._run_id = run_id
         self._attempt_id = attempt_id
+        self._workload_uid = workload_uid
+        self._derive = derive
         self._transport = transport
         self._spool = spool
         self._settings = settings
@@ -137,6 +157,8 @@ class BatchWorker:
         self._wake_pending = False
         self._closing = threading.Event()
         self._inflight: list[Record] = []  # a batch taken from the queue, being sent
+        # (lowest seq of a batch, numbers drawn once the events derived from it were queued)
+        self._derived: list[tuple[int, int]] = []
         # ``put`` appends without the lock while the queue is shorter than this: the room left in
         # memory, less one so that the event that fills a batch takes the lock and wakes the
         # thread, and 0 while spilling. The thread keeps it so, holding the lock.
@@ -246,12 +268,17 @@ class BatchWorker:
             target = self._recorded()
             self._force = True
             self._wake()
-            while self._finished < target:
+            while self._finished < (target := self._covering(target)):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
                 self._finished_changed.wait(remaining)
             return True
+
+    def _covering(self, target: int) -> int:
+        """How many numbers a flush waiting for the first ``target`` waits for: those, and the
+        events derived from any of them (holding the lock)."""
+        return max([target, *(drawn for lowest, drawn in self._derived if lowest < target)])
 
     def close(self, timeout: float) -> bool:
         """Delivers what it can within ``timeout``, stops the thread, spools the rest.
@@ -296,9 +323,11 @@ class BatchWorker:
             _LOG.warning("goodput emitter: closing %r failed: %s", self._transport, error)
         return delivered and not dropped
 
-    def after_fork(self, attempt_id: str, attempt_start_ns: int) -> None:
-        """Starts afresh in a forked child: empty queue, new thread, the child's own attempt."""
+    def after_fork(self, attempt_id: str, attempt_start_ns: int, derive: Derive | None = None) -> None:
+        """Starts afresh in a forked child: empty queue, new thread, the child's own attempt (and
+        the recorder's hook for it)."""
         self._attempt_id = attempt_id
+        self._derive = derive
         self._transport.after_fork()
         self._spool.after_fork(attempt_id, attempt_start_ns)
         self._init_runtime_state()
@@ -387,12 +416,31 @@ class BatchWorker:
             if segment is not None:
                 if not self._send_segment(segment, own=True):
                     return
-            elif self._deliver(self._run_id, self._attempt_id, self._inflight, own=True):
+                continue
+            self._derive_from(self._inflight)
+            if self._deliver(self._run_id, self._attempt_id, self._workload_uid, self._inflight, own=True):
                 with self._lock:
                     self._inflight = []
                     self._update_room()
             else:
                 return
+
+    def _derive_from(self, batch: list[Record]) -> None:
+        """Queues the events the recorder's hook derives from a batch about to be sent."""
+        if self._derive is None:
+            return
+        try:
+            derived = self._derive(batch)
+        except Exception:  # noqa: BLE001 - the hook must not stop the sending: logged once
+            if "derive" not in self._logged:
+                self._logged.add("derive")
+                _LOG.exception("goodput emitter: collecting what an attempt's events imply failed")
+            return
+        if derived:
+            with self._lock:
+                for time_us, kind, body in derived:
+                    self.put(time_us, kind, body)
+                self._derived.append((min(record[0] for record in batch), self._recorded()))
 
     def _send_backlog(self) -> None:
         """Sends what earlier attempts of this run left in the spool."""
@@ -415,9 +463,10 @@ class BatchWorker:
             content = self._spool.read(path)  # disk reads and decoding, without the lock
             if content is None:
                 return not own  # another process's is skipped; this attempt's is retried later
-            run_id, attempt_id, records = content
+            run_id, attempt_id, workload_uid, records = content
             for start in range(0, len(records), self._batch):
-                if not self._deliver(run_id, attempt_id, records[start:start + self._batch], own=own):
+                if not self._deliver(run_id, attempt_id, workload_uid, records[start:start + self._batch],
+                                     own=own):
                     return False
             with self._lock:
                 self._spool.remove(path)
@@ -426,13 +475,14 @@ class BatchWorker:
             with self._lock:
                 self._spool.claim(None)
 
-    def _deliver(self, run_id: str, attempt_id: str, records: list[Record], *, own: bool) -> bool:
+    def _deliver(self, run_id: str, attempt_id: str, workload_uid: str, records: list[Record], *,
+                 own: bool) -> bool:
         """Sends one batch, as one message unless it is too large for one, retrying with
         backoff; False if closing interrupted the retries (a part sent already is sent again
         with the rest: the pipeline drops the repeated events)."""
         refused = 0
-        for message in encode_batches(run_id, attempt_id, records,
-                                      MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES):
+        for message in encode_batches(run_id, attempt_id, records, MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES,
+                                      workload_uid):
             backoff = self._settings.retry_initial_backoff_s
             while not (sent := self._send(message)):
                 if sent is None:  # refused for good: retrying would never end

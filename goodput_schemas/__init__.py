@@ -24,6 +24,11 @@ SQL_DIRECTORY = DIRECTORY / "sql"
 VIEWS_DIRECTORY = DIRECTORY / "views"
 #: Accelerator prices per chip-hour, seeded into the ``accelerator_prices`` table.
 ACCELERATOR_PRICES = DIRECTORY / "accelerator_prices.csv"
+#: Peak dense bf16 TFLOP/s per chip from spec sheets, seeded into the ``accelerator_peaks`` table.
+ACCELERATOR_PEAKS = DIRECTORY / "accelerator_peaks.csv"
+#: The tables shipped filled: each table's CSV file (a header, then rows), loaded by Terraform and
+#: seeded by the sinks into the table while it is empty.
+SEEDED_TABLES = {"accelerator_prices": ACCELERATOR_PRICES, "accelerator_peaks": ACCELERATOR_PEAKS}
 #: A BigQuery dataset the tables are written to: a project ID (``my-project``, or
 #: ``example.com:my-project``), ``:`` or ``.``, a dataset ID; nothing that could end a quoted table
 #: reference in SQL.

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13goodput_event.proto\x12\x0f\x66leetgoodput.v1\"\x90\x14\n\nEventBatch\x12\x16\n\x0eschema_version\x18\x01 \x01(\x05\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x31\n\x06\x65vents\x18\x04 \x03(\x0b\x32!.fleetgoodput.v1.EventBatch.Event\x1a\x92\x0b\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\x12\x39\n\tjob_start\x18\n \x01(\x0b\x32$.fleetgoodput.v1.EventBatch.JobStartH\x00\x12\x35\n\x07job_end\x18\x0b \x01(\x0b\x32\".fleetgoodput.v1.EventBatch.JobEndH\x00\x12;\n\nstep_start\x18\x0c \x01(\x0b\x32%.fleetgoodput.v1.EventBatch.StepStartH\x00\x12;\n\x0etpu_init_start\x18\r \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12\x39\n\x0ctpu_init_end\x18\x0e \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12@\n\x13training_prep_start\x18\x0f \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12>\n\x11training_prep_end\x18\x10 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12?\n\x12\x64\x61ta_loading_start\x18\x11 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12=\n\x10\x64\x61ta_loading_end\x18\x12 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12G\n\x13\x63ustom_badput_start\x18\x13 \x01(\x0b\x32(.fleetgoodput.v1.EventBatch.CustomBadputH\x00\x12\x45\n\x11\x63ustom_badput_end\x18\x14 \x01(\x0b\x32(.fleetgoodput.v1.EventBatch.CustomBadputH\x00\x12N\n\x14\x65lastic_slice_counts\x18\x15 \x01(\x0b\x32..fleetgoodput.v1.EventBatch.ElasticSliceCountsH\x00\x12\x45\n\x12\x65lastic_wait_start\x18\x16 \x01(\x0b\x32\'.fleetgoodput.v1.EventBatch.ElasticWaitH\x00\x12\x43\n\x10\x65lastic_wait_end\x18\x17 \x01(\x0b\x32\'.fleetgoodput.v1.EventBatch.ElasticWaitH\x00\x12\x41\n\x14\x65lastic_reinit_start\x18\x18 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12?\n\x12\x65lastic_reinit_end\x18\x19 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12\x45\n\x0f\x63heckpoint_save\x18\x1a \x01(\x0b\x32*.fleetgoodput.v1.EventBatch.CheckpointSaveH\x00\x12K\n\x12\x63heckpoint_restore\x18\x1b \x01(\x0b\x32-.fleetgoodput.v1.EventBatch.CheckpointRestoreH\x00\x12\x36\n\theartbeat\x18\x1c \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12\x41\n\rmodel_metrics\x18\x1d \x01(\x0b\x32(.fleetgoodput.v1.EventBatch.ModelMetricsH\x00\x12;\n\nhost_steps\x18\x1e \x01(\x0b\x32%.fleetgoodput.v1.EventBatch.HostStepsH\x00\x42\x06\n\x04kind\x1a\x07\n\x05\x45mpty\x1a\xb3\x02\n\x08JobStart\x12\x11\n\trun_group\x18\x01 \x01(\t\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x02 \x01(\t\x12\x12\n\nchip_count\x18\x03 \x01(\x03\x12@\n\x06labels\x18\x04 \x03(\x0b\x32\x30.fleetgoodput.v1.EventBatch.JobStart.LabelsEntry\x12)\n\x1c\x63onfigured_ideal_step_time_s\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08location\x18\x06 \x01(\t\x12\x17\n\x0f\x65mitter_version\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x1f\n\x1d_configured_ideal_step_time_s\x1a(\n\x06JobEnd\x12\x13\n\x06\x66\x61iled\x18\x01 \x01(\x08H\x00\x88\x01\x01\x42\t\n\x07_failed\x1a\x19\n\tStepStart\x12\x0c\n\x04step\x18\x01 \x01(\x03\x1a#\n\x0c\x43ustomBadput\x12\x13\n\x0b\x62\x61\x64put_type\x18\x01 \x01(\t\x1a[\n\x12\x45lasticSliceCounts\x12\x15\n\ractive_slices\x18\x01 \x01(\x03\x12\x14\n\x0ctotal_slices\x18\x02 \x01(\x03\x12\x18\n\x10\x61vailable_slices\x18\x03 \x01(\x03\x1a!\n\x0b\x45lasticWait\x12\x12\n\nevent_type\x18\x01 \x01(\t\x1a\x46\n\x0e\x43heckpointSave\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x12\n\nblocking_s\x18\x02 \x01(\x01\x12\x12\n\npersistent\x18\x03 \x01(\x08\x1a\x35\n\x11\x43heckpointRestore\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x12\n\nblocking_s\x18\x02 \x01(\x01\x1a\x8c\x02\n\x0cModelMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x11\n\x04loss\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0bstep_time_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x0ctokens_per_s\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1a\n\rsamples_per_s\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x10\n\x03mfu\x18\x06 \x01(\x01H\x04\x88\x01\x01\x12\x1e\n\x11tflops_per_device\x18\x07 \x01(\x01H\x05\x88\x01\x01\x42\x07\n\x05_lossB\x0e\n\x0c_step_time_sB\x0f\n\r_tokens_per_sB\x10\n\x0e_samples_per_sB\x06\n\x04_mfuB\x14\n\x12_tflops_per_device\x1aG\n\tHostSteps\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0e\n\x06mean_s\x18\x03 \x01(\x01\x12\r\n\x05max_s\x18\x04 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13goodput_event.proto\x12\x0f\x66leetgoodput.v1\"\xd2\x19\n\nEventBatch\x12\x16\n\x0eschema_version\x18\x01 \x01(\x05\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x31\n\x06\x65vents\x18\x04 \x03(\x0b\x32!.fleetgoodput.v1.EventBatch.Event\x12\x14\n\x0cworkload_uid\x18\x05 \x01(\t\x1a\x82\x0c\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\x12\x39\n\tjob_start\x18\n \x01(\x0b\x32$.fleetgoodput.v1.EventBatch.JobStartH\x00\x12\x35\n\x07job_end\x18\x0b \x01(\x0b\x32\".fleetgoodput.v1.EventBatch.JobEndH\x00\x12;\n\nstep_start\x18\x0c \x01(\x0b\x32%.fleetgoodput.v1.EventBatch.StepStartH\x00\x12;\n\x0etpu_init_start\x18\r \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12\x39\n\x0ctpu_init_end\x18\x0e \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12@\n\x13training_prep_start\x18\x0f \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12>\n\x11training_prep_end\x18\x10 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12?\n\x12\x64\x61ta_loading_start\x18\x11 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12=\n\x10\x64\x61ta_loading_end\x18\x12 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12G\n\x13\x63ustom_badput_start\x18\x13 \x01(\x0b\x32(.fleetgoodput.v1.EventBatch.CustomBadputH\x00\x12\x45\n\x11\x63ustom_badput_end\x18\x14 \x01(\x0b\x32(.fleetgoodput.v1.EventBatch.CustomBadputH\x00\x12N\n\x14\x65lastic_slice_counts\x18\x15 \x01(\x0b\x32..fleetgoodput.v1.EventBatch.ElasticSliceCountsH\x00\x12\x45\n\x12\x65lastic_wait_start\x18\x16 \x01(\x0b\x32\'.fleetgoodput.v1.EventBatch.ElasticWaitH\x00\x12\x43\n\x10\x65lastic_wait_end\x18\x17 \x01(\x0b\x32\'.fleetgoodput.v1.EventBatch.ElasticWaitH\x00\x12\x41\n\x14\x65lastic_reinit_start\x18\x18 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12?\n\x12\x65lastic_reinit_end\x18\x19 \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12\x45\n\x0f\x63heckpoint_save\x18\x1a \x01(\x0b\x32*.fleetgoodput.v1.EventBatch.CheckpointSaveH\x00\x12K\n\x12\x63heckpoint_restore\x18\x1b \x01(\x0b\x32-.fleetgoodput.v1.EventBatch.CheckpointRestoreH\x00\x12\x36\n\theartbeat\x18\x1c \x01(\x0b\x32!.fleetgoodput.v1.EventBatch.EmptyH\x00\x12\x41\n\rmodel_metrics\x18\x1d \x01(\x0b\x32(.fleetgoodput.v1.EventBatch.ModelMetricsH\x00\x12;\n\nhost_steps\x18\x1e \x01(\x0b\x32%.fleetgoodput.v1.EventBatch.HostStepsH\x00\x12\x36\n\x07\x63onfigs\x18\x1f \x01(\x0b\x32#.fleetgoodput.v1.EventBatch.ConfigsH\x00\x12\x36\n\x07metrics\x18  \x01(\x0b\x32#.fleetgoodput.v1.EventBatch.MetricsH\x00\x42\x06\n\x04kind\x1a\x07\n\x05\x45mpty\x1a\xeb\x02\n\x08JobStart\x12\x11\n\trun_group\x18\x01 \x01(\t\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x02 \x01(\t\x12\x12\n\nchip_count\x18\x03 \x01(\x03\x12@\n\x06labels\x18\x04 \x03(\x0b\x32\x30.fleetgoodput.v1.EventBatch.JobStart.LabelsEntry\x12)\n\x1c\x63onfigured_ideal_step_time_s\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08location\x18\x06 \x01(\t\x12\x17\n\x0f\x65mitter_version\x18\x07 \x01(\t\x12\x36\n\x08workload\x18\x08 \x01(\x0b\x32$.fleetgoodput.v1.EventBatch.Workload\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x1f\n\x1d_configured_ideal_step_time_s\x1a\xdd\x01\n\x08Workload\x12\x10\n\x08platform\x18\x01 \x01(\t\x12\x0f\n\x07project\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x13\n\x0bjobset_name\x18\x05 \x01(\t\x12\x12\n\njobset_uid\x18\x06 \x01(\t\x12\x10\n\x08job_name\x18\x07 \x01(\t\x12\x0f\n\x07job_uid\x18\x08 \x01(\t\x12\x0b\n\x03pod\x18\t \x01(\t\x12\x11\n\tnode_pool\x18\n \x01(\t\x12\x10\n\x08instance\x18\x0b \x01(\t\x12\x0c\n\x04zone\x18\x0c \x01(\t\x1a(\n\x06JobEnd\x12\x13\n\x06\x66\x61iled\x18\x01 \x01(\x08H\x00\x88\x01\x01\x42\t\n\x07_failed\x1a\x19\n\tStepStart\x12\x0c\n\x04step\x18\x01 \x01(\x03\x1a#\n\x0c\x43ustomBadput\x12\x13\n\x0b\x62\x61\x64put_type\x18\x01 \x01(\t\x1a[\n\x12\x45lasticSliceCounts\x12\x15\n\ractive_slices\x18\x01 \x01(\x03\x12\x14\n\x0ctotal_slices\x18\x02 \x01(\x03\x12\x18\n\x10\x61vailable_slices\x18\x03 \x01(\x03\x1a!\n\x0b\x45lasticWait\x12\x12\n\nevent_type\x18\x01 \x01(\t\x1a\x46\n\x0e\x43heckpointSave\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x12\n\nblocking_s\x18\x02 \x01(\x01\x12\x12\n\npersistent\x18\x03 \x01(\x08\x1a\x35\n\x11\x43heckpointRestore\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x12\n\nblocking_s\x18\x02 \x01(\x01\x1a\x8c\x02\n\x0cModelMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x11\n\x04loss\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0bstep_time_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x0ctokens_per_s\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1a\n\rsamples_per_s\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x10\n\x03mfu\x18\x06 \x01(\x01H\x04\x88\x01\x01\x12\x1e\n\x11tflops_per_device\x18\x07 \x01(\x01H\x05\x88\x01\x01\x42\x07\n\x05_lossB\x0e\n\x0c_step_time_sB\x0f\n\r_tokens_per_sB\x10\n\x0e_samples_per_sB\x06\n\x04_mfuB\x14\n\x12_tflops_per_device\x1aG\n\tHostSteps\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0e\n\x06mean_s\x18\x03 \x01(\x01\x12\r\n\x05max_s\x18\x04 \x01(\x01\x1a\x89\x01\n\x07\x43onfigs\x12\x0e\n\x06source\x18\x01 \x01(\t\x12?\n\x06values\x18\x02 \x03(\x0b\x32/.fleetgoodput.v1.EventBatch.Configs.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x95\x01\n\x07Metrics\x12\x11\n\x04step\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12?\n\x06values\x18\x02 \x03(\x0b\x32/.fleetgoodput.v1.EventBatch.Metrics.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_stepb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EVENTBATCH_JOBSTART_LABELSENTRY']._loaded_options = None
   _globals['_EVENTBATCH_JOBSTART_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_EVENTBATCH_CONFIGS_VALUESENTRY']._loaded_options = None
+  _globals['_EVENTBATCH_CONFIGS_VALUESENTRY']._serialized_options = b'8\001'
+  _globals['_EVENTBATCH_METRICS_VALUESENTRY']._loaded_options = None
+  _globals['_EVENTBATCH_METRICS_VALUESENTRY']._serialized_options = b'8\001'
   _globals['_EVENTBATCH']._serialized_start=41
-  _globals['_EVENTBATCH']._serialized_end=2617
-  _globals['_EVENTBATCH_EVENT']._serialized_start=167
-  _globals['_EVENTBATCH_EVENT']._serialized_end=1593
-  _globals['_EVENTBATCH_EMPTY']._serialized_start=1595
-  _globals['_EVENTBATCH_EMPTY']._serialized_end=1602
-  _globals['_EVENTBATCH_JOBSTART']._serialized_start=1605
-  _globals['_EVENTBATCH_JOBSTART']._serialized_end=1912
-  _globals['_EVENTBATCH_JOBSTART_LABELSENTRY']._serialized_start=1834
-  _globals['_EVENTBATCH_JOBSTART_LABELSENTRY']._serialized_end=1879
-  _globals['_EVENTBATCH_JOBEND']._serialized_start=1914
-  _globals['_EVENTBATCH_JOBEND']._serialized_end=1954
-  _globals['_EVENTBATCH_STEPSTART']._serialized_start=1956
-  _globals['_EVENTBATCH_STEPSTART']._serialized_end=1981
-  _globals['_EVENTBATCH_CUSTOMBADPUT']._serialized_start=1983
-  _globals['_EVENTBATCH_CUSTOMBADPUT']._serialized_end=2018
-  _globals['_EVENTBATCH_ELASTICSLICECOUNTS']._serialized_start=2020
-  _globals['_EVENTBATCH_ELASTICSLICECOUNTS']._serialized_end=2111
-  _globals['_EVENTBATCH_ELASTICWAIT']._serialized_start=2113
-  _globals['_EVENTBATCH_ELASTICWAIT']._serialized_end=2146
-  _globals['_EVENTBATCH_CHECKPOINTSAVE']._serialized_start=2148
-  _globals['_EVENTBATCH_CHECKPOINTSAVE']._serialized_end=2218
-  _globals['_EVENTBATCH_CHECKPOINTRESTORE']._serialized_start=2220
-  _globals['_EVENTBATCH_CHECKPOINTRESTORE']._serialized_end=2273
-  _globals['_EVENTBATCH_MODELMETRICS']._serialized_start=2276
-  _globals['_EVENTBATCH_MODELMETRICS']._serialized_end=2544
-  _globals['_EVENTBATCH_HOSTSTEPS']._serialized_start=2546
-  _globals['_EVENTBATCH_HOSTSTEPS']._serialized_end=2617
+  _globals['_EVENTBATCH']._serialized_end=3323
+  _globals['_EVENTBATCH_EVENT']._serialized_start=189
+  _globals['_EVENTBATCH_EVENT']._serialized_end=1727
+  _globals['_EVENTBATCH_EMPTY']._serialized_start=1729
+  _globals['_EVENTBATCH_EMPTY']._serialized_end=1736
+  _globals['_EVENTBATCH_JOBSTART']._serialized_start=1739
+  _globals['_EVENTBATCH_JOBSTART']._serialized_end=2102
+  _globals['_EVENTBATCH_JOBSTART_LABELSENTRY']._serialized_start=2024
+  _globals['_EVENTBATCH_JOBSTART_LABELSENTRY']._serialized_end=2069
+  _globals['_EVENTBATCH_WORKLOAD']._serialized_start=2105
+  _globals['_EVENTBATCH_WORKLOAD']._serialized_end=2326
+  _globals['_EVENTBATCH_JOBEND']._serialized_start=2328
+  _globals['_EVENTBATCH_JOBEND']._serialized_end=2368
+  _globals['_EVENTBATCH_STEPSTART']._serialized_start=2370
+  _globals['_EVENTBATCH_STEPSTART']._serialized_end=2395
+  _globals['_EVENTBATCH_CUSTOMBADPUT']._serialized_start=2397
+  _globals['_EVENTBATCH_CUSTOMBADPUT']._serialized_end=2432
+  _globals['_EVENTBATCH_ELASTICSLICECOUNTS']._serialized_start=2434
+  _globals['_EVENTBATCH_ELASTICSLICECOUNTS']._serialized_end=2525
+  _globals['_EVENTBATCH_ELASTICWAIT']._serialized_start=2527
+  _globals['_EVENTBATCH_ELASTICWAIT']._serialized_end=2560
+  _globals['_EVENTBATCH_CHECKPOINTSAVE']._serialized_start=2562
+  _globals['_EVENTBATCH_CHECKPOINTSAVE']._serialized_end=2632
+  _globals['_EVENTBATCH_CHECKPOINTRESTORE']._serialized_start=2634
+  _globals['_EVENTBATCH_CHECKPOINTRESTORE']._serialized_end=2687
+  _globals['_EVENTBATCH_MODELMETRICS']._serialized_start=2690
+  _globals['_EVENTBATCH_MODELMETRICS']._serialized_end=2958
+  _globals['_EVENTBATCH_HOSTSTEPS']._serialized_start=2960
+  _globals['_EVENTBATCH_HOSTSTEPS']._serialized_end=3031
+  _globals['_EVENTBATCH_CONFIGS']._serialized_start=3034
+  _globals['_EVENTBATCH_CONFIGS']._serialized_end=3171
+  _globals['_EVENTBATCH_CONFIGS_VALUESENTRY']._serialized_start=3126
+  _globals['_EVENTBATCH_CONFIGS_VALUESENTRY']._serialized_end=3171
+  _globals['_EVENTBATCH_METRICS']._serialized_start=3174
+  _globals['_EVENTBATCH_METRICS']._serialized_end=3323
+  _globals['_EVENTBATCH_METRICS_VALUESENTRY']._serialized_start=3269
+  _globals['_EVENTBATCH_METRICS_VALUESENTRY']._serialized_end=3314
 # @@protoc_insertion_point(module_scope)

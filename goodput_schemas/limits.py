@@ -56,6 +56,20 @@ MAX_SLICE_COUNT = 2**16
 #: seconds, not minutes. An event dated later is dead-lettered, so that one host with a wrong
 #: clock (or a corrupt time) cannot move the latest event time that a replay reports the fleet as of.
 MAX_CLOCK_AHEAD_S = 600
+#: Longest workload uid (``EventBatch.workload_uid``; a Kubernetes uid is 36 characters).
+MAX_UID_LENGTH = 128
+#: The sources of a ``configs`` event: what the job recorded, and what the emitter collected.
+CONFIG_SOURCES = ("user", "software", "system")
+#: Most entries in one ``configs`` event (keys once flattened), and the longest value, in
+#: characters. A key is a name of at most MAX_TEXT_LENGTH characters.
+MAX_CONFIG_ENTRIES = 1_000
+MAX_CONFIG_VALUE_LENGTH = 1_024
+#: Most named values in one ``metrics`` event, and the longest metric name.
+MAX_METRICS_PER_EVENT = 64
+MAX_METRIC_NAME_LENGTH = 128
+#: Most distinct metric names one attempt records: the emitter drops (and counts) values of a
+#: name past it, so a name made from a step number or a timestamp cannot flood the table.
+MAX_METRIC_NAMES = 256
 
 
 def shown(text: str, limit: int = 80) -> str:
@@ -103,6 +117,49 @@ def host_steps_problem(host: str, count: int, mean_s: float, max_s: float) -> st
         return f"host_steps.count must be >= 1, got {count}"
     if mean_s > max_s:
         return f"host_steps.mean_s ({mean_s}) must be at most max_s ({max_s})"
+    return None
+
+
+def workload_uid_problem(uid: str) -> str | None:
+    """Why a workload uid is unacceptable, or None (an empty one is no workload)."""
+    if len(uid) > MAX_UID_LENGTH or not uid.isprintable():
+        return f"workload_uid must be at most {MAX_UID_LENGTH} printable characters, got {shown(uid)}"
+    return None
+
+
+def configs_problem(source: str, values: dict[str, str]) -> str | None:
+    """Why a ``configs`` event's source and flattened values are unacceptable, or None."""
+    if source not in CONFIG_SOURCES:
+        return f"configs.source must be one of {', '.join(CONFIG_SOURCES)}, got {shown(source)}"
+    if len(values) > MAX_CONFIG_ENTRIES:
+        return f"configs has {len(values)} entries, more than MAX_CONFIG_ENTRIES ({MAX_CONFIG_ENTRIES})"
+    for key, value in values.items():
+        if not key:
+            return "a configs key is empty"
+        if len(value) > MAX_CONFIG_VALUE_LENGTH:
+            return (f"configs value of {shown(key)} is {len(value)} characters, more than "
+                    f"MAX_CONFIG_VALUE_LENGTH ({MAX_CONFIG_VALUE_LENGTH})")
+        problem = text_problem("a configs key", key)
+        if problem:
+            return problem
+        try:  # free text up to its own limit, not MAX_TEXT_LENGTH
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"configs value of {shown(key)} is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def metrics_problem(values: dict[str, float]) -> str | None:
+    """Why a ``metrics`` event's named values are unacceptable, or None. A value may be any
+    double, non-finite ones too (a loss that diverged is worth recording)."""
+    if not values:
+        return "metrics.values must name at least one metric"
+    if len(values) > MAX_METRICS_PER_EVENT:
+        return f"metrics has {len(values)} values, more than MAX_METRICS_PER_EVENT ({MAX_METRICS_PER_EVENT})"
+    for name in values:
+        if not name or len(name) > MAX_METRIC_NAME_LENGTH or not name.isprintable():
+            return (f"a metric name must be 1..MAX_METRIC_NAME_LENGTH ({MAX_METRIC_NAME_LENGTH}) printable "
+                    f"characters, got {shown(name)}")
     return None
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from goodput_schemas.limits import MAX_MESSAGE_BYTES
+from goodput_schemas.limits import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
 
 #: Version of the event contract this emitter writes (``EventBatch.schema_version``).
 SCHEMA_VERSION = 1
@@ -61,6 +61,19 @@ class Message:
 _STRICT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def workload_run_id(run_id: str, workload_uid: str) -> str:
+    """The run a message of ``run_id`` recorded by workload ``workload_uid`` belongs to: the run
+    id itself when no workload is known, else the run id and the uid's first 8 characters,
+    ``"{run_id}~{uid[:8]}"``, shortening the run id so that the whole stays within
+    MAX_ID_LENGTH. Each workload that reuses a name is a run of its own (a name reused by a new
+    JobSet is a new run, never a restart of the old one), and the same messages always give the
+    same id, whatever order they arrive in."""
+    if not workload_uid:
+        return run_id
+    suffix = "~" + workload_uid[:8]
+    return run_id[:MAX_ID_LENGTH - len(suffix)] + suffix
+
+
 def json_double(value: float) -> float | str:
     """A double in proto3 JSON: non-finite values are the strings "NaN", "Infinity", "-Infinity"."""
     if math.isfinite(value):
@@ -101,8 +114,9 @@ def _double(value: float) -> float | str:
     return value if value - value == 0.0 else json_double(value)  # inf - inf and nan - nan are nan
 
 
-def encode_batch(run_id: str, attempt_id: str, records: list[Record]) -> Message:
-    """The message carrying ``records`` (non-empty, in seq order) of one attempt.
+def encode_batch(run_id: str, attempt_id: str, records: list[Record], workload_uid: str = "") -> Message:
+    """The message carrying ``records`` (non-empty, in seq order) of one attempt; its header
+    names ``workload_uid`` (``EventBatch.workload_uid``) only when it is not empty.
 
     Raises:
         ValueError: A dict body holds a non-finite float (write it with ``json_double``).
@@ -117,7 +131,10 @@ def encode_batch(run_id: str, attempt_id: str, records: list[Record]) -> Message
     encoded = orjson.dumps(events)
     if b"null" in encoded:
         encoded = _STRICT.encode(events).encode()
-    header = orjson.dumps({"schema_version": SCHEMA_VERSION, "run_id": run_id, "attempt_id": attempt_id})
+    header_fields = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "attempt_id": attempt_id}
+    if workload_uid:
+        header_fields["workload_uid"] = workload_uid
+    header = orjson.dumps(header_fields)
     return Message(
         run_id=run_id,
         attempt_id=attempt_id,
@@ -129,13 +146,13 @@ def encode_batch(run_id: str, attempt_id: str, records: list[Record]) -> Message
 
 
 def encode_batches(run_id: str, attempt_id: str, records: list[Record],
-                   max_bytes: int = MAX_MESSAGE_BYTES) -> list[Message]:
+                   max_bytes: int = MAX_MESSAGE_BYTES, workload_uid: str = "") -> list[Message]:
     """The messages carrying ``records``: one, or as many as keep each within ``max_bytes`` (the
     pipeline dead-letters a larger one). An event is far smaller than the limit: the contract's
     limits on text and labels bound it to a few hundred kilobytes."""
-    message = encode_batch(run_id, attempt_id, records)
+    message = encode_batch(run_id, attempt_id, records, workload_uid)
     if len(message.data) <= max_bytes or len(records) == 1:
         return [message]
     half = len(records) // 2
-    return (encode_batches(run_id, attempt_id, records[:half], max_bytes)
-            + encode_batches(run_id, attempt_id, records[half:], max_bytes))
+    return (encode_batches(run_id, attempt_id, records[:half], max_bytes, workload_uid)
+            + encode_batches(run_id, attempt_id, records[half:], max_bytes, workload_uid))

@@ -61,30 +61,43 @@ resource "google_bigquery_table" "views" {
   depends_on = [google_bigquery_table.tables]
 }
 
-# The example accelerator prices of goodput_schemas/accelerator_prices.csv, loaded on every change of the
-# file (replace them with your own: the lost-chip-hours query reads this table).
-resource "google_storage_bucket_object" "accelerator_prices" {
+# The tables shipped filled, each from its CSV file in goodput_schemas/ and loaded again on every
+# change of the file: the example accelerator prices (replace them with your own: the
+# lost-chip-hours query reads them) and the accelerators' peak bf16 TFLOP/s from their spec
+# sheets (the productivity queries divide a run's TFLOPS by them). Each value is its load jobs'
+# id prefix.
+locals {
+  seeded_tables = { accelerator_prices = "prices", accelerator_peaks = "peaks" }
+}
+
+resource "google_storage_bucket_object" "seed" {
+  for_each = local.seeded_tables
+
   bucket       = google_storage_bucket.dataflow.name
-  name         = "seed/accelerator_prices.csv"
-  source       = "${local.schemas}/accelerator_prices.csv"
+  name         = "seed/${each.key}.csv"
+  source       = "${local.schemas}/${each.key}.csv"
   content_type = "text/csv"
 }
 
 # A load job is never changed, only replaced, and BigQuery refuses a job id used before (even by
 # a job since deleted from the state): each load takes a fresh id, made anew with what it loads.
-resource "terraform_data" "accelerator_prices_load" {
-  triggers_replace = [filemd5("${local.schemas}/accelerator_prices.csv"), var.dataset_location, local.labels]
+resource "terraform_data" "seed_load" {
+  for_each = local.seeded_tables
+
+  triggers_replace = [filemd5("${local.schemas}/${each.key}.csv"), var.dataset_location, local.labels]
 }
 
-resource "google_bigquery_job" "accelerator_prices" {
+resource "google_bigquery_job" "seed" {
+  for_each = local.seeded_tables
+
   project = var.project_id
 
-  job_id   = "${replace(var.name, "-", "_")}_prices_${terraform_data.accelerator_prices_load.id}"
+  job_id   = "${replace(var.name, "-", "_")}_${each.value}_${terraform_data.seed_load[each.key].id}"
   location = var.dataset_location
   labels   = local.labels
 
   load {
-    source_uris       = ["gs://${google_storage_bucket.dataflow.name}/${google_storage_bucket_object.accelerator_prices.name}"]
+    source_uris       = ["gs://${google_storage_bucket.dataflow.name}/${google_storage_bucket_object.seed[each.key].name}"]
     source_format     = "CSV"
     skip_leading_rows = 1
     write_disposition = "WRITE_TRUNCATE"
@@ -92,7 +105,23 @@ resource "google_bigquery_job" "accelerator_prices" {
     destination_table {
       project_id = var.project_id
       dataset_id = google_bigquery_dataset.goodput.dataset_id
-      table_id   = google_bigquery_table.tables["accelerator_prices"].table_id
+      table_id   = google_bigquery_table.tables[each.key].table_id
     }
   }
+}
+
+# Where the price list's load lived before the peaks were shipped too.
+moved {
+  from = google_storage_bucket_object.accelerator_prices
+  to   = google_storage_bucket_object.seed["accelerator_prices"]
+}
+
+moved {
+  from = terraform_data.accelerator_prices_load
+  to   = terraform_data.seed_load["accelerator_prices"]
+}
+
+moved {
+  from = google_bigquery_job.accelerator_prices
+  to   = google_bigquery_job.seed["accelerator_prices"]
 }

@@ -69,9 +69,10 @@ resource "google_pubsub_subscription_iam_member" "pipeline" {
 # bigquery.tables.get on the table and bigquery.datasets.get on the dataset. No predefined role
 # appends without more: roles/bigquery.dataEditor, even on one table, may also delete the table
 # and change its schema. Hence a custom role on each table the pipeline writes (not
-# accelerator_prices, which the load job below fills as the deployer), and the dataset's metadata.
+# accelerator_prices and accelerator_peaks, which load jobs fill as the deployer, nor capacity,
+# which goodput import capacity fills as its user), and the dataset's metadata.
 locals {
-  pipeline_tables = setsubtract(keys(local.table_options), ["accelerator_prices"])
+  pipeline_tables = setsubtract(keys(local.table_options), concat(keys(local.seeded_tables), ["capacity"]))
 }
 
 resource "google_project_iam_custom_role" "table_appender" {

@@ -1,8 +1,8 @@
 # The dashboard and alerts on the metrics the pipeline writes: the reference's workload metrics on
 # the compute.googleapis.com/Workload resource, so that they also work on the reference's own data
-# (goodput % is goodput_time over total_elapsed_time), and the pipeline's own anomaly counts on
-# generic_task (job = the run id). And the pipeline watching itself: Pub/Sub backlog and dead
-# letters, Dataflow failure and lag.
+# (goodput % is goodput_time over total_elapsed_time), and the pipeline's own anomaly counts and ML
+# Productivity Goodput (written by goodput productivity) on generic_task (job = the run id). And the
+# pipeline watching itself: Pub/Sub backlog and dead letters, Dataflow failure and lag.
 
 locals {
   workload = "resource.type = \"compute.googleapis.com/Workload\""

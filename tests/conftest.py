@@ -25,12 +25,14 @@ def events_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_settings(spool_dir: Path) -> Callable[..., EmitterSettings]:
-    """EmitterSettings with an isolated spool, no heartbeats and short waits, overridable."""
+    """EmitterSettings with an isolated spool, short waits, and none of the events the emitter adds
+    on its own (heartbeats, collected configs, the workload found where the tests run), overridable."""
 
     def make(**overrides: Any) -> EmitterSettings:
         values: dict[str, Any] = dict(spool_dir=spool_dir, heartbeat_interval_s=None,
                                       max_latency_s=0.05, retry_initial_backoff_s=0.01,
-                                      retry_max_backoff_s=0.05, close_timeout_s=5.0)
+                                      retry_max_backoff_s=0.05, close_timeout_s=5.0,
+                                      collect_configs=False, discover_workload=False)
         values.update(overrides)
         return EmitterSettings(**values)
 

@@ -9,7 +9,8 @@ Training code keeps the reference's import and calls::
     goodput_pct, badput, last_step = calculator.get_job_goodput(include_badput_breakdown=True)
 
 ``GoodputCalculator`` reads the latest snapshot the pipeline wrote for the run (``job_name`` is
-the run id) from a DuckDB file or a BigQuery dataset, chosen by a constructor argument or, so an
+the run id the job gave; where new workloads reused it, each a run of its own, the latest of them
+to start) from a DuckDB file or a BigQuery dataset, chosen by a constructor argument or, so an
 unchanged constructor call works, by ``$GOODPUT_DUCKDB`` or ``$GOODPUT_BIGQUERY_DATASET``. It
 never reads Cloud Logging and never recomputes: a few small parameterized queries per call, each
 bounded to one run. ``duckdb`` and
@@ -91,12 +92,18 @@ _BY_NAME = {member.name: member for member in BadputType}
 # Written once for both BigQuery and DuckDB. Values are always query parameters (@name); the only
 # text put into the SQL is a table reference, checked against a strict pattern first.
 
+# The run ``{run}`` that the run id a job gave (@run_id, the reference's job_name) names: the latest
+# to start of the runs given that name (a name reused by another workload, e.g. a new JobSet, is a
+# run of its own, its name in ``run_metadata.run_name``), else the run of that id.
+_RUN_OF_NAME = """COALESCE((
+  SELECT run_id FROM {run_metadata} WHERE run_name = @run_id ORDER BY start_time DESC, run_id DESC LIMIT 1
+), @run_id)"""
 _LATEST_CUMULATIVE = """
 SELECT snapshot_time, window_start, window_end, goodput_pct, productive_time_s, total_time_s,
        disruptions, max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
        available_slice_efficiency
 FROM {latest_goodput}
-WHERE run_id = @run_id AND window_s = 0
+WHERE run_id = {run} AND window_s = 0
 ORDER BY snapshot_time DESC
 LIMIT 1
 """
@@ -105,19 +112,19 @@ SELECT snapshot_time, window_start, window_end, goodput_pct, productive_time_s, 
        disruptions, max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
        available_slice_efficiency
 FROM {goodput_snapshots}
-WHERE run_id = @run_id AND window_s = 0 AND snapshot_time <= @bound
+WHERE run_id = {run} AND window_s = 0 AND snapshot_time <= @bound
 ORDER BY snapshot_time DESC
 LIMIT 1
 """
 _BADPUT_OF_SNAPSHOT = """
 SELECT badput_source, seconds
 FROM {badput_snapshots}
-WHERE run_id = @run_id AND window_s = 0 AND snapshot_time = @snapshot_time
+WHERE run_id = {run} AND window_s = 0 AND snapshot_time = @snapshot_time
 """
 _LATEST_IDEAL_STEP_TIME = """
 SELECT ideal_step_time_s
 FROM {latest_goodput}
-WHERE run_id = @run_id AND window_s = 0
+WHERE run_id = {run} AND window_s = 0
 ORDER BY snapshot_time DESC
 LIMIT 1
 """
@@ -125,9 +132,10 @@ LIMIT 1
 _STEP_STARTS = """
 SELECT DISTINCT attempt_id, seq, step, event_time
 FROM {events}
-WHERE run_id = @run_id AND kind = @kind
+WHERE run_id = {run} AND kind = @kind
 """
-_TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots", "events")
+_NAMES_RUNS = "SELECT 1 FROM duckdb_columns() WHERE table_name = 'run_metadata' AND column_name = 'run_name'"
+_TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots", "events", "run_metadata")
 _PARAMETER = re.compile(r"@([a-z_]+)")
 
 
@@ -138,6 +146,9 @@ class _Source(Protocol):
     def table(self, name: str) -> str:
         """The SQL reference to output table or view ``name``."""
 
+    def names_runs(self) -> bool:
+        """Whether ``run_metadata`` says which name each run was given (``run_name``)."""
+
 
 class _DuckDBSource:
     """A DuckDB file the pipeline writes (``--duckdb``), opened read-only for each query."""
@@ -145,9 +156,16 @@ class _DuckDBSource:
     def __init__(self, path: str | os.PathLike[str], attempts: int = 50) -> None:
         self.path = os.fspath(path)
         self.attempts = attempts
+        self._names_runs = False
 
     def table(self, name: str) -> str:
         return f'"{name}"'
+
+    def names_runs(self) -> bool:
+        # A file an older pipeline wrote, and none has written since, lacks the column.
+        if not self._names_runs:
+            self._names_runs = bool(self.rows(_NAMES_RUNS, {}))
+        return self._names_runs
 
     def rows(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
         try:
@@ -190,6 +208,9 @@ class _BigQuerySource:
 
     def table(self, name: str) -> str:
         return f"`{self.project}.{self.dataset}.{name}`"
+
+    def names_runs(self) -> bool:
+        return True  # the tables have the schemas of goodput_schemas/tables/ (Terraform keeps them so)
 
     def rows(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
         try:
@@ -279,7 +300,8 @@ class GoodputCalculator:
     """The reference's ``GoodputCalculator``, reading the pipeline's snapshots of one run.
 
     Args:
-        job_name: The run (the recorder's ``job_name``).
+        job_name: The run (the recorder's ``job_name``); of the runs of new workloads that reused
+            it, the latest to start.
         logger_name: Accepted for the reference's signature; not used (nothing reads a log), so
             unlike the reference's it may be left out.
         cloud_logger: Accepted for the reference's signature; not used.
@@ -596,7 +618,9 @@ class GoodputCalculator:
             available_slice_efficiency=_optional(row.get("available_slice_efficiency")), span_s=span)
 
     def _query(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return self._source.rows(sql.format(**self._tables), parameters)
+        """Rows of one of the queries above, for the run that the name in ``@run_id`` names."""
+        run = _RUN_OF_NAME.format(**self._tables) if self._source.names_runs() else "@run_id"
+        return self._source.rows(sql.format(**self._tables, run=run), parameters)
 
     def _breakdown(self, badput_s: Mapping[str, float], total_s: float, percent: bool) -> BadputBreakdown:
         scale = 100.0 / total_s if percent else 1.0

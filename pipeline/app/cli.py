@@ -6,6 +6,9 @@ file, imports of the reference's history, and the local emulators.
     goodput replay --from_duckdb=goodput.duckdb --duckdb=new.duckdb  a backfill from the raw events
     goodput report --duckdb goodput.duckdb --output report.html    a self-contained HTML report
     goodput import exported.json --output events.jsonl             the reference's Cloud Logging history
+    goodput import gke-metrics --project P --duckdb goodput.duckdb  GKE's JobSet metrics, the last 2 hours
+    goodput import capacity --csv capacity.csv --duckdb goodput.duckdb  the accelerator capacity paid for
+    goodput productivity --project P --duckdb goodput.duckdb   ML Productivity Goodput to Cloud Monitoring
     goodput query --list                              the saved fleet queries
     goodput query NAME --duckdb goodput.duckdb        run one, print a table
     goodput query NAME --sql --dataset PROJECT.DATASET  print its BigQuery SQL, ready to run there
@@ -245,9 +248,15 @@ def parser() -> argparse.ArgumentParser:
     from pipeline.app import importer
 
     imported = commands.add_parser(
-        "import", help="import ml-goodput-measurement history from a Cloud Logging export")
+        "import", help="import ml-goodput-measurement history from a Cloud Logging export, GKE's "
+                       "JobSet metrics from Cloud Monitoring (goodput import gke-metrics --help), or "
+                       "the accelerator capacity paid for (goodput import capacity --help)")
     importer.build_parser(imported)
     imported.set_defaults(handler=importer.run)
+    commands.add_parser(
+        "productivity", add_help=False, help="write ML Productivity Goodput of each run and of the fleet to "
+                                             "Cloud Monitoring, from the tables (goodput productivity "
+                                             "--help for its options)")
     query = commands.add_parser(
         "query", help="run a saved fleet query (goodput_schemas/sql/) on a DuckDB file, or print it "
                       "for BigQuery",
@@ -282,6 +291,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         from pipeline.demo.demo import main as demo
 
         return demo(argv[1:])
+    if argv[:2] == ["import", "gke-metrics"]:  # an import of its own kind, with its own options
+        from pipeline.app.gke import main as import_gke_metrics
+
+        return import_gke_metrics(argv[2:], out)
+    if argv[:2] == ["import", "capacity"]:
+        from pipeline.app.capacity import main as import_capacity
+
+        return import_capacity(argv[2:], out)
+    if argv[:1] == ["productivity"]:
+        from pipeline.app.productivity import main as productivity
+
+        return productivity(argv[1:], out)
     args = parser().parse_args(argv)
     code: int = args.handler(args, out or sys.stdout)
     return code

@@ -447,7 +447,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "A new attempt starts at each job_start_time entry. Importing the same export twice gives\n"
         "the same event ids, so the pipeline counts nothing twice. Each entry that cannot be\n"
         "imported is counted and listed with its reason. Exit status: 0 if any event was\n"
-        "imported, 1 if none was, 2 for a usage error.")
+        "imported, 1 if none was, 2 for a usage error.\n\n"
+        "GKE's JobSet metrics are imported from Cloud Monitoring with goodput import gke-metrics\n"
+        "(see goodput import gke-metrics --help).")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="exported entries: 'gcloud logging read --format=json' output, or JSON "

@@ -2,9 +2,13 @@
 
 One file to open in a browser or attach to a post-mortem: the fleet at a glance, then goodput over
 time per run (cumulative and rolling windows), the badput breakdown per run and for the fleet,
-disruptions on a timeline, step-time deviation, the anomalies the pipeline found (slowdowns, hangs
-and stragglers, ``pipeline.core.detect``) on a timeline, the alerts the Terraform policies would have
-fired (``pipeline.app.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``).
+each run's ML Productivity Goodput and its factors, the fleet's goodput over the capacity paid for
+(where ``goodput import capacity`` filled the ``capacity`` table), disruptions on a timeline,
+step-time deviation, the anomalies the pipeline found (slowdowns, hangs and stragglers,
+``pipeline.core.detect``) on a timeline, the runs of each run group side by side (the user configs
+that differ between them, their metrics' last values, and each metric over steps), the alerts the
+Terraform policies would have fired (``pipeline.app.alerts``), and the result of every saved fleet
+query (``goodput_schemas/sql/``).
 The plots are drawn with matplotlib and embedded as inline SVG; the file loads nothing from the
 network::
 
@@ -12,12 +16,16 @@ network::
     write_report(Path("goodput.duckdb"), Path("report.html"))
 
 Every section is an element with a stable id (``summary``, ``goodput``, ``badput``,
-``disruptions``, ``step-deviation``, ``anomalies``, ``alerts``, ``fleet-queries``, and
-``query-NAME`` for each saved query), as are the summary's figures (``run-count``,
+``productivity`` with its tables ``productivity-runs`` and ``capacity-goodput``, ``disruptions``,
+``step-deviation``, ``anomalies``, ``run-groups``, ``alerts``, ``fleet-queries``,
+``group-NAME`` for each run group compared and ``query-NAME`` for each saved query), as are the
+summary's figures (``run-count``,
 ``fleet-goodput``, ``chip-hours``, ``disruption-count``, ``anomaly-count``, ``alert-count``).
 Legends, panels, bars, timeline rows and tables are capped for large fleets and long histories are
 thinned, so the page stays readable and light. A file written before anomalies were detected (no
-``run_anomalies`` table) still gives the whole report. The DuckDB file is opened read-only;
+``run_anomalies`` table), or before configs and metrics were recorded (no ``run_configs`` and
+``model_metrics`` tables), or before MPG and capacity (no ``accelerator_peaks``, ``jobset_metrics``
+or ``capacity`` table), still gives the whole report. The DuckDB file is opened read-only;
 matplotlib is imported only when a report is written.
 """
 
@@ -37,9 +45,11 @@ from pipeline.app.alerts import ANOMALY_POLICIES, POLICIES, Alert, AlertThreshol
 from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER
 
 #: The sections of the report: (element id, heading).
-SECTIONS = (("goodput", "Goodput over time"), ("badput", "Badput breakdown"), ("disruptions", "Disruptions"),
+SECTIONS = (("goodput", "Goodput over time"), ("badput", "Badput breakdown"),
+            ("productivity", "ML Productivity Goodput and capacity"), ("disruptions", "Disruptions"),
             ("step-deviation", "Step-time deviation"), ("anomalies", "Anomalies"),
-            ("alerts", "Alerts that would have fired"), ("fleet-queries", "Fleet queries"))
+            ("run-groups", "Run groups compared"), ("alerts", "Alerts that would have fired"),
+            ("fleet-queries", "Fleet queries"))
 #: Runs named in a plot's legend; the others are drawn in grey as one entry.
 MAX_LEGEND_RUNS = 10
 #: Runs given their own panel, bar or timeline row (those with the most chip-hours).
@@ -49,6 +59,11 @@ MAX_TIMELINE_ROWS = 40
 MAX_TABLE_ROWS = 200
 #: Points drawn of one series; a longer history is thinned evenly.
 MAX_POINTS = 600
+#: Run groups compared (those whose latest run started last), the runs of each (its latest), and
+#: the metrics drawn for each, one panel each.
+MAX_GROUPS = 10
+MAX_GROUP_RUNS = 8
+MAX_METRIC_PANELS = 6
 INFORMATIONAL = "DATA_LOADING_ASYNC"  # overlaps steps: not lost time
 
 _GOODPUT_COLUMNS = ("run_id", "snapshot_time", "window_s", "window_start", "window_end", "goodput_pct",
@@ -76,6 +91,7 @@ class _Fleet:
     anomalies: list[dict[str, Any]] | None  # each anomaly's latest row; None: the file has no such table
     queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]]
     alerts: list[Alert]
+    groups: list[_Group] | None = None  # the run groups of several runs; None: no configs or metrics tables
 
     def latest(self) -> dict[str, dict[str, Any]]:
         """Each run's latest cumulative row."""
@@ -91,6 +107,23 @@ class _Fleet:
         latest = self.latest()
         return sorted(latest, key=lambda run: (-(latest[run]["total_chip_s"] or 0),
                                                -(latest[run]["total_time_s"] or 0), run))
+
+
+@dataclasses.dataclass
+class _Group:
+    """A run group of several runs, as the comparison shows it."""
+
+    name: str
+    runs: list[str]  # in start order: its latest MAX_GROUP_RUNS runs
+    more_runs: int  # its other runs, not shown
+    configs: dict[str, dict[str, str]]  # key -> run -> value: each user config's latest value
+    last: dict[str, dict[str, tuple[float, int | None]]]  # metric -> run -> (last value, its step)
+    series: dict[str, dict[str, list[tuple[int, float]]]]  # metric -> run -> (step, value), thinned
+
+    def differing(self) -> list[str]:
+        """The config keys whose values differ between the runs (a run without the key differs too)."""
+        return [key for key, values in sorted(self.configs.items())
+                if len({values.get(run) for run in self.runs}) > 1]
 
 
 def write_report(duckdb_path: Path, output: Path, thresholds: AlertThresholds | None = None) -> None:
@@ -154,7 +187,72 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
         except duckdb.Error as error:  # an older file may lack a table the query reads
             queries.append((name, about, [], [], str(error).splitlines()[0]))
     return _Fleet(goodput=goodput, badput=badput, disruptions=disruptions, anomalies=anomalies,
-                  queries=queries, alerts=evaluate_connection(connection, thresholds))
+                  queries=queries, alerts=evaluate_connection(connection, thresholds),
+                  groups=_read_groups(connection, tables))
+
+
+# A run's user configs: the value it recorded last for each key.
+_CONFIGS_SQL = """
+SELECT run_id, key, value FROM run_configs WHERE source = 'user' AND list_contains($runs, run_id)
+QUALIFY row_number() OVER (PARTITION BY run_id, key ORDER BY recorded_at DESC, value DESC) = 1
+"""
+# Each metric's last value of a run: at its highest step, else its latest time.
+_LAST_METRICS_SQL = """
+SELECT run_id, name, value, step FROM model_metrics WHERE list_contains($runs, run_id)
+QUALIFY row_number() OVER (PARTITION BY run_id, name ORDER BY step DESC NULLS LAST, metric_time DESC,
+                                                              value) = 1
+"""
+# Each metric of a run over steps: a step's latest value (a restart may run it again), at most about
+# MAX_POINTS of them, evenly spaced, with the last.
+_SERIES_SQL = """
+WITH points AS (
+  SELECT run_id, name, step, value FROM model_metrics WHERE step IS NOT NULL AND list_contains($runs, run_id)
+  QUALIFY row_number() OVER (PARTITION BY run_id, name, step ORDER BY metric_time DESC, value) = 1
+), numbered AS (
+  SELECT *, row_number() OVER (PARTITION BY run_id, name ORDER BY step) AS n,
+    count(*) OVER (PARTITION BY run_id, name) AS total
+  FROM points
+)
+SELECT run_id, name, step, value FROM numbered
+WHERE (n - 1) % ((total + $points - 1) // $points) = 0 OR n = total
+ORDER BY run_id, name, step
+"""
+
+
+def _read_groups(connection: Any, tables: set[str]) -> list[_Group] | None:
+    """The run groups of several runs with what the comparison shows of them; None for a file
+    written before configs and metrics were recorded."""
+    if not {"run_configs", "model_metrics"} <= tables:
+        return None
+    starts: dict[str, list[tuple[datetime.datetime, str]]] = {}
+    for group, run, started in connection.execute(
+            "SELECT run_group, run_id, min(start_time) AS started FROM run_metadata "
+            "WHERE run_group IS NOT NULL GROUP BY ALL ORDER BY run_group, started, run_id").fetchall():
+        starts.setdefault(group, []).append((started, run))
+    several = sorted((group for group, runs in starts.items() if len(runs) > 1),
+                     key=lambda group: (-starts[group][-1][0].timestamp(), group))[:MAX_GROUPS]
+    groups = [_Group(group, [run for _, run in starts[group][-MAX_GROUP_RUNS:]],
+                     max(0, len(starts[group]) - MAX_GROUP_RUNS), {}, {}, {}) for group in several]
+    runs = sorted({run for group in groups for run in group.runs})
+    configs: dict[str, dict[str, str]] = {}
+    for run, key, value in connection.execute(_CONFIGS_SQL, {"runs": runs}).fetchall():
+        configs.setdefault(run, {})[key] = value
+    last: dict[str, dict[str, tuple[float, int | None]]] = {}
+    for run, name, value, step in connection.execute(_LAST_METRICS_SQL, {"runs": runs}).fetchall():
+        last.setdefault(run, {})[name] = (value, step)
+    series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for run, name, step, value in connection.execute(_SERIES_SQL, {"runs": runs, "points": MAX_POINTS}
+                                                     ).fetchall():
+        series.setdefault(run, {}).setdefault(name, []).append((step, value))
+    for group in groups:
+        for run in group.runs:
+            for key, value in configs.get(run, {}).items():
+                group.configs.setdefault(key, {})[run] = value
+            for name, value_step in last.get(run, {}).items():
+                group.last.setdefault(name, {})[run] = value_step
+            for name, points in series.get(run, {}).items():
+                group.series.setdefault(name, {})[run] = points
+    return groups
 
 
 # -- Formatting ---------------------------------------------------------------------------------
@@ -456,6 +554,86 @@ def _badput_section(plots: _Plots, fleet: _Fleet) -> str:
     return "".join(parts)
 
 
+def _saved(fleet: _Fleet, name: str) -> list[dict[str, Any]] | None:
+    """The rows of saved query ``name`` as the report ran it; None where it could not run on the
+    file (an older file lacks a table it reads)."""
+    for query, _, columns, rows, error in fleet.queries:
+        if query == name:
+            return None if error else [dict(zip(columns, row, strict=True)) for row in rows]
+    return None
+
+
+def _share(value: float | None) -> str:
+    """A fraction as a percentage, an em dash where it is unknown."""
+    return "—" if value is None else f"{100 * value:.2f} %"
+
+
+def _productivity_section(plots: _Plots, fleet: _Fleet) -> str:
+    runs = _saved(fleet, "run_productivity")
+    if runs is None:
+        return _note("No productivity data in this file: it was written before model metrics, GKE's "
+                     "JobSet metrics and accelerator peaks were kept (run_productivity cannot run on it).")
+    parts = ['<p class="note">ML Productivity Goodput (MPG) = scheduling goodput (GKE: all the JobSet\'s '
+             "pods ready) × runtime goodput (the run's own cumulative goodput) × program goodput (its mean "
+             "MFU, else its mean TFLOPS over its chips' peak): the product of the factors known, — where "
+             "one is unknown. The runs with the most chip-hours first.</p>"]
+    if runs:
+        rank = {run: index for index, run in enumerate(fleet.ranked_runs())}
+        runs = sorted(runs, key=lambda row: (rank.get(row["run_id"], len(rank)), row["run_id"]))
+        rows = [(row["run_id"], _fmt(row["accelerator_type"]), _fmt(row["chip_count"] or None),
+                 *(_share(row[f"{factor}_goodput"]) for factor in ("scheduling", "runtime", "program")),
+                 _fmt(row["program_from"]), _share(row["ml_productivity_goodput"])) for row in runs]
+        parts.append('<div id="productivity-runs">' + _table(
+            ("run", "accelerator", "chips", "scheduling", "runtime", "program", "program from", "MPG"), rows,
+            numeric=[False, False, True, True, True, True, False, True]) + "</div>")
+    else:
+        parts.append(_note("No runs in this file yet."))
+    return "".join(parts) + _capacity_part(plots, _saved(fleet, "capacity_goodput"))
+
+
+def _capacity_part(plots: _Plots, days: list[dict[str, Any]] | None) -> str:
+    """Goodput over the capacity paid for and its idle share, per day and accelerator type."""
+    parts = ["<h3>Capacity paid for</h3>"]
+    if days is None:
+        return "".join(parts) + _note("No capacity table in this file: it was written before capacity "
+                                      "could be imported.")
+    if not days:
+        return "".join(parts) + _note("No capacity imported: goodput import capacity --csv FILE sets the "
+                                      "runs' chip-hours against the chips paid for.")
+    shown = days[-MAX_BARS:]
+    with plots.context():
+        figure = plots.figure(10, 0.9 + 0.32 * len(shown))
+        axis = figure.add_subplot()
+        axis.set_title("Chip-hours paid for: productive, used but not productive, and idle")
+        positions = list(range(len(shown)))[::-1]
+        productive = [100 * (row["goodput_over_paid"] or 0) for row in shown]
+        used = [100 * (1 - row["idle_share"]) if row["idle_share"] is not None else 0.0 for row in shown]
+        idle = [100 * max(0.0, row["idle_share"] or 0) for row in shown]
+        axis.barh(positions, productive, color=_GOOD, height=0.7, label="productive")
+        axis.barh(positions, [u - p for u, p in zip(used, productive, strict=True)], left=productive,
+                  color="#f28e2b", height=0.7, label="used, not productive")
+        axis.barh(positions, idle, left=used, color="#c9ced6", height=0.7, label="idle")
+        axis.set_yticks(positions, [f"{row['day']} {_label(row['accelerator_type'])}" for row in shown])
+        axis.set_xlabel("% of the chip-hours paid for")
+        axis.grid(axis="y", visible=False)
+        axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+        parts.append(plots.svg(figure, "Capacity paid for: productive, used and idle shares per day"))
+    if len(days) > len(shown):
+        parts.append(f'<p class="note">Bars for the latest {len(shown)} days and accelerator types; all '
+                     f"{len(days)} are in the table.</p>")
+    rows = [(row["day"], row["accelerator_type"], row["paid_chip_hours"], row["used_chip_hours"],
+             row["productive_chip_hours"], _share(row["goodput_over_paid"]), _share(row["idle_share"]))
+            for row in days]
+    parts.append('<p class="note">Per day (UTC) and accelerator type: goodput over paid capacity is '
+                 "productive over paid chip-hours; the idle share is what no run used (below 0 where runs "
+                 "used more than was paid for).</p>")
+    parts.append('<div id="capacity-goodput">' + _table(
+        ("day", "accelerator", "paid chip-hours", "used chip-hours", "productive chip-hours",
+         "goodput over paid", "idle share"), rows,
+        numeric=[False, False, True, True, True, True, True]) + "</div>")
+    return "".join(parts)
+
+
 def _spans(fleet: _Fleet) -> dict[str, tuple[datetime.datetime, datetime.datetime]]:
     spans: dict[str, tuple[datetime.datetime, datetime.datetime]] = {}
     for row in fleet.goodput:
@@ -620,6 +798,79 @@ def _anomalies_section(plots: _Plots, fleet: _Fleet) -> str:
     parts.append(_table(("run", "kind", "host", "started (UTC)", "detected (UTC)", "ended (UTC)",
                          "baseline step s", "observed step s", "lost s"), table_rows))
     return "".join(parts)
+
+
+def _groups_section(plots: _Plots, fleet: _Fleet) -> str:
+    if fleet.groups is None:
+        return _note("No configs or metrics in this file: it was written before they were recorded "
+                     "(it has no run_configs and model_metrics tables).")
+    if not fleet.groups:
+        return _note("No run group has several runs.")
+    latest = fleet.latest()
+    parts = ['<p class="note">The runs of each run group side by side, in the order they started: '
+             "cumulative goodput, the user configs whose values differ between them, and each metric's "
+             "last value (at the highest step, else the latest time); then each metric over steps.</p>"]
+    for group in fleet.groups:
+        count = f"{len(group.runs) + group.more_runs} runs"
+        parts.append(f'<div class="group" id="group-{_esc(group.name)}"><h3>{_esc(group.name)}'
+                     f'<span class="count">{count}</span></h3>')
+        if group.more_runs:
+            parts.append(f'<p class="note">Its latest {len(group.runs)} runs; {group.more_runs} earlier '
+                         "runs are not shown.</p>")
+        rows: list[list[object]] = [["goodput % (cumulative)",
+                                     *(latest.get(run, {}).get("goodput_pct") for run in group.runs)]]
+        rows += [[f"config {key}", *(group.configs[key].get(run) for run in group.runs)]
+                 for key in group.differing()]
+        rows += [[f"{name} (last)", *(_last_metric(group.last[name].get(run)) for run in group.runs)]
+                 for name in sorted(group.last)]
+        if not group.differing():
+            parts.append('<p class="note">Their user configs are the same, or none were recorded.</p>')
+        parts.append(_table(("", *group.runs), rows, numeric=[False] * (len(group.runs) + 1)))
+        parts.append(_metric_panels(plots, group))
+        parts.append("</div>")
+    return "".join(parts)
+
+
+def _last_metric(value_step: tuple[float, int | None] | None) -> str | None:
+    """A metric's last value as a cell: the value, and the step it was measured at if it has one."""
+    if value_step is None:
+        return None
+    value, step = value_step
+    return _fmt(value, 4) if step is None else f"{_fmt(value, 4)} @ step {step}"
+
+
+def _metric_panels(plots: _Plots, group: _Group) -> str:
+    """Each metric a run group recorded by step, over steps, a line per run: a panel each, up to
+    MAX_METRIC_PANELS; non-finite values are left out of the lines (the table shows them)."""
+    names = sorted(group.series)
+    if not names:
+        return _note("No metrics recorded by step.")
+    shown = names[:MAX_METRIC_PANELS]
+    colors = _run_colors(group.runs)
+    columns = min(3, len(shown))
+    rows = -(-len(shown) // columns)
+    with plots.context():
+        figure = plots.figure(10, 0.6 + 2.1 * rows)
+        axes = list(figure.subplots(rows, columns, squeeze=False).flat)
+        for axis, name in zip(axes, shown, strict=False):
+            axis.set_title(_label(name))
+            for run in group.runs:
+                points = [(step, value) for step, value in group.series[name].get(run, ())
+                          if math.isfinite(value)]
+                if points:
+                    steps, values = zip(*points, strict=True)
+                    axis.plot(steps, values, color=colors[run], linewidth=1.4, label=_label(run))
+            axis.set_xlabel("step")
+        for axis in axes[len(shown):]:
+            axis.set_visible(False)
+        labels = {label: handle for axis in axes for handle, label in zip(*axis.get_legend_handles_labels(),
+                                                                           strict=True)}
+        if labels:
+            figure.legend(list(labels.values()), list(labels), loc="outside right upper")
+        svg = plots.svg(figure, f"Each metric of the runs of {group.name} over steps")
+    more = (f'<p class="note">{len(names) - len(shown)} more metrics are in the table only.</p>'
+            if len(names) > len(shown) else "")
+    return svg + more
 
 
 def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -> str:
@@ -820,9 +1071,11 @@ def _page(source: str, fleet: _Fleet, thresholds: AlertThresholds) -> str:
     bodies = {
         "goodput": lambda: _goodput_section(plots, fleet, thresholds),
         "badput": lambda: _badput_section(plots, fleet),
+        "productivity": lambda: _productivity_section(plots, fleet),
         "disruptions": lambda: _disruptions_section(plots, fleet),
         "step-deviation": lambda: _step_deviation_section(plots, fleet, thresholds),
         "anomalies": lambda: _anomalies_section(plots, fleet),
+        "run-groups": lambda: _groups_section(plots, fleet),
         "alerts": lambda: _alerts_section(plots, fleet, thresholds),
         "fleet-queries": lambda: _queries_section(fleet),
     }

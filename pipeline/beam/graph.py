@@ -11,6 +11,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 
 from goodput_schemas import parse_dataset
+from pipeline.beam.gke import ImportGkeMetrics
 from pipeline.beam.live import TrackRunsLive
 from pipeline.beam.options import GoodputOptions
 from pipeline.beam.restore import RestoreRuns
@@ -58,7 +59,9 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
         messages = inputs[0] if len(inputs) == 1 else tuple(inputs) | "AllInputs" >> beam.Flatten()
     parsed = messages | "ParseEvents" >> ParseEvents()
     detection = DetectionSettings(options.min_slowdown, hang_min_s=options.hang_min_s,
-                                  hang_factor=options.hang_factor)
+                                  hang_factor=options.hang_factor, host_bucket_s=options.host_bucket_s,
+                                  host_settle_s=options.host_settle_s,
+                                  straggler_min_s=options.straggler_min_s)
 
     # Each run's snapshots: on timers while streaming (after restoring a run the raw events table
     # holds and this pipeline does not), or one per run as of one time.
@@ -83,6 +86,10 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
                         | "DeadLetters" >> beam.Flatten()
                         | "DeadLetterRows" >> DeadLetterRows()),
     }
+    if streaming and options.gke_metrics_project:  # GKE's JobSet metrics, read every interval
+        rows["GkeMetrics"] = messages | "ImportGkeMetrics" >> ImportGkeMetrics(
+            options.gke_metrics_project, options.gke_metrics_interval_s, options.monitoring_endpoint,
+            stopping=stopping)
     if options.duckdb:  # each source apart: a batch runner holds a Flatten's input whole
         for name, source in rows.items():
             source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb)

@@ -46,6 +46,8 @@ a snapshot extends the run's last one instead of rebuilding it.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import random
 import struct
 import threading
@@ -65,7 +67,7 @@ from apache_beam.utils.timestamp import Timestamp
 from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure
 from pipeline.core import engine, state_coder
-from pipeline.core.detect import DetectionSettings
+from pipeline.core.detect import AnomalyChange, DetectionSettings
 from pipeline.core.events import Batch, DeadLetter
 from pipeline.sinks.retries import never
 
@@ -215,6 +217,7 @@ class TrackRunDoFn(beam.DoFn):
     SNAPSHOT_DUE = ReadModifyWriteStateSpec("snapshot_due_us", VarIntCoder())  # pending timer
     SILENCE_DUE = ReadModifyWriteStateSpec("silence_due_us", VarIntCoder())  # pending silence timer
     REPORTED = ReadModifyWriteStateSpec("reported_us", VarIntCoder())  # the last snapshot's time
+    REPORTED_ROWS = ReadModifyWriteStateSpec("reported_rows", BytesCoder())  # and its recent rows
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     SILENCE_TIMER = TimerSpec("silence", TimeDomain.REAL_TIME)
     GC_TIMER = TimerSpec("gc", TimeDomain.REAL_TIME)
@@ -235,6 +238,7 @@ class TrackRunDoFn(beam.DoFn):
         self.bytes_written = Metrics.counter("goodput", "state_bytes_written")
         self.bytes_read = Metrics.counter("goodput", "state_bytes_read")
         self.bytes_compacted = Metrics.counter("goodput", "state_bytes_compacted")  # written, too
+        self.late_host_summaries = Metrics.counter("goodput", "late_host_summaries")  # left out
         self._decoded = Shared()  # one DecodedStates per process, kept between bundles
 
     def setup(self) -> None:
@@ -252,6 +256,7 @@ class TrackRunDoFn(beam.DoFn):
         snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
         silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
         reported: Any = beam.DoFn.StateParam(REPORTED),
+        reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
         gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
@@ -271,7 +276,10 @@ class TrackRunDoFn(beam.DoFn):
                     state.add_batch(earlier)
             was_ended = _ended(state)
             conflicts: list[DeadLetter] = []
+            late = state.hosts.late
             added = state.add_batch(batch, conflicts)
+            if state.hosts.late > late:
+                self.late_host_summaries.inc(state.hosts.late - late)
         except Exception as error:  # noqa: BLE001 -- a bug for one message must not stop the fleet
             # The stored state is as before the message: the message is dead-lettered whole.
             self.decoded.drop(run_id)  # possibly half changed: decode it again next time
@@ -297,7 +305,7 @@ class TrackRunDoFn(beam.DoFn):
         self.bytes_written.inc(2 * _TIME_BYTES)
         if (_ended(state) and not was_ended) or self.stopping():
             snapshot_due.clear()
-            yield from self._snapshot(state, reported, now_us, now_us)
+            yield from self._snapshot(state, Reported(reported, reported_rows), now_us, now_us)
             return
         due = snapshot_due.read()
         if due is None or due < now_us:  # set once per interval, not once per message
@@ -315,9 +323,10 @@ class TrackRunDoFn(beam.DoFn):
                     run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                     arrived: Any = beam.DoFn.StateParam(ARRIVED),
                     snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-                    reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[Any]:
+                    reported: Any = beam.DoFn.StateParam(REPORTED),
+                    reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
         yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
-                                        snapshot_due, reported)
+                                        snapshot_due, Reported(reported, reported_rows))
 
     @on_timer(FINAL_TIMER)
     def on_final(self, run_id: Any = beam.DoFn.KeyParam,
@@ -326,9 +335,10 @@ class TrackRunDoFn(beam.DoFn):
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                  arrived: Any = beam.DoFn.StateParam(ARRIVED),
                  snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-                 reported: Any = beam.DoFn.StateParam(REPORTED)) -> Iterator[Any]:
+                 reported: Any = beam.DoFn.StateParam(REPORTED),
+                 reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
         yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
-                                        snapshot_due, reported,
+                                        snapshot_due, Reported(reported, reported_rows),
                                         round(self.clock() * _US))
 
     @on_timer(SILENCE_TIMER)
@@ -339,6 +349,7 @@ class TrackRunDoFn(beam.DoFn):
                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
                    silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
                    reported: Any = beam.DoFn.StateParam(REPORTED),
+                   reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
                    silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[Any]:
         arrived_us, due = arrived.read(), silence_due.read()
         silence_due.clear()
@@ -351,7 +362,7 @@ class TrackRunDoFn(beam.DoFn):
                 interval_us = round(self.snapshot_interval_s * _US)
                 if due - interval_us < arrived_us + round(self.silence_s * _US) <= due:  # silent now
                     self.stalled.inc()
-                yield from self._snapshot(state, reported, arrived_us, due)
+                yield from self._snapshot(state, Reported(reported, reported_rows), arrived_us, due)
                 again = due + interval_us
                 if again - arrived_us <= round(self.gc_after_s * _US):
                     silence_timer.set(Timestamp(micros=again))
@@ -365,15 +376,16 @@ class TrackRunDoFn(beam.DoFn):
               arrived: Any = beam.DoFn.StateParam(ARRIVED),
               snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
               silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
-              reported: Any = beam.DoFn.StateParam(REPORTED)) -> None:
+              reported: Any = beam.DoFn.StateParam(REPORTED),
+              reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> None:
         stored = StoredRun(self, run_id, run_state, run_log, run_info)
         state = stored.load()
         if state is not None and _ended(state):  # not restarted since
             stored.clear()
-            for cell in (arrived, snapshot_due, silence_due, reported):
+            for cell in (arrived, snapshot_due, silence_due, reported, reported_rows):
                 cell.clear()
 
-    def _report_pending(self, stored: StoredRun, arrived: Any, snapshot_due: Any, reported: Any,
+    def _report_pending(self, stored: StoredRun, arrived: Any, snapshot_due: Any, reported: Reported,
                         at_us: int | None = None) -> Iterator[Any]:
         """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
         when it is due. The run's state is compacted first if its log is due for it."""
@@ -384,29 +396,70 @@ class TrackRunDoFn(beam.DoFn):
             yield from self._snapshot(state, reported, arrived_us, due if at_us is None else at_us)
 
 
-    def _snapshot(self, state: engine.RunState, reported: Any, arrived_us: int,
+    def _snapshot(self, state: engine.RunState, reported: Reported, arrived_us: int,
                   now_us: int) -> Iterator[Any]:
         """The run's snapshot as of its latest event time plus the processing time since that
         event arrived, and after its last snapshot: a run's snapshot times only go on, so the
         one with the latest time is the newest (an end that arrives after a stalled snapshot,
         late, is reported a microsecond after it, with the ended run's figures). Its anomaly rows
-        are those found after the last snapshot's time: each is written once."""
+        are those no snapshot has reported (see ``Reported``): each is written once."""
         latest = max((a.last_event_us for a in state.attempts.values()), default=0)
-        as_of, last = latest + max(0, now_us - arrived_us), reported.read()
+        as_of, last = latest + max(0, now_us - arrived_us), reported.time.read()
         if last is not None and as_of <= last:
             as_of = last + 1
-        reported.write(as_of)
+        reported.time.write(as_of)
         self.bytes_written.inc(_TIME_BYTES)
+        rows = reported.recent_rows()
         try:
-            snapshot = state.snapshot(as_of, self.windows_s, anomalies_after_us=last,
-                                      detection=self.detection)
+            snapshot = state.snapshot(as_of, self.windows_s, detection=self.detection,
+                                      anomalies_after_us=last if rows is None or last is None
+                                      else last - LATE_ANOMALIES_US)
         except Exception as error:  # noqa: BLE001 -- as in process: one run's bug stays its own
             self.decoded.drop(state.run_id)
             yield engine_failure(state.run_id, error)
             return
         if snapshot is not None:
             self.snapshots.inc()
-            yield snapshot
+            fresh = tuple(change for change in snapshot.anomalies if _row_key(change) not in (rows or ()))
+            kept = {key for key in (rows or set()) | {_row_key(change) for change in fresh}
+                    if key[-1] > as_of - LATE_ANOMALIES_US}
+            if kept != rows:
+                self.bytes_written.inc(reported.write_rows(kept))
+            yield dataclasses.replace(snapshot, anomalies=fresh) if fresh != snapshot.anomalies else snapshot
+
+
+#: How late a message may come and still have the anomaly rows it shows written: a row dated
+#: before the last snapshot (a slowdown found at a step that arrived after a snapshot ahead of
+#: it) is written if it is dated at most this long before it.
+LATE_ANOMALIES_US = 3600 * _US
+
+#: An anomaly row's identity: kind, host, onset, end, and the time of its state.
+RowKey = tuple[str, "str | None", int, "int | None", int]
+
+
+def _row_key(change: AnomalyChange) -> RowKey:
+    return change.kind, change.host, change.started_us, change.ended_us, change.changed_us
+
+
+class Reported:
+    """What a run's snapshots reported: the last one's time, and the anomaly rows of the last
+    ``LATE_ANOMALIES_US`` before it. A snapshot writes the rows dated in that span that are not
+    among them: a row that a late message shows is written, and no row twice. A run with no
+    record of its rows (restored from the tables, or held by an earlier version) writes the rows
+    dated after the last snapshot only, as before."""
+
+    def __init__(self, time: Any, rows: Any) -> None:
+        self.time, self.rows = time, rows
+
+    def recent_rows(self) -> set[RowKey] | None:
+        data = self.rows.read()
+        return None if data is None else {tuple(key) for key in json.loads(data)}
+
+    def write_rows(self, keys: set[RowKey]) -> int:
+        """Records ``keys``; the bytes written."""
+        data = json.dumps(sorted(keys, key=repr)).encode()
+        self.rows.write(data)
+        return len(data)
 
 
 def _ended(state: engine.RunState) -> bool:

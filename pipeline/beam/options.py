@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from goodput_schemas import parse_dataset
 from goodput_schemas.limits import MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US
 from pipeline.app.checks import UsageError
+from pipeline.app.gke import LOOKBACK_S
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
@@ -74,6 +75,28 @@ def parse_slowdown(text: str) -> float:
 def parse_factor(text: str) -> float:
     """A factor above 0, at most 1,000,000."""
     return _bounded(text, "a factor", 0.0, 1e6)
+
+
+def parse_whole_seconds(text: str) -> int:
+    """A whole number of seconds above 0, at most a day (the straggler settings' buckets are
+    whole seconds)."""
+    return _whole_seconds(text, 1)
+
+
+def parse_settle_seconds(text: str) -> int:
+    """A whole number of seconds, 0 or more, at most a day."""
+    return _whole_seconds(text, 0)
+
+
+def _whole_seconds(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if not low <= value <= 86_400:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of seconds from {low} to 86400, got {text!r}")
+    return value
 
 
 def _bounded(text: str, what: str, low: float, high: float) -> float:
@@ -153,6 +176,14 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--monitoring_cluster_name", default=None, metavar="NAME",
                             help="add the reference's optional cluster_name label to every metric "
                                  "with labels")
+        parser.add_argument("--gke_metrics_project", default=None, metavar="PROJECT",
+                            help="streaming: import GKE's JobSet metrics (kubernetes.io/jobset/...) of "
+                                 "this project from Cloud Monitoring every --gke_metrics_interval_s "
+                                 "into the jobset_metrics table, as goodput import gke-metrics does "
+                                 "(off by default)")
+        parser.add_argument("--gke_metrics_interval_s", type=parse_seconds, default=300.0, metavar="S",
+                            help=f"streaming: how often to import them, each time the last "
+                                 f"{LOOKBACK_S // 3600} hours (default: %(default)s)")
         parser.add_argument("--no_raw_events", action="store_true",
                             help="leave out the raw events table (snapshots, run metadata and dead "
                                  "letters are still written)")
@@ -189,6 +220,18 @@ class GoodputOptions(PipelineOptions):
                                  "baseline step time) (default: %(default)s)")
         parser.add_argument("--hang_factor", type=parse_factor, default=10.0, metavar="X",
                             help="see --hang_min_s (default: %(default)s)")
+        parser.add_argument("--straggler_min_s", type=parse_whole_seconds, default=300, metavar="S",
+                            help="a host is a straggler when its steps (emitter.HostStepTimer) are "
+                                 "at least 3/4 of --min_slowdown slower than its peers' for this "
+                                 "long (default: %(default)s)")
+        parser.add_argument("--host_bucket_s", type=parse_whole_seconds, default=60, metavar="S",
+                            help="hosts are compared per this many seconds of their step summaries: "
+                                 "at least the interval HostStepTimer sends them at (default: "
+                                 "%(default)s)")
+        parser.add_argument("--host_settle_s", type=parse_settle_seconds, default=30, metavar="S",
+                            help="a bucket of host summaries is scored this long after it ends, "
+                                 "when its hosts' summaries have arrived; a later one is counted "
+                                 "as late and left out (default: %(default)s)")
         parser.add_argument("--exclude", type=parse_exclusion, action="append", default=None,
                             metavar="START/END",
                             help="leave this interval (ISO 8601 times) out of elapsed time and "
@@ -202,11 +245,13 @@ class GoodputOptions(PipelineOptions):
 #: refused on them. Others (Dataflow) hand unknown options on to the service, as Beam does.
 LOCAL_RUNNERS = frozenset({"DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "FnApiRunner", "PrismRunner"})
-_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore")
+_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore",
+                "gke_metrics_project", "gke_metrics_interval_s")
 _BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude")
 _NEEDS = {"bigquery_dataset": ("bigquery_endpoint", "bigquery_create_tables"),
-          "monitoring_project": ("monitoring_endpoint", "monitoring_min_interval_s", "monitoring_max_lag_s",
-                                 "monitoring_latest_now", "monitoring_location", "monitoring_cluster_name")}
+          "monitoring_project": ("monitoring_min_interval_s", "monitoring_max_lag_s", "monitoring_latest_now",
+                                 "monitoring_location", "monitoring_cluster_name"),
+          "gke_metrics_project": ("gke_metrics_interval_s",)}
 _SUBSCRIPTION = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
 
 
@@ -281,6 +326,9 @@ def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
         for name in names:
             if _given(argv, name) and not getattr(goodput, needed):
                 raise UsageError(f"--{name} needs --{needed}")
+    monitored = goodput.monitoring_project or goodput.gke_metrics_project
+    if _given(argv, "monitoring_endpoint") and not monitored:
+        raise UsageError("--monitoring_endpoint needs --monitoring_project or --gke_metrics_project")
     if streaming and not goodput.subscription:
         raise UsageError("--streaming needs --subscription=projects/P/subscriptions/S")
     if not streaming and not (goodput.events or goodput.from_duckdb):
@@ -304,6 +352,9 @@ def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
     if not (goodput.duckdb or goodput.bigquery_dataset or goodput.monitoring_project):
         raise UsageError("no output: give --duckdb=FILE, --bigquery_dataset=PROJECT:DATASET or "
                          "--monitoring_project=PROJECT (or more than one)")
+    if goodput.gke_metrics_project and not (goodput.duckdb or goodput.bigquery_dataset):
+        raise UsageError("--gke_metrics_project needs --duckdb or --bigquery_dataset: GKE's points are "
+                         "rows of their jobset_metrics table")
 
 
 def check_files(options: GoodputOptions) -> None:

@@ -28,7 +28,7 @@ checkpoint, eval or data-loading step adds at most ``c - k``, with ``k = log(1 +
 10 noise² / k)``: ``4c`` so that no three outliers in a row suffice, ``10 noise² / k`` to hold the
 false alarms on a noise of that spread to one in about e^20 steps. Its onset is where ``S`` last
 left 0. It ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
-``D`` last left 0.
+``D`` last left 0, or at its attempt's end.
 
 **Hang.** A gap between two step starts (or from the last one to the attempt's end, or to now)
 of ``max(hang_min_s, hang_factor * median)`` or more: found that long after the last step
@@ -143,14 +143,17 @@ class Detector:
             return self._threshold
         return self._baseline()[1] if self._block else None
 
-    def tail(self, last_us: int, end_us: int | None, as_of_us: int) -> list[AnomalyChange]:
-        """The rows of a hang after the current attempt's last step start ``last_us``: to the
-        attempt's end ``end_us``, or still going at ``as_of_us`` if it has none. Not kept."""
+    def tail(self, last_us: int | None, end_us: int | None, as_of_us: int) -> list[AnomalyChange]:
+        """The rows of a hang after the current attempt's last step start ``last_us`` (None: it
+        has none): to the attempt's end ``end_us``, or still going at ``as_of_us`` if it has none;
+        and the end, at the attempt's end, of a slowdown open then. Not kept."""
+        ended = [] if end_us is None or self._open is None else [
+            self._row(self._open, end_us, end_us, *self._through)]
         threshold = self.hang_threshold_us()
-        if threshold is None or self._position < self.settings.warmup_steps:
-            return []
+        if last_us is None or threshold is None or self._position < self.settings.warmup_steps:
+            return ended
         if end_us is not None:
-            return self._hang(last_us, end_us, threshold) if end_us - last_us >= threshold else []
+            return ended + (self._hang(last_us, end_us, threshold) if end_us - last_us >= threshold else [])
         if as_of_us - last_us < threshold:
             return []
         return self._hang(last_us, None, threshold)
@@ -162,9 +165,12 @@ class Detector:
 
     def end_attempt(self, last_us: int | None, end_us: int) -> None:
         """Keeps the rows of a hang between the current attempt's last step start and its end
-        ``end_us`` (its job_end, or its successor's start), before ``new_attempt``."""
-        if last_us is not None:
-            self.changes += self.tail(last_us, end_us, end_us)
+        ``end_us`` (its job_end, or its successor's start), and the end of a slowdown open then,
+        before ``new_attempt``: a slowdown is an attempt's, and one that goes on after a restart
+        is found again."""
+        self.changes += self.tail(last_us, end_us, end_us)
+        if self._open is not None:
+            self._open, self._sum, self._onset, self._block = None, 0.0, None, []
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -295,8 +301,9 @@ class HostScorer:
     leaves it as it is, unless the host has been missing for ``straggler_min_s``, which ends it.
     A streak of ``straggler_min_s`` or more, with the host at least ``3/4 min_slowdown`` slower
     over it, is a straggler: found at its bucket's end plus ``host_settle_s`` (so a stream and a
-    replay find it at the same time), ended the same way. Its figures are over the streak: the
-    peers' and the host's mean step times, and the host's time beyond its peers'.
+    replay find it at the same time), ended the same way, or at the run's end. Its figures are
+    over the streak: the peers' and the host's mean step times, and the host's time beyond its
+    peers'.
 
     Memory is the buckets not scored yet and a streak per host, whatever the run's length. A
     summary that comes after its bucket was scored is late, counted in ``late`` and left out;
@@ -308,6 +315,7 @@ class HostScorer:
         self.late = 0
         self._pending: dict[tuple[str, int], tuple[int, float]] = {}  # (host, time) -> (count, mean)
         self._scored_until_us = 0  # summaries before this time are scored
+        self._ended_us = 0  # the latest end of the run scored
         self._streaks: dict[str, _Streak] = {}
 
     def add(self, host: str, time_us: int, count: int, mean_s: float, max_s: float) -> bool:
@@ -323,21 +331,36 @@ class HostScorer:
         self._pending[key] = (count, mean_s)
         return True
 
-    def score(self, as_of_us: int, settings: DetectionSettings) -> None:
-        """Scores every bucket that ended ``host_settle_s`` or more before ``as_of_us``, in order."""
-        bucket_us = settings.host_bucket_s * _US
-        until = (as_of_us - settings.host_settle_s * _US) // bucket_us * bucket_us
-        if until <= self._scored_until_us or not self.has_state:
+    def score(self, as_of_us: int, settings: DetectionSettings, ends_us: Sequence[int] = ()) -> None:
+        """Scores every bucket that ended ``host_settle_s`` or more before ``as_of_us``, in order,
+        and the run's ends ``ends_us`` (its attempts' job_end times) up to ``as_of_us``: at an
+        end, the summaries before it are scored at once and every streak ends there (the hosts
+        stopped with the run; after a restart they are compared afresh)."""
+        if not self.has_state:
             return
+        bucket_us = settings.host_bucket_s * _US
+        for end_us in sorted(ends_us):
+            if self._ended_us < end_us <= as_of_us and end_us > self._scored_until_us:
+                self._score_to(end_us, settings, end_us)
+                for host, streak in list(self._streaks.items()):
+                    self._end(host, streak, end_us, end_us)
+                self._ended_us = end_us
+        until = (as_of_us - settings.host_settle_s * _US) // bucket_us * bucket_us
+        if until > self._scored_until_us:
+            self._score_to(until, settings)
+
+    def _score_to(self, until_us: int, settings: DetectionSettings, end_us: int | None = None) -> None:
+        """Scores the buckets of the summaries before ``until_us``; found by ``end_us`` at the latest."""
+        bucket_us = settings.host_bucket_s * _US
         buckets: dict[int, dict[str, tuple[int, float]]] = {}
         for (host, time_us), (count, mean_s) in list(self._pending.items()):
-            if time_us < until:
+            if time_us < until_us:
                 del self._pending[(host, time_us)]
                 steps, total = buckets.setdefault(time_us // bucket_us, {}).get(host, (0, 0.0))
                 buckets[time_us // bucket_us][host] = (steps + count, total + count * mean_s)
-        self._scored_until_us = until
+        self._scored_until_us = until_us
         for bucket in sorted(buckets):
-            self._score_bucket(bucket, buckets[bucket], settings)
+            self._score_bucket(bucket, buckets[bucket], settings, end_us)
 
     @property
     def has_state(self) -> bool:
@@ -354,13 +377,15 @@ class HostScorer:
         streaks = {host: [dataclasses.astuple(streak)[:5],
                           None if streak.found is None else dataclasses.astuple(streak.found)]
                    for host, streak in sorted(self._streaks.items())}
-        return {"until": self._scored_until_us, "late": self.late, "pending": pending, "streaks": streaks,
+        return {"until": self._scored_until_us, "ended": self._ended_us, "late": self.late,
+                "pending": pending, "streaks": streaks,
                 "changes": [dataclasses.astuple(change) for change in self.changes]}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> HostScorer:
         scorer = cls()
         scorer._scored_until_us, scorer.late = value["until"], value["late"]
+        scorer._ended_us = value.get("ended", 0)  # none in a state of an earlier version
         scorer._pending = {(host, t): (count, mean) for host, t, count, mean in value["pending"]}
         for host, (fields, found) in value["streaks"].items():
             start_us, last_bucket, own_s, peers_s, count = fields
@@ -370,9 +395,11 @@ class HostScorer:
         return scorer
 
     def _score_bucket(self, bucket: int, hosts: dict[str, tuple[int, float]],
-                      settings: DetectionSettings) -> None:
+                      settings: DetectionSettings, end_us: int | None = None) -> None:
         bucket_us = settings.host_bucket_s * _US
         start_us, changed_us = bucket * bucket_us, (bucket + 1) * bucket_us + settings.host_settle_s * _US
+        if end_us is not None:
+            changed_us = min(changed_us, end_us)
         missing_buckets = max(1, math.ceil(settings.straggler_min_s / settings.host_bucket_s))
         for host, gone in list(self._streaks.items()):
             if host not in hosts and bucket - gone.last_bucket > missing_buckets:

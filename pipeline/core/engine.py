@@ -427,6 +427,8 @@ class RunState:
         if kind == "host_steps":  # not the run's clock, nor any of its figures
             self.hosts.add(body["host"], t, int(body["count"]), float(body["mean_s"]), float(body["max_s"]))
             return
+        if kind in _RECORDED_ONLY:
+            return
         attempt.last_event_us = max(attempt.last_event_us, t)
         self._latest_us = max(self._latest_us, t)
         if kind == "step_start":
@@ -519,7 +521,8 @@ class RunState:
             configured = timeline.metadata.get("configured_ideal_step_time_s")
         detection = detection or DetectionSettings()
         stats = self._feed_steps(timeline, detection)  # in microseconds
-        self.hosts.score(as_of_us, detection)
+        self.hosts.score(as_of_us, detection,
+                         [a.end_us for a in self.attempts.values() if a.end_us is not None])
         computed_us = stats.ideal()
         # The reference ignores steps under 1 s.
         reference_us = stats.ideal(_US) if stats.any_below(_US) else computed_us
@@ -619,8 +622,9 @@ class RunState:
         after = -1 if after_us is None else after_us
         found = (c for c in changes if after < c.changed_us <= as_of)
         open_hangs = sum(change.ended_us is None for change in changes[known:])
-        open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open), HANG: open_hangs,
-                          STRAGGLER: self.hosts.open_count}
+        slowdown_ended = any(change.kind == SLOWDOWN for change in changes[known:])
+        open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open and not slowdown_ended),
+                          HANG: open_hangs, STRAGGLER: self.hosts.open_count}
         return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us))), open_anomalies
 
 
@@ -677,6 +681,10 @@ def _seconds(microseconds: float | None) -> float | None:
 # cached timeline stays valid (a job logging metrics every step keeps its incremental snapshots).
 _OBSERVATION_KINDS = ("heartbeat", "model_metrics")
 _OBSERVATIONS = frozenset(_OBSERVATION_KINDS)
+# Events that are rows of their own tables (``pipeline.core.rows.batch_rows``) and nothing of the
+# run's: no figure, not its clock; the state keeps only their seqs, so a run that records hundreds
+# of metrics a step costs no more memory than one that records none.
+_RECORDED_ONLY = frozenset({"configs", "metrics"})
 
 
 class Kept(NamedTuple):

@@ -12,6 +12,11 @@ rejected (it would move the time a batch replay reports every run as of). Nothin
 is dropped silently: a message that cannot be read at all becomes one ``DeadLetter``; an invalid
 event inside a readable message becomes one ``DeadLetter`` and its valid neighbours are kept.
 
+Who a run is is decided here, once: a message whose header names the workload that recorded it
+(``workload_uid``) belongs to the run ``goodput_schemas.wire.workload_run_id(run_id, uid)``, and
+that derived id is the run of every stage and table after parsing (``Batch.run_id``). A restart in
+the same workload stays one run; a run id reused by another workload is another run.
+
 Pure Python with no Beam import, so the Beam transforms, the tests and the tools share it.
 """
 
@@ -42,16 +47,20 @@ from goodput_schemas.limits import (
     MAX_LABELS,
     MAX_MESSAGE_BYTES,
     MAX_TIME_US,
+    MAX_UID_LENGTH,
     MIN_TIME_US,
     SUPPORTED_SCHEMA_VERSIONS,
+    configs_problem,
     host_steps_problem,
     id_problem,
     int_limit,
     int_name,
+    metrics_problem,
     shown,
     text_problem,
+    workload_uid_problem,
 )
-from goodput_schemas.wire import encode_batch, json_double
+from goodput_schemas.wire import encode_batch, json_double, workload_run_id
 
 #: The head of an oversized message kept as its dead letter's payload, in bytes.
 OVERSIZED_PAYLOAD_BYTES = 64 * 1024
@@ -63,6 +72,7 @@ EVENT_KINDS: tuple[str, ...] = tuple(
 # Model metrics are observations, not durations: a diverged loss may be NaN, a loss negative.
 _OBSERVATION_KINDS = frozenset({"model_metrics"})
 _HEADER_FIELDS = ("schema_version", "run_id", "attempt_id")
+_HEADER_STRINGS = ("run_id", "attempt_id", "workload_uid")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,6 +124,12 @@ class Batch:
 
     Step starts are nearly every event of a training run; as three int64 arrays they cost 24
     bytes each instead of an object, and encode between pipeline stages as raw bytes.
+
+    ``run_id`` is the run the events belong to, which every stage is keyed by: the message's run
+    id, or for a message of a workload (``workload_uid``) the id made of both
+    (``goodput_schemas.wire.workload_run_id``), so that a name reused by another workload is
+    another run. ``run_name`` is the message's own run id when it differs ("" when it is
+    ``run_id``).
     """
 
     run_id: str
@@ -122,6 +138,8 @@ class Batch:
     step_times: array[int]
     steps: array[int]
     others: tuple[Event, ...]
+    workload_uid: str = ""
+    run_name: str = ""
 
     def __len__(self) -> int:
         return len(self.steps) + len(self.others)
@@ -138,24 +156,33 @@ class Batch:
         return sorted(steps + list(self.others), key=lambda e: e.seq)
 
 
-def encode_events(events: Sequence[Event]) -> bytes:
+def encode_events(events: Sequence[Event], run_name: str = "", workload_uid: str = "") -> bytes:
     """The message carrying ``events`` (all of one attempt), in the order given, as the emitter
-    encodes it: ``parse_batch`` reads the same events back."""
-    records = [(e.seq, e.time_us, e.kind,
-                {k: json_double(v) if type(v) is float else v for k, v in e.body.items()})
-               for e in events]
-    return encode_batch(events[0].run_id, events[0].attempt_id, records).data
+    encodes it: ``parse_batch`` reads the same events back. With ``workload_uid``, as the
+    workload's emitter encoded them, under the run id it gave (``run_name``: ``Batch.run_name``),
+    from which the parser derives the events' run again."""
+    records = [(e.seq, e.time_us, e.kind, _json_body(e.body)) for e in events]
+    run_id = run_name if workload_uid else events[0].run_id
+    return encode_batch(run_id, events[0].attempt_id, records, workload_uid).data
+
+
+def _json_body(body: dict[str, Any]) -> dict[str, Any]:
+    """An event body as the emitter writes it: non-finite doubles (a metric's too) as strings."""
+    return {k: json_double(v) if type(v) is float else _json_body(v) if k == "values" else v
+            for k, v in body.items()}
 
 
 def _decode(data: bytes | str) -> str:
     return data if isinstance(data, str) else data.decode("utf-8")
 
 
-def _plain(message: ProtoMessage) -> dict[str, Any]:
+def _plain(message: ProtoMessage, defaults: bool = True) -> dict[str, Any]:
     """A protobuf message as plain Python values (int64 stays int).
 
-    Scalars without presence are always included, defaults too (``step`` 0 is a real step);
-    optional fields and submessages only when set.
+    Scalars without presence are included with ``defaults`` (an event body's: ``step`` 0 is a
+    real step), else only when not empty (a submessage's: an empty field of ``JobStart.workload``
+    is one the emitter could not see, and is written so); optional fields and submessages only
+    when set.
     """
     values: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
@@ -165,8 +192,8 @@ def _plain(message: ProtoMessage) -> dict[str, Any]:
         elif field.has_presence and not message.HasField(field.name):
             continue
         elif field.message_type is not None:
-            values[field.name] = _plain(value)
-        else:
+            values[field.name] = _plain(value, defaults=False)
+        elif defaults or value != field.default_value:
             values[field.name] = value
     return values
 
@@ -190,7 +217,8 @@ def event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]
     """Why an event is invalid (the schema's rules and the contract's limits), or None;
     ``latest_us`` is the latest event time accepted (``latest_time_us``)."""
     if kind is None:
-        return "event has no kind: set exactly one of " + ", ".join(EVENT_KINDS)
+        return (f"event has no kind: set exactly one of the {len(EVENT_KINDS)} fields of Event.kind "
+                f"(goodput_event.proto), e.g. {', '.join(EVENT_KINDS[:3])}")
     if seq < 0:
         return f"seq must be >= 0, got {seq}"
     if seq > MAX_COUNT:
@@ -210,14 +238,10 @@ def event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]
             if problem is not None:
                 return problem
             continue
-        if type(value) is dict:  # the labels map
-            if len(value) > MAX_LABELS:
-                return f"{kind}.{name} has {len(value)} labels, more than MAX_LABELS ({MAX_LABELS})"
-            for key, text in value.items():
-                problem = (text_problem(f"{kind}.{name} key {_shown(key, 40)}", key)
-                           or text_problem(f"{kind}.{name}[{_shown(key, 40)}]", text, free_form=True))
-                if problem is not None:
-                    return problem
+        if type(value) is dict:
+            problem = _dict_problem(kind, name, value)
+            if problem is not None:
+                return problem
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
@@ -239,11 +263,38 @@ def event_problem(kind: str | None, seq: int, time_us: int, body: dict[str, Any]
                                      body.get("max_s", 0.0))
         if problem is not None:
             return problem
+    if kind == "configs":
+        problem = configs_problem(body.get("source", ""), body.get("values", {}))
+        if problem is not None:
+            return problem
+    if kind == "metrics":
+        problem = metrics_problem(body.get("values", {}))
+        if problem is not None:
+            return problem
     if kind == "elastic_slice_counts":
         total = body.get("total_slices", 0)
         for name in ("active_slices", "available_slices"):
             if body.get(name, 0) > total:
                 return f"elastic_slice_counts.{name} ({body[name]}) must be at most total_slices ({total})"
+    return None
+
+
+def _dict_problem(kind: str, name: str, value: dict[str, Any]) -> str | None:
+    """Why a map or a submessage of an event body is invalid, or None: the labels map (free text
+    under printable keys), the workload (printable names, as ids are); a ``configs`` or ``metrics``
+    event's values have their own rules (``configs_problem``, ``metrics_problem``)."""
+    if kind in ("configs", "metrics"):
+        return None
+    if name == "workload":
+        problems = (text_problem(f"{kind}.workload.{key}", text) for key, text in value.items())
+        return next(filter(None, problems), None)
+    if len(value) > MAX_LABELS:
+        return f"{kind}.{name} has {len(value)} labels, more than MAX_LABELS ({MAX_LABELS})"
+    for key, text in value.items():
+        problem = (text_problem(f"{kind}.{name} key {_shown(key, 40)}", key)
+                   or text_problem(f"{kind}.{name}[{_shown(key, 40)}]", text, free_form=True))
+        if problem is not None:
+            return problem
     return None
 
 
@@ -254,7 +305,8 @@ _FD = FieldDescriptor
 _INT64 = (-(2**63), 2**63 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_Spec = tuple[str, int, bool, bool, Any]  # name, cpp type, has presence, is map, default
+# name, cpp type (a map's: its values' type), has presence, is map, default
+_Spec = tuple[str, int, bool, bool, Any]
 
 
 def _field_specs(descriptor: Any) -> tuple[dict[str, _Spec], dict[str, Any]]:
@@ -263,7 +315,8 @@ def _field_specs(descriptor: Any) -> tuple[dict[str, _Spec], dict[str, Any]]:
     for field in descriptor.fields:
         is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
         default = {} if is_map else field.default_value
-        specs[field.name] = (field.name, field.cpp_type, field.has_presence, is_map, default)
+        cpp = field.message_type.fields_by_name["value"].cpp_type if is_map else field.cpp_type
+        specs[field.name] = (field.name, cpp, field.has_presence, is_map, default)
         if not field.has_presence:
             defaults[field.name] = default
     return specs, defaults
@@ -271,17 +324,27 @@ def _field_specs(descriptor: Any) -> tuple[dict[str, _Spec], dict[str, Any]]:
 
 _KIND_SPECS = {name: _field_specs(EventBatch.Event.DESCRIPTOR.fields_by_name[name].message_type)
                for name in EVENT_KINDS}
-_BATCH_KEYS = frozenset({"schema_version", "run_id", "attempt_id", "events"})
+_BATCH_KEYS = frozenset({"schema_version", "run_id", "attempt_id", "workload_uid", "events"})
 
 
 def _fast_value(spec: _Spec, value: Any) -> Any:
     """The plain value of one body field, or _SLOW if only the protobuf parser can tell."""
     _, cpp, _, is_map, _ = spec
+    if not is_map:
+        return _fast_scalar(cpp, value)
+    if type(value) is not dict:
+        return _SLOW
+    if cpp == _FD.CPPTYPE_STRING:  # labels, configs
+        return dict(value) if all(type(v) is str for v in value.values()) else _SLOW
+    plain = {key: _fast_scalar(cpp, item) for key, item in value.items()}
+    return _SLOW if _SLOW in plain.values() else plain
+
+
+def _fast_scalar(cpp: int, value: Any) -> Any:
+    """The plain value of a scalar of protobuf type ``cpp``, or _SLOW if only the protobuf parser
+    can tell."""
     kind = type(value)
-    if is_map:
-        if kind is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
-            return dict(value)
-    elif cpp in (_FD.CPPTYPE_INT64, _FD.CPPTYPE_INT32):
+    if cpp in (_FD.CPPTYPE_INT64, _FD.CPPTYPE_INT32):
         low, high = _INT64 if cpp == _FD.CPPTYPE_INT64 else _INT32
         if kind is int and low <= value <= high:
             return value
@@ -330,8 +393,9 @@ def _fast_event(raw: Any) -> tuple[int, int, str, dict[str, Any]] | None:
 # events one by one as in the general path. The patterns accept only what the general path below
 # reads the same way: plain ids, step numbers below 10**18 without leading zeros (inside int64;
 # the time bounds are checked on the columns), and other events of objects nested at most three
-# deep (so that the regex finds where each event ends). Anything else, and any message with an
-# invalid event, takes the general path, which decides.
+# deep (so that the regex finds where each event ends), with a workload uid in the header or
+# without. Anything else, and any message with an invalid event, takes the general path, which
+# decides.
 _NUMBER = rb"(?:0|[1-9][0-9]{0,17})"
 _SEQ = rb'\{"seq":'  # every event begins so: a literal prefix lets the regex skip ahead
 _STEP_REST = _NUMBER + rb',"time_us":' + _NUMBER + rb',"step_start":\{"step":' + _NUMBER + rb"\}\}"
@@ -343,7 +407,8 @@ _OTHER_REST = rb"(?:" + _STRING + rb"|\{(?:" + _STRING + rb"|" + _FLAT + rb'|[^"
 _OTHER = _SEQ + _OTHER_REST
 _OTHER_NOT_STEP = re.compile(rb"(" + _SEQ + rb"(?!" + _STEP_REST + rb"(?:,|$))" + _OTHER_REST + rb")")
 _ID = rb'"([^"\\\x00-\x1f]{1,%d})"' % MAX_ID_LENGTH
-_HEADER = rb'\{"schema_version":1,"run_id":' + _ID + rb',"attempt_id":' + _ID + rb',"events":\['
+_UID = rb'(?:,"workload_uid":"([^"\\\x00-\x1f]{1,%d})")?' % MAX_UID_LENGTH
+_HEADER = rb'\{"schema_version":1,"run_id":' + _ID + rb',"attempt_id":' + _ID + _UID + rb',"events":\['
 _STEPS_MESSAGE = re.compile(_HEADER + rb"((?:" + _STEP + rb",)*+" + _STEP + rb")\]\}")
 _EVENT = rb"(?:" + _STEP + rb"|" + _OTHER + rb")"
 _MESSAGE = re.compile(_HEADER + rb"((?:" + _EVENT + rb",)*+" + _EVENT + rb")\]\}")
@@ -367,12 +432,13 @@ def _columnar(data: bytes, latest_us: int | None = None) -> Batch | None:
     if match is None:
         return None
     try:
-        run_id, attempt_id = match[1].decode(), match[2].decode()
+        name, attempt_id, uid = (part.decode() if part else "" for part in match.group(1, 2, 3))
     except UnicodeDecodeError:
         return None
-    if not (run_id.isprintable() and attempt_id.isprintable()):
+    if not (name.isprintable() and attempt_id.isprintable() and uid.isprintable()):
         return None
-    events = match[3]
+    run_id = workload_run_id(name, uid)
+    events = match[4]
     others: list[Event] = []
     if match.re is _MESSAGE:
         parts = _OTHER_NOT_STEP.split(events)  # step starts, an other event, step starts, ...
@@ -396,7 +462,7 @@ def _columnar(data: bytes, latest_us: int | None = None) -> Batch | None:
                        or columns[:, 0].max() > MAX_COUNT or columns[:, 2].max() > MAX_COUNT):
         return None
     return Batch(run_id, attempt_id, array("q", columns[:, 0].tobytes()), array("q", times.tobytes()),
-                 array("q", columns[:, 2].tobytes()), tuple(others))
+                 array("q", columns[:, 2].tobytes()), tuple(others), uid, name if uid else "")
 
 
 def _inline_step(raw: Any, latest_us: int) -> tuple[int, int, int] | None:
@@ -473,18 +539,29 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 
 _HEAD_RUN_ID = re.compile(rb'"run_id"\s*:\s*"([^"\\\x00-\x1f]{1,%d})"' % MAX_ID_LENGTH)
+_HEAD_UID = re.compile(rb'"workload_uid"\s*:\s*"([^"\\\x00-\x1f]{1,%d})"' % MAX_UID_LENGTH)
 
 
 def _oversized(data: bytes, source: str) -> DeadLetter:
     """The dead letter of a message over ``MAX_MESSAGE_BYTES``: its head, and its run if the head
     names one (not parsed further: reading it is what the limit prevents)."""
     head = data[:OVERSIZED_PAYLOAD_BYTES]
-    match = _HEAD_RUN_ID.search(head)
-    run_id = match[1].decode("utf-8", errors="replace") if match else ""
+    run_id, uid = (match[1].decode("utf-8", errors="replace") if match else ""
+                   for match in (_HEAD_RUN_ID.search(head), _HEAD_UID.search(head)))
     reason = (f"message is {len(data)} bytes, more than MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES}); "
               f"the payload holds its first {len(head)} bytes")
     return DeadLetter(head.decode("utf-8", errors="backslashreplace"), reason, source,
-                      run_id if run_id.isprintable() else "")
+                      _run_of(run_id, uid))
+
+
+def _run_of(run_id: Any, uid: Any) -> str:
+    """The run a rejected message's dead letter names: its run id, with its workload uid if that
+    is valid (``workload_run_id``), or "" where the id cannot be read."""
+    if not isinstance(run_id, str) or not run_id.isprintable():
+        return ""
+    if not isinstance(uid, str) or workload_uid_problem(uid) is not None:
+        return run_id
+    return workload_run_id(run_id, uid)
 
 
 def parse_batch(data: bytes | str, source: str = "",
@@ -526,8 +603,7 @@ def parse_batch(data: bytes | str, source: str = "",
     if not isinstance(document, dict):
         return reject(f"message must be a JSON object (an EventBatch), got "
                       f"{_JSON_TYPES.get(type(document), type(document).__name__)}")
-    run_id = document.get("run_id")
-    run_id = run_id if isinstance(run_id, str) and run_id.isprintable() else ""
+    run_id = _run_of(document.get("run_id"), document.get("workload_uid"))  # the run its dead letters name
     version = document.get("schema_version")
     if type(version) not in (int, float) or version not in SUPPORTED_SCHEMA_VERSIONS:  # true is no 1
         known = sorted(SUPPORTED_SCHEMA_VERSIONS)
@@ -539,8 +615,8 @@ def parse_batch(data: bytes | str, source: str = "",
             why = "not a version of this contract"
         return reject(f"unsupported schema_version {_shown(version, 40)}: {why}; this pipeline reads {known}",
                       run_id)
-    if not (document.keys() <= _BATCH_KEYS and type(document.get("run_id", "")) is str
-            and type(document.get("attempt_id", "")) is str):
+    if not (document.keys() <= _BATCH_KEYS
+            and all(type(document.get(field, "")) is str for field in _HEADER_STRINGS)):
         header = {k: v for k, v in document.items() if k != "events"}
         if _too_deep(header, MAX_JSON_DEPTH):
             return reject(_TOO_DEEP, run_id)
@@ -549,12 +625,19 @@ def parse_batch(data: bytes | str, source: str = "",
         except json_format.ParseError as error:
             return reject(f"message does not match the schema: {error}", run_id)
     # The header's proto field names only (goodput_schemas/README.md); a null id is a missing one.
-    batch_run_id, attempt_id = (value if type(value) is str else ""
-                                for value in (document.get("run_id"), document.get("attempt_id")))
-    for name, value in (("run_id", batch_run_id), ("attempt_id", attempt_id)):
-        problem = id_problem(name, value)
+    name, attempt_id, uid = (value if type(value) is str else "" for value in (
+        document.get("run_id"), document.get("attempt_id"), document.get("workload_uid")))
+    for field, value in (("run_id", name), ("attempt_id", attempt_id)):
+        problem = id_problem(field, value)
         if problem is not None:
             return reject(problem, run_id)
+    if "workloadUid" in document:  # the schema reads it, but a uid left unread would merge runs
+        return reject('the header names "workloadUid": header fields go by their proto names, workload_uid',
+                      run_id)
+    problem = workload_uid_problem(uid)
+    if problem is not None:
+        return reject(problem, run_id)
+    batch_run_id = workload_run_id(name, uid)
     raw_events = document.get("events")
     if not isinstance(raw_events, list) or not raw_events:
         return reject("message has no events: 'events' must be a non-empty list", run_id)
@@ -582,7 +665,8 @@ def parse_batch(data: bytes | str, source: str = "",
             dead.append(DeadLetter(json.dumps(raw), event, where, batch_run_id))
     if not steps and not others:
         return None, dead
-    return Batch(batch_run_id, attempt_id, step_seqs, step_times, steps, tuple(others)), dead
+    return Batch(batch_run_id, attempt_id, step_seqs, step_times, steps, tuple(others), uid,
+                 name if uid else ""), dead
 
 
 #: What a gzip file begins with; no JSON text does (it is not whitespace), so the test is unambiguous.

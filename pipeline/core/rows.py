@@ -1,5 +1,5 @@
-"""Output rows: snapshots, step statistics, disruptions, raw events, run metadata and dead
-letters as rows of the output tables.
+"""Output rows: snapshots, step statistics, disruptions, raw events, run metadata, configs, model
+metrics and dead letters as rows of the output tables.
 
 The tables' schemas are the JSON files in ``goodput_schemas/tables/`` (BigQuery's format); every
 sink writes these rows. Times are timezone-aware ``datetime`` values. Each snapshot's rows are made
@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pipeline.core.events import Batch, DeadLetter, encode_events
+from pipeline.core.events import Batch, DeadLetter, Event, encode_events
 from pipeline.core.sanitize import free_text
 from pipeline.core.snapshot import Snapshot, WindowFigures
 
@@ -29,6 +29,14 @@ Element = tuple[str, "Row | Batch"]
 GOODPUT, BADPUT, STEP_STATS, DISRUPTIONS, RUN_ANOMALIES, DEAD_LETTER, EVENTS, RUN_METADATA = (
     "goodput_snapshots", "badput_snapshots", "step_stats", "disruptions", "run_anomalies",
     "dead_letter", "events", "run_metadata")
+RUN_CONFIGS, MODEL_METRICS = "run_configs", "model_metrics"
+#: The fields of a ``model_metrics`` event as ``model_metrics`` rows name them: ML Diagnostics'
+#: names, and SAMPLE_THROUGHPUT for samples per second, which it has no name for.
+MODEL_METRIC_NAMES = {"loss": "LOSS", "step_time_s": "STEP_TIME", "tokens_per_s": "THROUGHPUT",
+                      "samples_per_s": "SAMPLE_THROUGHPUT", "mfu": "MFU", "tflops_per_device": "TFLOPS"}
+#: Where an attempt runs (``JobStart.workload``): each field a column of ``run_metadata``.
+WORKLOAD_FIELDS = ("platform", "project", "cluster", "namespace", "jobset_name", "jobset_uid", "job_name",
+                   "job_uid", "pod", "node_pool", "instance", "zone")
 
 
 def by_table(elements: Iterable[Element]) -> dict[str, list[Row]]:
@@ -106,13 +114,14 @@ def _goodput_row(snapshot: Snapshot, at: datetime.datetime, window_s: int,
         "available_slice_efficiency": snapshot.available_slice_efficiency,
         "missing_events": snapshot.missing_events,
         "slow_step_time_s": snapshot.slow_step_time_s if window_s == 0 else None,
+        "unaccounted_s": None,
     }
     if window is not None:
         row.update(window_start=timestamp(window.start_us), window_end=timestamp(window.end_us),
                    goodput_pct=window.goodput_pct, productive_time_s=window.productive_s,
                    total_time_s=window.total_s, disruptions=window.disruptions,
                    productive_chip_s=window.chip_seconds_productive,
-                   total_chip_s=window.chip_seconds_total)
+                   total_chip_s=window.chip_seconds_total, unaccounted_s=window.unaccounted_s)
     return row
 
 
@@ -128,8 +137,10 @@ def engine_failure_letter(run_id: str, error: Exception, batch: Batch | None = N
     """The dead letter of a message the engine failed on (with the message as its payload), or
     of a snapshot it failed to take (``batch`` None): a bug, kept for replay once it is fixed."""
     what = "this message" if batch is not None else "the run's snapshot"
-    return DeadLetter("" if batch is None else encode_events(batch.events()).decode(),
-                      f"the engine failed on {what}: {type(error).__name__}: {error}", "engine", run_id)
+    payload = "" if batch is None else encode_events(batch.events(), batch.run_name,
+                                                     batch.workload_uid).decode()
+    return DeadLetter(payload, f"the engine failed on {what}: {type(error).__name__}: {error}", "engine",
+                      run_id)
 
 
 def event_rows(batch: Batch, step_columns: bool = True) -> list[Row]:
@@ -147,20 +158,44 @@ def event_rows(batch: Batch, step_columns: bool = True) -> list[Row]:
 
 
 def batch_rows(batch: Batch, raw_events: bool = True) -> Iterator[Element]:
-    """(EVENTS, batch) for a message's events, if ``raw_events``, and (RUN_METADATA, row) for
-    each attempt start it carries."""
+    """(EVENTS, batch) for a message's events, if ``raw_events``; (RUN_METADATA, row) for each
+    attempt start it carries, (RUN_CONFIGS, row) for each config entry and (MODEL_METRICS, row)
+    for each metric value (of ``metrics`` and ``model_metrics`` events), non-finite ones too."""
     if raw_events:
         yield EVENTS, batch
     for event in batch.others:
+        body = event.body
         if event.kind == "job_start":
-            body = event.body
-            yield RUN_METADATA, {
-                "run_id": batch.run_id, "attempt_id": batch.attempt_id,
-                "start_time": timestamp(event.time_us), "run_group": body.get("run_group") or None,
-                "accelerator_type": body.get("accelerator_type") or None,
-                "chip_count": body.get("chip_count") or None,
-                "configured_ideal_step_time_s": body.get("configured_ideal_step_time_s"),
-                "location": body.get("location") or None,
-                "emitter_version": body.get("emitter_version") or None,
-                "labels": json.dumps(body["labels"], sort_keys=True) if body.get("labels") else None,
-            }
+            yield RUN_METADATA, _metadata_row(batch, event)
+        elif event.kind == "configs":
+            recorded = timestamp(event.time_us)
+            for key, value in sorted(body["values"].items()):
+                yield RUN_CONFIGS, {"run_id": batch.run_id, "attempt_id": batch.attempt_id,
+                                    "recorded_at": recorded, "source": body["source"], "key": key,
+                                    "value": value}
+        elif event.kind in ("metrics", "model_metrics"):
+            values = body["values"] if event.kind == "metrics" else {
+                MODEL_METRIC_NAMES[field]: value for field, value in body.items() if field != "step"}
+            at, step = timestamp(event.time_us), body.get("step")
+            for name, value in sorted(values.items()):
+                yield MODEL_METRICS, {"run_id": batch.run_id, "attempt_id": batch.attempt_id,
+                                      "metric_time": at, "step": step, "name": name, "value": value}
+
+
+def _metadata_row(batch: Batch, start: Event) -> Row:
+    """The ``run_metadata`` row of an attempt's start: what the job said of itself, the name it
+    gave the run and the workload it runs in."""
+    body = start.body
+    workload = body.get("workload", {})
+    return {
+        "run_id": batch.run_id, "attempt_id": batch.attempt_id,
+        "start_time": timestamp(start.time_us), "run_group": body.get("run_group") or None,
+        "accelerator_type": body.get("accelerator_type") or None,
+        "chip_count": body.get("chip_count") or None,
+        "configured_ideal_step_time_s": body.get("configured_ideal_step_time_s"),
+        "location": body.get("location") or None,
+        "emitter_version": body.get("emitter_version") or None,
+        "labels": json.dumps(body["labels"], sort_keys=True) if body.get("labels") else None,
+        "run_name": batch.run_name or batch.run_id, "workload_uid": batch.workload_uid or None,
+        **{field: workload.get(field) or None for field in WORKLOAD_FIELDS},
+    }

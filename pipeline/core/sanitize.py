@@ -36,9 +36,9 @@ GCM_LABEL_KEY = re.compile(rf"[a-z][a-z0-9_]{{0,{GCM_MAX_LABEL_KEY - 1}}}")
 #: has at most two free-text columns), so no single row can make a request the service refuses.
 MAX_ID_BYTES = 2048  # 512 characters (the parser's limit on run and attempt ids) of up to 4 bytes
 MAX_TEXT_BYTES = 512 * 1024
-#: Free-text columns: JSON documents and raw payloads, kept as they came (control characters
-#: included) but for lone surrogates and length. Every other STRING column is an identifier.
-TEXT_COLUMNS = frozenset({"payload", "body", "labels", "reason", "note"})
+#: Free-text columns: JSON documents, raw payloads and config values, kept as they came (control
+#: characters included) but for lone surrogates and length. Every other STRING column is an identifier.
+TEXT_COLUMNS = frozenset({"payload", "body", "labels", "reason", "note", "value"})
 
 _DIGEST_CHARS = 17  # "~" and 16 hex digits
 _SURROGATES = re.compile(r"[\ud800-\udfff]")

@@ -8,6 +8,7 @@ Rows for the tables (``pipeline.core.rows``) and points for Cloud Monitoring
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from pipeline.core.detect import AnomalyChange
@@ -70,6 +71,16 @@ class WindowFigures:
 
     def badput_pct(self, bucket: str) -> float | None:
         return None if self.total_s <= 0 else 100.0 * self.badput_s[bucket] / self.total_s
+
+    @property
+    def unaccounted_s(self) -> float:
+        """Elapsed time that neither productive time nor a badput bucket holds: 0 when the books
+        balance. Every bucket counts but the informational ``DATA_LOADING_ASYNC``, which overlaps
+        the others by definition. Summed exactly, then rounded to the microsecond (the engine's
+        unit of time), so that no float rounding of the figures shows as unaccounted time."""
+        counted = (bucket_s for bucket, bucket_s in self.badput_s.items() if bucket != DATA_LOADING_ASYNC)
+        left = math.fsum((self.total_s, -self.productive_s, *(-seconds for seconds in counted)))
+        return round(left, 6) + 0.0  # + 0.0 turns a rounded -0.0 into 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,9 +3,12 @@
 Everything it records is measured on the wall clock: the job start, device initialization
 (the reference's TPU initialization: here whatever devices JAX finds, a CPU is enough),
 training preparation (parameters, optimizer state and the compiled update step), data loading,
-each step, an evaluation on held-out data every ``--eval-every`` steps (a custom badput event)
-and a checkpoint save every ``--checkpoint-every`` steps (the parameters written with numpy to
-a temporary directory), then the job end::
+each step with its metrics (loss, learning rate, gradient norm, step time, samples per second:
+``record_metrics``), an evaluation on held-out data every ``--eval-every`` steps (a custom badput
+event) and a checkpoint save every ``--checkpoint-every`` steps (the parameters written with numpy
+to a temporary directory), then the job end. Its configuration (model sizes, optimizer, batch
+size, steps, seed) is recorded once, with ``record_configs``, and the model's size as the
+``TOTAL_WEIGHTS`` metric; the emitter adds the software and system configs it collects itself::
 
     pip install 'jax[cpu]'
     python -m pipeline.demo.jax_train --destination file:demo-output/jax_train.jsonl --steps 300
@@ -27,10 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from emitter import GoodputRecorder
+from emitter import GoodputRecorder, metrics
 from emitter.jax import is_process_zero
 
 _LOG = logging.getLogger("jax_train")
+FEATURES = 32
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
 
 
 def now() -> datetime.datetime:
@@ -82,7 +88,7 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
         recorder.record_tpu_init_end_time(init_end)
 
         recorder.record_training_preparation_start_time(now())
-        features = 32
+        features = FEATURES
         key = jax.random.PRNGKey(args.seed)
         k1, k2, k3 = jax.random.split(key, 3)
 
@@ -104,11 +110,12 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
             h = jax.nn.relu(h @ p["w2"] + p["b2"])
             return jnp.mean((h @ p["w3"] + p["b3"] - y) ** 2)
 
-        def update(p: Any, v: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
+        def update(p: Any, v: Any, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
             loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
-            v = jax.tree_util.tree_map(lambda vi, g: 0.9 * vi + g, v, grads)
-            p = jax.tree_util.tree_map(lambda pi, vi: pi - 0.01 * vi, p, v)
-            return p, v, loss
+            v = jax.tree_util.tree_map(lambda vi, g: MOMENTUM * vi + g, v, grads)
+            p = jax.tree_util.tree_map(lambda pi, vi: pi - LEARNING_RATE * vi, p, v)
+            grad_norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
+            return p, v, loss, grad_norm
 
         x_spec = jax.ShapeDtypeStruct((args.batch_size, features), jnp.float32)
         y_spec = jax.ShapeDtypeStruct((args.batch_size, 1), jnp.float32)
@@ -126,6 +133,16 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
         x_train, y_train = jnp.asarray(x_all[:examples]), jnp.asarray(y_all[:examples])
         x_eval, y_eval = jnp.asarray(x_all[examples:]), jnp.asarray(y_all[examples:])
         recorder.record_data_loading_end_time(now())
+        weights = sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))
+        recorder.record_configs({
+            "model": {"name": "mlp", "features": features, "hidden": args.hidden, "layers": 3,
+                      "weights": weights},
+            "optimizer": {"name": "sgd_momentum", "learning_rate": LEARNING_RATE, "momentum": MOMENTUM},
+            "data": {"batch_size": args.batch_size, "train_examples": examples, "eval_examples": 1024},
+            "steps": args.steps, "seed": args.seed, "eval_every": args.eval_every,
+            "checkpoint_every": args.checkpoint_every,
+        })
+        recorder.record_metrics({metrics.TOTAL_WEIGHTS: weights}, step=0)
 
         checkpoints = Path(tempfile.mkdtemp(prefix="jax-train-ckpt-"))
         batches = examples // args.batch_size
@@ -136,12 +153,14 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
             first = (step % batches) * args.batch_size
             x = x_train[first:first + args.batch_size]
             y = y_train[first:first + args.batch_size]
-            params, velocity, loss_value = step_fn(params, velocity, x, y)
-            loss = float(loss_value)  # waits for the step
+            params, velocity, loss_value, norm_value = step_fn(params, velocity, x, y)
+            loss, grad_norm = (float(value) for value in jax.device_get((loss_value, norm_value)))  # waits
             end = now()
             seconds = (end - start).total_seconds()
-            recorder.record_model_metrics(step, loss=loss, step_time_s=seconds,
-                                          samples_per_s=args.batch_size / max(seconds, 1e-9), time_=end)
+            recorder.record_metrics({metrics.LOSS: loss, metrics.LEARNING_RATE: LEARNING_RATE,
+                                     metrics.GRADIENT_NORM: grad_norm, metrics.STEP_TIME: seconds,
+                                     metrics.SAMPLE_THROUGHPUT: args.batch_size / max(seconds, 1e-9)},
+                                    step=step, time_=end)
             if args.eval_every and (step + 1) % args.eval_every == 0:
                 recorder.record_custom_badput_event_start_time(now(), "EVAL_STEP")
                 eval_loss = float(eval_fn(params, x_eval, y_eval))

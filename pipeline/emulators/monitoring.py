@@ -14,22 +14,34 @@ service refuses, so a sink is tested with the unmodified client::
 or in-process: ``with MonitoringEmulator() as emulator: ...`` with ``emulator.host`` as the
 channel's address and ``emulator.store`` for assertions (``store.points(metric_type)``) and
 fault injection: ``store.garble_next(n)`` (an answer the client cannot read),
-``store.fail_next(n, code)`` (the next n calls fail, an outage or a quota) and
-``store.refuse_next(n, reason)`` (the next n series are refused, a partial failure).
+``store.fail_next(n, code)`` (the next n calls fail, an outage or a quota; ``fail_reads_next``
+for ListTimeSeries) and ``store.refuse_next(n, reason)`` (the next n series are refused, a
+partial failure).
 
 Served: CreateTimeSeries with the documented rules (see ``MetricStore``), including the
 partial failure of the real service: the valid series of a request are written, and the error
 names the others (``timeSeries[3]: ...``) and carries a ``CreateTimeSeriesSummary``.
-ListTimeSeries understands the filters ``metric.type = "X"`` and ``... AND resource.type = "Y"``
-and the interval; it ignores aggregation and paging. Metric descriptors: create, get, list
-(``metric.type = starts_with("...")`` or ``metric.type = "..."``), delete. Anything else
-answers UNIMPLEMENTED. A request over 10 MiB is refused as Google's front end refuses it
-(INVALID_ARGUMENT), not with gRPC's own RESOURCE_EXHAUSTED at 4 MiB.
+ListTimeSeries returns the raw points of one metric type, newest first, as the service does
+without aggregation: its filter is the subset of Monitoring's filter language described at
+``parse_filter``, its interval ``(start, end]`` (a missing start is the end: the points at that
+instant), its views FULL and HEADERS, its paging the service's (``page_size`` points, or series
+with HEADERS, at most ``MAX_PAGE_SIZE``; a series can go on over two pages). An aggregation
+other than ALIGN_NONE, an ``order_by`` or a filter beyond that subset is refused with
+INVALID_ARGUMENT, not answered wrongly. Metric descriptors: create, get, list (by
+``metric.type``), delete. Anything else answers UNIMPLEMENTED. A request over 10 MiB is refused
+as Google's front end refuses it (INVALID_ARGUMENT), not with gRPC's own RESOURCE_EXHAUSTED at
+4 MiB.
+
+Google's own metrics (GKE's ``kubernetes.io/...``) are written by Google, never through
+CreateTimeSeries, which refuses them as the service does: ``store.preload(name, series)`` puts
+such series in the store for reads, with no write rule (any age, any order).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import logging
 import re
 import sys
@@ -87,8 +99,23 @@ _VALUE_TYPES = {"bool_value": MetricDescriptor.BOOL, "int64_value": MetricDescri
                 "double_value": MetricDescriptor.DOUBLE, "string_value": MetricDescriptor.STRING,
                 "distribution_value": MetricDescriptor.DISTRIBUTION}
 _LABEL_KEY = re.compile(r"[a-z][a-z0-9_]*")
-_CLAUSE = re.compile(r'\s*(metric|resource)\.type\s*=\s*(?:"([^"]*)"|starts_with\(\s*"([^"]*)"\s*\))\s*')
 _NS = 1_000_000_000
+#: ListTimeSeries answers at most this many points (or series, with HEADERS) a page, and as many when
+#: ``page_size`` is 0 or more than it (the ``page_size`` of ListTimeSeriesRequest in the API reference).
+MAX_PAGE_SIZE = 100_000
+#: The functions of the filter language understood here, each a test of a value against its arguments.
+_FUNCTIONS: dict[str, Callable[[str, tuple[str, ...]], bool]] = {
+    "starts_with": lambda value, args: value.startswith(args[0]),
+    "ends_with": lambda value, args: value.endswith(args[0]),
+    "has_substring": lambda value, args: args[0] in value,
+    "one_of": lambda value, args: value in args,
+}
+_TOKEN = re.compile(r'\s*(?:(?P<string>"(?:[^"\\]|\\.)*")|(?P<word>[A-Za-z_][A-Za-z0-9_.]*)'
+                    r'|(?P<symbol>!=|>=|<=|[=:<>(),-]))')
+_SELECTOR = re.compile(r"(metric|resource)\.(type|labels?\.([A-Za-z_][A-Za-z0-9_]*))")
+_UNDERSTOOD = ('the filters understood here are comparisons joined by AND: metric.type, resource.type, '
+               'resource.labels.KEY or metric.labels.KEY = "value", starts_with("..."), ends_with("..."), '
+               'has_substring("...") or one_of("...", ...)')
 
 SeriesKey = tuple[str, str, tuple[tuple[str, str], ...], str, tuple[tuple[str, str], ...]]
 
@@ -155,30 +182,130 @@ def _check_kind(kind: int, value_type: int, metric_type: str) -> None:
         raise _Refused(f"A CUMULATIVE metric cannot have value type {_TYPE(value_type)}")
 
 
-def _parse_filter(text: str) -> dict[str, tuple[str, bool]]:
-    """The filters understood here: ``metric.type`` and ``resource.type``, each equal to a string
-    or ``starts_with`` one, joined by AND. Field name to (value, is a prefix)."""
-    conditions: dict[str, tuple[str, bool]] = {}
-    for clause in re.split(r"\s+AND\s+", text.strip()) if text.strip() else []:
-        match = _CLAUSE.fullmatch(clause)
-        if match is None or match.group(1) in conditions:
-            raise _invalid(f"Filter not understood by this stand-in (it takes metric.type = \"...\" "
-                           f"[AND resource.type = \"...\"]): {text!r}")
-        exact, prefix = match.group(2), match.group(3)
-        conditions[match.group(1)] = (prefix, True) if exact is None else (exact, False)
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One comparison of a filter: ``field`` (``metric.type``, ``resource.type``, or a label:
+    ``resource.labels.KEY``, ``metric.labels.KEY``) against ``values`` by ``function`` (``=`` is
+    ``equals``)."""
+
+    field: str
+    function: str
+    values: tuple[str, ...]
+
+    def holds(self, metric: Any, resource: Any) -> bool:
+        """Whether a series (its ``google.api.Metric`` and ``MonitoredResource``) passes; a series
+        without the label passes no test of it."""
+        kind, _, rest = self.field.partition(".")
+        described = metric if kind == "metric" else resource
+        if rest == "type":
+            value = described.type
+        elif rest.removeprefix("labels.") in described.labels:
+            value = described.labels[rest.removeprefix("labels.")]
+        else:
+            return False
+        if self.function == "equals":
+            return bool(value == self.values[0])
+        return _FUNCTIONS[self.function](value, self.values)
+
+
+def parse_filter(text: str) -> list[Condition]:
+    """The conditions of a filter in the subset of Monitoring's filter language understood here:
+    comparisons joined by AND (or by nothing, which Monitoring reads as AND), each a selector
+    (``metric.type``, ``resource.type``, ``resource.labels.KEY``, ``metric.labels.KEY``; ``label``
+    for ``labels`` too) ``=`` a quoted string or one of the functions ``starts_with``,
+    ``ends_with``, ``has_substring``, ``one_of``. Anything else (OR, NOT, parentheses, other
+    operators, selectors or functions) raises INVALID_ARGUMENT saying so, rather than being read
+    otherwise than the service reads it."""
+    tokens = _Tokens(text)
+    conditions: list[Condition] = []
+    while tokens.more():
+        if conditions and tokens.peek() == ("word", "AND"):
+            tokens.take()
+        conditions.append(_comparison(tokens))
     return conditions
 
 
-def _matches(conditions: dict[str, tuple[str, bool]], field: str, value: str) -> bool:
-    wanted, is_prefix = conditions.get(field, ("", True))
-    return value.startswith(wanted) if is_prefix else value == wanted
+class _Tokens:
+    """The tokens of a filter, (kind, text) each, read one at a time; quoted strings unquoted."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self._next = text, 0
+        self._tokens: list[tuple[str, str]] = []
+        position = 0
+        while text[position:].strip():
+            match = _TOKEN.match(text, position)
+            if match is None:
+                raise self.invalid(f"cannot read it from {text[position:].strip()[:20]!r}")
+            kind = match.lastgroup or ""
+            value = match.group(kind)
+            self._tokens.append((kind, re.sub(r"\\(.)", r"\1", value[1:-1]) if kind == "string" else value))
+            position = match.end()
+
+    def more(self) -> bool:
+        return self._next < len(self._tokens)
+
+    def peek(self) -> tuple[str, str]:
+        return self._tokens[self._next]
+
+    def take(self) -> tuple[str, str]:
+        if not self.more():
+            raise self.invalid("it ends in the middle of a comparison")
+        self._next += 1
+        return self._tokens[self._next - 1]
+
+    def invalid(self, problem: str) -> ServiceError:
+        return _invalid(f"Invalid filter {self.text!r}: {problem}")
+
+    def unsupported(self, what: str) -> ServiceError:
+        return _invalid(f"Filter {self.text!r} uses {what}, which this stand-in does not understand: "
+                        f"{_UNDERSTOOD}")
+
+
+def _comparison(tokens: _Tokens) -> Condition:
+    kind, selector = tokens.take()
+    field = _SELECTOR.fullmatch(selector) if kind == "word" else None
+    if field is None:
+        raise tokens.unsupported(repr(selector) if selector in ("OR", "NOT", "(", "-")
+                                 else f"the selector {selector!r}")
+    subject, detail, key = field.groups()
+    name = f"{subject}.type" if detail == "type" else f"{subject}.labels.{key}"
+    operator = tokens.take()
+    if operator != ("symbol", "="):
+        raise tokens.unsupported(f"the operator {operator[1]!r}")
+    kind, value = tokens.take()
+    if kind == "string":
+        return Condition(name, "equals", (value,))
+    if value not in _FUNCTIONS:
+        raise tokens.unsupported(f"the value {value!r}")
+    return Condition(name, value, _arguments(tokens, value))
+
+
+def _arguments(tokens: _Tokens, function: str) -> tuple[str, ...]:
+    """The quoted strings of ``function(...)``."""
+    if tokens.take() != ("symbol", "("):
+        raise tokens.invalid(f"{function} takes its arguments in parentheses")
+    arguments: list[str] = []
+    while True:
+        kind, argument = tokens.take()
+        if kind != "string":
+            raise tokens.invalid(f"the arguments of {function} are quoted strings, got {argument!r}")
+        arguments.append(argument)
+        separator = tokens.take()
+        if separator == ("symbol", ")"):
+            break
+        if separator != ("symbol", ","):
+            raise tokens.invalid(f"expected , or ) in {function}(...), got {separator[1]!r}")
+    if function != "one_of" and len(arguments) != 1:
+        raise tokens.invalid(f"{function} takes one string")
+    return tuple(arguments)
 
 
 class MetricStore:
     """The stand-in's state and rules, independent of gRPC. Thread-safe.
 
     ``clock`` is the service's now (seconds since the epoch), against which point times are
-    checked; ``min_interval_s`` is the shortest time between two points of a series.
+    checked; ``min_interval_s`` is the shortest time between two points of a series. ``requests``
+    counts the CreateTimeSeries calls, ``reads`` the ListTimeSeries calls of valid requests.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time, min_interval_s: float = 5.0) -> None:
@@ -188,15 +315,22 @@ class MetricStore:
         self._series: dict[SeriesKey, _Series] = {}
         self._written: list[tuple[SeriesKey, int, Any]] = []  # every accepted point, in write order
         self._failures: list[grpc.StatusCode] = []
+        self._read_failures: list[grpc.StatusCode] = []
         self._refusals: list[str] = []
         self._garbled = 0
         self.requests = 0
+        self.reads = 0
 
     def fail_next(self, n: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
         """The next ``n`` CreateTimeSeries calls fail with ``code`` and write nothing: an outage
         (UNAVAILABLE, INTERNAL), a quota (RESOURCE_EXHAUSTED), a permission (PERMISSION_DENIED)."""
         with self._lock:
             self._failures.extend([code] * n)
+
+    def fail_reads_next(self, n: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        """The next ``n`` ListTimeSeries calls fail with ``code``."""
+        with self._lock:
+            self._read_failures.extend([code] * n)
 
     def garble_next(self, n: int) -> None:
         """The next ``n`` CreateTimeSeries calls fail with an error the client cannot read: its
@@ -346,36 +480,100 @@ class MetricStore:
         series.points.append((start, end, value))
         self._written.append((key, end, value))
 
-    def list_time_series(self, name: str, filter_: str, interval: types.TimeInterval,
-                         headers_only: bool = False) -> list[types.TimeSeries]:
-        """The series of a metric type with points in ``interval``, each with those points, newest
-        first (as the service answers an unaggregated query)."""
+    def preload(self, name: str, time_series: Iterable[types.TimeSeries]) -> None:
+        """Adds series of metrics that only Google writes (GKE's ``kubernetes.io/...``), for reads:
+        taken as given, with no write rule (points of any age, any number, in any order; a point
+        at the end time of one already there replaces it; the resource's ``project_id`` filled in
+        when missing). Each series names its metric kind and value type, which make the metric's
+        descriptor. ``points`` does not list them, no one having written them. A ValueError says
+        what is wrong with a series."""
         project = _project(name)
-        conditions = _parse_filter(filter_)
-        metric_type, is_prefix = conditions.get("metric", ("", True))
-        if is_prefix:
-            raise _invalid('The filter must name one metric type: metric.type = "..."')
-        window = types.TimeInterval.pb(interval)
-        if not window.HasField("end_time"):
+        with self._lock:
+            for series in time_series:
+                self._preload(project, types.TimeSeries.pb(series))
+
+    def _preload(self, project: str, ts: Any) -> None:
+        metric_type = ts.metric.type
+        if metric_type.startswith(USER_DEFINED + PREDEFINED):
+            raise ValueError(f"{metric_type} is written with CreateTimeSeries, not preloaded")
+        if not ts.metric_kind or not ts.value_type:
+            raise ValueError(f"a preloaded series of {metric_type} names its metric kind and value type")
+        descriptor = self._descriptors.setdefault((project, metric_type), MetricDescriptor(
+            name=f"projects/{project}/metricDescriptors/{metric_type}", type=metric_type,
+            metric_kind=ts.metric_kind, value_type=ts.value_type, unit=ts.unit))
+        if (descriptor.metric_kind, descriptor.value_type) != (ts.metric_kind, ts.value_type):
+            known = f"{_KIND(descriptor.metric_kind)} {_TYPE(descriptor.value_type)}"
+            raise ValueError(f"{metric_type} is {known}, not {_KIND(ts.metric_kind)} {_TYPE(ts.value_type)}")
+        resource_labels = {"project_id": project, **ts.resource.labels}
+        key: SeriesKey = (project, metric_type, tuple(sorted(ts.metric.labels.items())), ts.resource.type,
+                          tuple(sorted(resource_labels.items())))
+        added = {}
+        for point in ts.points:
+            if _VALUE_TYPES.get(point.value.WhichOneof("value")) != ts.value_type:
+                raise ValueError(f"a point of {metric_type} is not {_TYPE(ts.value_type)}")
+            end = _ns(point.interval.end_time)
+            start = _ns(point.interval.start_time) if point.interval.HasField("start_time") else end
+            added[end] = (start, end, _copy(point.value))
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series(_copy(ts.metric), _copy(ts.resource), ts.metric_kind,
+                                                 ts.value_type)
+            series.resource.labels.update(resource_labels)
+        by_end = {end: (start, end, value) for start, end, value in series.points} | added
+        series.points = sorted(by_end.values(), key=lambda kept: kept[1])
+
+    def list_time_series(self, request: types.ListTimeSeriesRequest) -> types.ListTimeSeriesResponse:
+        """One page of the series that the filter selects with points in the interval, each with
+        those points, newest first (as the service answers a query without aggregation); see the
+        module's docstring for what is understood and what is refused."""
+        pb = types.ListTimeSeriesRequest.pb(request)
+        project = _project(pb.name)
+        conditions = parse_filter(pb.filter)
+        named = [c for c in conditions if c.field == "metric.type"]
+        if len(named) != 1 or named[0].function != "equals":
+            raise _invalid('The filter must name exactly one metric type: metric.type = "..."')
+        metric_type = named[0].values[0]
+        _check_raw(pb)
+        if not pb.interval.HasField("end_time"):
             raise _invalid("The interval needs an end time")
-        end = _ns(window.end_time)
-        start = _ns(window.start_time) if window.HasField("start_time") else end
+        end = _ns(pb.interval.end_time)
+        start = _ns(pb.interval.start_time) if pb.interval.HasField("start_time") else end
         if start > end:
             raise _invalid("The interval's start time is after its end time")
-        answer = []
+        if pb.page_size < 0:
+            raise _invalid(f"page_size must be a positive number, got {pb.page_size}")
+        headers_only = pb.view == types.ListTimeSeriesRequest.TimeSeriesView.HEADERS
+        query = _query_id(pb)
+        low = _page_offset(pb.page_token, query)
+        high = low + (pb.page_size if 0 < pb.page_size <= MAX_PAGE_SIZE else MAX_PAGE_SIZE)
+        # Each point is one result (each series, with HEADERS): a page is results low..high of
+        # the whole answer, so that a series can go on over two pages.
+        answer, position = types.ListTimeSeriesResponse.pb()(), 0
         with self._lock:
+            self.reads += 1
+            if self._read_failures:
+                code = self._read_failures.pop(0)
+                raise ServiceError(code, f"Injected failure: {code.name}")
+            unit = getattr(self._descriptors.get((project, metric_type)), "unit", "")
             for key, series in self._series.items():
-                if key[:2] != (project, metric_type) or not _matches(conditions, "resource", key[3]):
+                if key[:2] != (project, metric_type) or not all(
+                        c.holds(series.metric, series.resource) for c in conditions):
                     continue
                 points = [p for p in reversed(series.points) if p[1] == end or start < p[1] <= end]
-                if points:
-                    answer.append(types.TimeSeries.wrap(types.TimeSeries.pb()(
+                results = min(len(points), 1) if headers_only else len(points)
+                first, last = max(low - position, 0), min(high - position, results)
+                if first < last:
+                    answer.time_series.append(types.TimeSeries.pb()(
                         metric=series.metric, resource=series.resource, metric_kind=series.kind,
-                        value_type=series.value_type, points=[] if headers_only else [
+                        value_type=series.value_type, unit=unit, points=[] if headers_only else [
                             types.Point.pb()(interval=types.TimeInterval.pb()(start_time=_stamp(s),
                                                                               end_time=_stamp(e)), value=v)
-                            for s, e, v in points])))
-        return answer
+                            for s, e, v in points[first:last]]))
+                position += results
+        if high < position:
+            answer.next_page_token = _page_token(high, query)
+        response: types.ListTimeSeriesResponse = types.ListTimeSeriesResponse.wrap(answer)
+        return response
 
     # -- metric descriptors -----------------------------------------------------------------
 
@@ -410,10 +608,13 @@ class MetricStore:
 
     def list_metric_descriptors(self, name: str, filter_: str = "") -> list[Any]:
         project = _project(name)
-        conditions = _parse_filter(filter_)
+        conditions = parse_filter(filter_)
+        if any(c.field != "metric.type" for c in conditions):
+            raise _invalid(f"Filter {filter_!r}: this stand-in lists metric descriptors by metric.type only")
         with self._lock:
             return [d for (p, t), d in sorted(self._descriptors.items())
-                    if p == project and t.startswith(USER_DEFINED) and _matches(conditions, "metric", t)]
+                    if p == project and t.startswith(USER_DEFINED)
+                    and all(c.holds(metric_pb2.Metric(type=t), None) for c in conditions)]
 
     def delete_metric_descriptor(self, name: str) -> None:
         """Deletes a user-defined metric with its data, as the service does."""
@@ -433,6 +634,43 @@ class MetricStore:
         if key not in self._descriptors:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"Could not find descriptor for metric {key[1]!r}")
         return key, self._descriptors[key]
+
+
+def _check_raw(request: Any) -> None:
+    """A ListTimeSeries request asks for the raw points: no aggregation but ALIGN_NONE, no order."""
+    for field in ("aggregation", "secondary_aggregation"):
+        aggregation = getattr(request, field)
+        if (aggregation.per_series_aligner or aggregation.cross_series_reducer or aggregation.group_by_fields
+                or aggregation.HasField("alignment_period")):
+            raise _invalid(f"This stand-in answers with the raw points only: leave out {field} "
+                           "(or give per_series_aligner ALIGN_NONE and nothing else)")
+    if request.order_by:
+        raise _invalid("order_by is unsupported: it must be left blank (points come newest first)")
+
+
+def _query_id(request: Any) -> str:
+    """What a page token belongs to: the request but for its page size and token."""
+    query = _copy(request)
+    query.page_size, query.page_token = 0, ""
+    return hashlib.sha256(query.SerializeToString(deterministic=True)).hexdigest()[:16]
+
+
+def _page_token(offset: int, query: str) -> str:
+    return base64.urlsafe_b64encode(f"{offset}:{query}".encode()).decode()
+
+
+def _page_offset(token: str, query: str) -> int:
+    """The results before the page a token asks for; INVALID_ARGUMENT for a token not given for
+    this query."""
+    if not token:
+        return 0
+    try:
+        offset, given_for = base64.urlsafe_b64decode(token.encode()).decode().split(":")
+        if given_for == query and int(offset) >= 0:
+            return int(offset)
+    except ValueError:  # binascii.Error and UnicodeDecodeError too
+        pass
+    raise _invalid(f"Invalid page token {token!r}: give the next_page_token of the same query")
 
 
 def _copy(message: Any) -> Any:
@@ -510,14 +748,11 @@ def _handlers(store: MetricStore) -> list[grpc.GenericRpcHandler]:
             handle, request_deserializer=sized(request_type.deserialize, FRONT_END_MAX_REQUEST_BYTES),
             response_serializer=serializer)
 
-    headers = types.ListTimeSeriesRequest.TimeSeriesView.HEADERS
     methods = {
         "CreateTimeSeries": unary(lambda r: store.create_time_series(r.name, list(r.time_series)),
                                   types.CreateTimeSeriesRequest, empty_pb2.Empty),
-        "ListTimeSeries": unary(
-            lambda r: types.ListTimeSeriesResponse(time_series=store.list_time_series(
-                r.name, r.filter, r.interval, r.view == headers)),
-            types.ListTimeSeriesRequest, types.ListTimeSeriesResponse),
+        "ListTimeSeries": unary(store.list_time_series, types.ListTimeSeriesRequest,
+                                types.ListTimeSeriesResponse),
         "CreateMetricDescriptor": unary(lambda r: store.create_metric_descriptor(r.name, r.metric_descriptor),
                                         types.CreateMetricDescriptorRequest, MetricDescriptor),
         "GetMetricDescriptor": unary(lambda r: store.get_metric_descriptor(r.name),
@@ -569,9 +804,9 @@ class MonitoringEmulator:
 def main(argv: list[str] | None = None) -> int:
     parser = emulator_parser(
         "monitoring", "Run a local stand-in of Cloud Monitoring's MetricService (google.monitoring.v3 "
-                      "over gRPC, in memory) that enforces the CreateTimeSeries rules. Reach it with an "
-                      "insecure gRPC channel to HOST:PORT, e.g. the pipeline's "
-                      "--monitoring_endpoint=HOST:PORT.", 8086)
+                      "over gRPC, in memory) that enforces the CreateTimeSeries rules and answers "
+                      "ListTimeSeries with the raw points. Reach it with an insecure gRPC channel to "
+                      "HOST:PORT, e.g. the pipeline's --monitoring_endpoint=HOST:PORT.", 8086)
     parser.add_argument("--min_interval_s", type=float, default=5.0,
                         help="shortest time between two points of a series (default: %(default)s)")
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from goodput_schemas import ACCELERATOR_PRICES, table_names, table_options, table_schema
+from goodput_schemas import SEEDED_TABLES, table_names, table_options, table_schema
 from pipeline.core.events import DeadLetter
 from pipeline.core.rows import DEAD_LETTER, Row, dead_letter_row
 from pipeline.core.sanitize import clean_row
@@ -55,7 +55,8 @@ def make_client(project: str, endpoint: str | None = None) -> Any:
 def create_tables(client: Any, project: str, dataset: str) -> None:
     """Creates the dataset and every output table that does not exist yet, as Terraform does:
     schemas from ``goodput_schemas/tables/``, day partitioning and clustering from ``table_options``; a
-    new ``accelerator_prices`` table is seeded from ``goodput_schemas/accelerator_prices.csv``."""
+    new table of ``SEEDED_TABLES`` (``accelerator_prices``, ``accelerator_peaks``) is seeded from its
+    CSV file in ``goodput_schemas/``."""
     from google.api_core.exceptions import NotFound
     from google.cloud import bigquery
 
@@ -74,12 +75,18 @@ def create_tables(client: Any, project: str, dataset: str) -> None:
             table.time_partitioning = bigquery.TimePartitioning(field=options["partition_field"])
         table.clustering_fields = options["cluster"]
         client.create_table(table)
-        if name == "accelerator_prices":
-            with ACCELERATOR_PRICES.open(newline="") as prices:
-                rows = [{**row, "usd_per_chip_hour": float(row["usd_per_chip_hour"])}
-                        for row in csv.DictReader(prices)]
-            if errors := client.insert_rows_json(reference, rows):
-                raise RuntimeError(f"could not seed {reference}: {errors}")
+        if name in SEEDED_TABLES:
+            _seed(client, reference, name)
+
+
+def _seed(client: Any, reference: str, name: str) -> None:
+    """Inserts the rows of a seeded table's CSV file, its FLOAT64 columns as numbers."""
+    numbers = {field["name"] for field in table_schema(name) if field["type"] in ("FLOAT64", "FLOAT")}
+    with SEEDED_TABLES[name].open(newline="") as seed:
+        rows = [{column: float(value) if column in numbers else value for column, value in row.items()}
+                for row in csv.DictReader(seed)]
+    if errors := client.insert_rows_json(reference, rows):
+        raise RuntimeError(f"could not seed {reference}: {errors}")
 
 
 def to_json(row: Row) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Writes output rows to a DuckDB file, in tables made from the JSON schemas in goodput_schemas/tables/.
 
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
-in BigQuery: a later snapshot is a new row, and "latest" is a view. ``accelerator_prices``, which
-the fleet SQL joins for costs, is seeded from ``goodput_schemas/accelerator_prices.csv`` while empty.
+in BigQuery: a later snapshot is a new row, and "latest" is a view. The tables the fleet SQL joins
+for costs and peaks, ``accelerator_prices`` and ``accelerator_peaks``, are seeded from their CSV
+files in ``goodput_schemas/`` while empty.
 Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQuery
 (``pipeline.core.sanitize``), so both hold the same values.
 """
@@ -20,7 +21,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from goodput_schemas import ACCELERATOR_PRICES, table_names, table_schema, views
+from goodput_schemas import SEEDED_TABLES, table_names, table_schema, views
 from pipeline.core.events import Batch
 from pipeline.core.rows import EVENTS, Element, Row, by_table, event_rows
 from pipeline.core.sanitize import clean_row, identifier
@@ -147,16 +148,18 @@ class DuckDBSink:
             for column, kind in _columns()[name]:
                 if (name, column) in missing:
                     self._connection.execute(f'ALTER TABLE "{name}" ADD COLUMN "{column}" {kind}')
-        self._seed_prices()
+        self._seed()
         for name, query in views("main").items():
             self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
 
-    def _seed_prices(self) -> None:
-        """Fills an empty ``accelerator_prices`` table from the price list in ``goodput_schemas/``."""
-        if self._connection.execute("SELECT count(*) FROM accelerator_prices").fetchone() == (0,):
-            self._connection.execute("INSERT INTO accelerator_prices SELECT * FROM read_csv(?, header=true, "
-                                     "columns={'accelerator_type': 'VARCHAR', 'usd_per_chip_hour': "
-                                     "'DOUBLE', 'note': 'VARCHAR'})", [str(ACCELERATOR_PRICES)])
+    def _seed(self) -> None:
+        """Fills each empty table of ``SEEDED_TABLES`` (prices, peaks) from its CSV file in
+        ``goodput_schemas/``, read with the table's column types."""
+        for table, path in SEEDED_TABLES.items():
+            if self._connection.execute(f'SELECT count(*) FROM "{table}"').fetchone() == (0,):
+                columns = ", ".join(f"'{name}': '{kind}'" for name, kind in _columns()[table])
+                self._connection.execute(f'INSERT INTO "{table}" SELECT * FROM read_csv(?, header=true, '
+                                         f"columns={{{columns}}})", [str(path)])
 
     def write(self, table: str, rows: Iterable[Row]) -> int:
         """Appends ``rows`` to ``table``; returns how many."""

@@ -12,8 +12,12 @@ on a few resource types, and the Workload is not one of them. They are ``goodput
 cumulative goodput in percent, and ``open_anomalies``, an INT64 gauge per ``kind`` of anomaly
 (``pipeline.core.detect.ANOMALY_KINDS``): how many anomalies of that kind are open in the run as of
 the snapshot. It is written for every kind at every snapshot, 0 when none is open, so that a
-series falls back to 0 when an anomaly ends and an alert on it closes. Their descriptors are
-made by the service from their first points, as for any user-defined metric written without one.
+series falls back to 0 when an anomaly ends and an alert on it closes. Beside them, and not
+from the stream (its snapshots know only runtime goodput), ``goodput productivity``
+(``pipeline.app.productivity``) writes ML Productivity Goodput from the tables:
+``ml_productivity_goodput_pct`` per run and ``fleet_ml_productivity_goodput_pct`` per accelerator
+type (``job`` = ``fleet``). Their descriptors are made by the service from their first points, as
+for any user-defined metric written without one.
 
 The write rules are Cloud Monitoring's: at most 200 series per request, one point per series per
 request, points of a series in order and no more often than every ``min_interval_s`` (the
@@ -58,6 +62,10 @@ NAMESPACE = "fleet_goodput"  # the generic_task namespace of the custom metrics
 #: The resources' labels (``project_id`` is filled in by the service).
 WORKLOAD_LABELS = frozenset({"project_id", "location", "workload_id", "replica_id"})
 GENERIC_TASK_LABELS = frozenset({"project_id", "location", "namespace", "job", "task_id"})
+#: The metrics ``goodput productivity`` writes from the tables (the stream does not), with their labels.
+PRODUCTIVITY_METRICS: dict[str, frozenset[str]] = {
+    CUSTOM + "ml_productivity_goodput_pct": frozenset({"accelerator_type", "known_factors"}),
+    CUSTOM + "fleet_ml_productivity_goodput_pct": frozenset({"accelerator_type"})}
 #: Every metric written, with its labels; each metric with labels may also carry ``cluster_name``.
 METRICS: dict[str, frozenset[str]] = {
     REFERENCE + name: frozenset(labels) for name, labels in {
@@ -74,7 +82,7 @@ METRICS: dict[str, frozenset[str]] = {
         "interval_badput": {"badput_source", "accelerator_type", "rolling_window_size"},
     }.items()
 } | {CUSTOM + "goodput_pct": frozenset({"accelerator_type"}),
-     CUSTOM + "open_anomalies": frozenset({"kind", "accelerator_type"})}
+     CUSTOM + "open_anomalies": frozenset({"kind", "accelerator_type"})} | PRODUCTIVITY_METRICS
 OPTIONAL_LABEL = "cluster_name"
 
 

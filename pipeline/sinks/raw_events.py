@@ -6,6 +6,9 @@ whole: ids within the table's limits, the body as JSON. Read back, one attempt's
 sequence order become messages again in the emitter's encoding, which the parser reads as it read
 the originals, so a replay of the table gives every number the stream gave. A redelivered message
 leaves its rows in the table twice; the repeats are dropped here (and would be by the engine).
+The rows of a run told apart by its workload hold the run id the pipeline derived; a backfill
+encodes the messages of such an attempt under the name the job gave and its workload uid again,
+as ``run_metadata`` records them, so the replay's ``run_metadata`` names the run as the original's.
 
     goodput replay --from_duckdb=live.duckdb --duckdb=backfill.duckdb
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,17 @@ EVENTS_PER_MESSAGE = 1000
 COLUMNS = "run_id, attempt_id, seq, epoch_us(event_time), kind, step, body"
 BIGQUERY_COLUMNS = "run_id, attempt_id, seq, UNIX_MICROS(event_time), kind, step, body"
 _FETCH_ROWS = 10_000
+#: (run_id, attempt_id) -> (the run id the job gave, its workload uid), for attempts of a workload.
+Workloads = Mapping[tuple[str, str], tuple[str, str]]
+#: The attempts of a workload, as ``run_metadata`` records them.
+_WORKLOADS_SQL = ("SELECT DISTINCT run_id, attempt_id, run_name, workload_uid FROM run_metadata "
+                 "WHERE workload_uid IS NOT NULL")
 
 
-def messages(rows: Iterable[Sequence[Any]], source: str) -> Iterator[tuple[str, bytes]]:
-    """(source, message) for rows of ``COLUMNS``, ordered by run, attempt and seq."""
+def messages(rows: Iterable[Sequence[Any]], source: str,
+             workloads: Workloads | None = None) -> Iterator[tuple[str, bytes]]:
+    """(source, message) for rows of ``COLUMNS``, ordered by run, attempt and seq; an attempt of
+    a workload (``workloads``) encoded under the name the job gave, with the workload's uid."""
     own: list[Event] = []
     last: tuple[str, str, int] | None = None
     for run_id, attempt_id, seq, time_us, kind, step, body in rows:
@@ -39,17 +49,19 @@ def messages(rows: Iterable[Sequence[Any]], source: str) -> Iterator[tuple[str, 
         last = run_id, attempt_id, seq
         if own and ((own[-1].run_id, own[-1].attempt_id) != (run_id, attempt_id)
                     or len(own) == EVENTS_PER_MESSAGE):
-            yield _message(own, source)
+            yield _message(own, source, workloads or {})
             own = []
         values = {"step": step} if kind == "step_start" else json.loads(body)
         own.append(Event(run_id, attempt_id, seq, time_us, kind, values))
     if own:
-        yield _message(own, source)
+        yield _message(own, source, workloads or {})
 
 
-def _message(events: list[Event], source: str) -> tuple[str, bytes]:
+def _message(events: list[Event], source: str, workloads: Workloads) -> tuple[str, bytes]:
     first = events[0]
-    return f"{source}#{first.run_id}/{first.attempt_id}/{first.seq}", encode_events(events)
+    run_name, uid = workloads.get((first.run_id, first.attempt_id), ("", ""))
+    return (f"{source}#{first.run_id}/{first.attempt_id}/{first.seq}",
+            encode_events(events, run_name, uid))
 
 
 def backfill_messages(path: str) -> Iterator[tuple[str, bytes]]:
@@ -58,8 +70,12 @@ def backfill_messages(path: str) -> Iterator[tuple[str, bytes]]:
     import duckdb
 
     with duckdb.connect(path, read_only=True) as connection:
+        named = connection.execute("SELECT 1 FROM duckdb_columns() WHERE table_name = 'run_metadata' "
+                                   "AND column_name = 'workload_uid'").fetchall()
+        workloads = {(run_id, attempt_id): (name, uid) for run_id, attempt_id, name, uid
+                     in connection.execute(_WORKLOADS_SQL).fetchall()} if named else {}
         cursor = connection.execute(f"SELECT {COLUMNS} FROM events ORDER BY run_id, attempt_id, seq")
-        yield from messages(_chunks(cursor), f"duckdb:{path}")
+        yield from messages(_chunks(cursor), f"duckdb:{path}", workloads)
 
 
 class EventsTables(abc.ABC):

@@ -142,8 +142,8 @@ run "the_pipeline_appends_rows_and_keeps_its_files_apart" {
   }
 
   assert {
-    condition     = !contains(keys(google_bigquery_table_iam_member.pipeline), "accelerator_prices")
-    error_message = "The pipeline may not write the price table, which Terraform loads."
+    condition     = length(setintersection(keys(google_bigquery_table_iam_member.pipeline), ["accelerator_prices", "accelerator_peaks", "capacity"])) == 0
+    error_message = "The pipeline may not write the price and peak tables, which Terraform loads, nor capacity, which a person imports."
   }
 
   assert {

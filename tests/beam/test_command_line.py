@@ -15,6 +15,7 @@ import pytest
 
 from pipeline.beam.launcher import run
 from pipeline.beam.options import UsageError, parse_command_line
+from pipeline.core.detect import DetectionSettings
 from support.beam import SNAPSHOT_TABLES, table
 
 STREAM = ["--streaming", "--subscription=projects/p/subscriptions/s"]
@@ -221,8 +222,12 @@ def test_help_names_the_command_it_was_run_as(capsys):
 
 def test_the_pipeline_options_take_detection_settings_and_refuse_nonsense():
     events = ["--events=e.jsonl", "--duckdb=g.duckdb"]
-    options = parse_command_line([*events, "--min_slowdown=0.2", "--hang_min_s=120", "--hang_factor=5"])
+    options = parse_command_line([*events, "--min_slowdown=0.2", "--hang_min_s=120", "--hang_factor=5",
+                                  "--straggler_min_s=600", "--host_bucket_s=120", "--host_settle_s=0"])
     assert (options.min_slowdown, options.hang_min_s, options.hang_factor) == (0.2, 120.0, 5.0)
-    for bad in ("--min_slowdown=0", "--min_slowdown=nan", "--hang_factor=-1", "--hang_min_s=0"):
+    assert (options.straggler_min_s, options.host_bucket_s, options.host_settle_s) == (600, 120, 0)
+    assert parse_command_line(events).straggler_min_s == DetectionSettings().straggler_min_s
+    for bad in ("--min_slowdown=0", "--min_slowdown=nan", "--hang_factor=-1", "--hang_min_s=0",
+                "--straggler_min_s=0", "--host_bucket_s=1.5", "--host_settle_s=-1", "--host_bucket_s=86401"):
         with pytest.raises(UsageError, match=bad.split("=")[0]):
             parse_command_line([*events, bad])

@@ -6,7 +6,9 @@ processing time on so that the timers fire; each test says which timer fires whe
 
 from __future__ import annotations
 
+import datetime
 import functools
+import itertools
 from typing import Any
 
 import apache_beam as beam
@@ -24,11 +26,12 @@ from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import SnapshotRows, WriteToDuckDB
 from pipeline.core import engine, state_coder
 from pipeline.core.detect import DetectionSettings
-from pipeline.core.events import Batch, Event, parse_batch
+from pipeline.core.events import Batch, Event, encode_events, parse_batch
 from pipeline.core.rows import timestamp
 from pipeline.core.snapshot import Snapshot
-from support.beam import keyed_stream, streaming_options
+from support.beam import keyed_stream, replay, streaming_options, table
 from support.runs import record_ours, shape
+from support.steps import S, attempt_events, host_events, host_summaries, step_times
 
 WINDOWS = (300,)
 
@@ -380,3 +383,78 @@ def test_a_state_stored_whole_by_an_earlier_version_is_read_then_logged():
     again = live.StoredRun(fn, "run", whole, log, info).load()
     assert again is not state and again is not None
     assert again.snapshot(latest_time(batches), WINDOWS) == engine_snapshot(batches, latest_time(batches))
+
+
+#: The processing time the stream's clock says: set by ``Arrive`` as messages come.
+_NOW = [0.0]
+
+
+def _processing_time() -> float:
+    return _NOW[0]
+
+
+class Arrive(beam.DoFn):
+    """(run, (arrival s, batch)) in, (run, batch) out, the clock set to the batch's arrival."""
+
+    def process(self, element: tuple[str, tuple[float, Batch]]) -> Any:
+        run_id, (arrival_s, batch) = element
+        _NOW[0] = arrival_s
+        yield run_id, batch
+
+
+def test_the_stream_writes_the_anomaly_rows_the_batch_replay_writes(tmp_path):
+    """A run of 1 s steps, 30 % slower from 10 to 25 minutes in, stuck for 200 s at 30 minutes,
+    with a host among 8 that is 30 % slower from 10 to 30 minutes, to its end at 40 minutes.
+    Its messages come 30 s of event time at a time, 30 s apart, so every snapshot is up to 30 s
+    ahead of the events still to come: the stream writes the replay's run_anomalies rows, each
+    once, and the end closes the slowdown and the straggler."""
+    start = 1_750_000_000 * S
+    times = step_times(2_400, 1.0, slow=(600, 1500, 0.3), gaps={1800: 200.0}, start_us=start)
+    end = times[-1] + S
+    summaries = [s for s in host_summaries(8, 45, slow=(3, 600, 1800, 0.3), start_us=start) if s[1] < end]
+    events = sorted(attempt_events("a", times, end_us=end) + host_events(summaries), key=lambda e: e.time_us)
+    chunks = [list(chunk) for _, chunk in itertools.groupby(
+        events, key=lambda e: (e.time_us - start) // (30 * S))]
+    messages = [[encode_events([e for e in chunk if e.attempt_id == attempt])
+                 for attempt in dict.fromkeys(e.attempt_id for e in chunk)] for chunk in chunks]
+    stream = keyed_stream()
+    for chunk, datas in enumerate(messages):
+        stream = stream.add_elements([("run", (30.0 * chunk, parse_batch(data)[0])) for data in datas])
+        stream = stream.advance_processing_time(30)
+    stream = stream.advance_watermark_to_infinity()
+    replayed = table(replay([data for datas in messages for data in datas], tmp_path), "run_anomalies")
+    assert {(row[1], row[2]) for row in replayed} == {
+        ("slowdown", None), ("hang", None), ("straggler", "host-3")} and len(replayed) == 6
+
+    def check(streamed: list[tuple[Any, ...]]) -> None:
+        naive = [tuple(v.replace(tzinfo=None) if isinstance(v, datetime.datetime) else v for v in row)
+                 for row in streamed]  # as DuckDB gives them back
+        assert sorted(naive, key=repr) == sorted(replayed, key=repr)
+
+    _NOW[0] = 0.0
+    with BeamTestPipeline(options=streaming_options()) as pipeline:
+        tracked = pipeline | stream | beam.ParDo(Arrive()) | TrackRunsLive(WINDOWS, clock=_processing_time)
+        rows = (tracked.snapshots
+                | SnapshotRows()
+                | beam.Filter(lambda row: row[0] == "run_anomalies")
+                | beam.Map(lambda row: tuple(row[1].values())))
+        assert_that(rows, check)
+
+
+def test_a_host_summary_too_late_to_be_scored_is_counted():
+    """Ten minutes of a run's steps and of summaries of 4 hosts, each message reported as it
+    comes (a stopping stream), then a summary dated before them: left out of the scores, and
+    counted."""
+    start = 1_750_000_000 * S
+    summaries = sorted(attempt_events("a", step_times(600, 1.0, start_us=start))
+                       + host_events(host_summaries(4, 10, start_us=start)), key=lambda e: e.time_us)
+    late = Event("run", "timer-late", 0, start + 60 * S, "host_steps",
+                 {"host": "host-9", "count": 60, "mean_s": 1.0, "max_s": 1.0})
+    batches = [parse_batch(encode_events([event]))[0] for event in [*summaries, late]]
+    pipeline = beam.Pipeline(options=streaming_options())
+    _ = (pipeline | keyed_stream().add_elements([("run", b) for b in batches]).advance_watermark_to_infinity()
+         | TrackRunsLive(WINDOWS, clock=lambda: 0.0, stopping=lambda: True))
+    result = pipeline.run()
+    result.wait_until_finish()
+    [counter] = result.metrics().query(MetricsFilter().with_name("late_host_summaries"))["counters"]
+    assert counter.committed == 1

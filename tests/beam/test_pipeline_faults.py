@@ -24,7 +24,7 @@ from pipeline.core.events import Batch, parse_batch
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents, EventsTables
 from support.beam import SNAPSHOT_TABLES, keyed_stream, query, replay, run_batch, streaming_options, table
-from support.runs import FLEET, batch_of
+from support.runs import FIRST_UID, FLEET, batch_of, reused_name, workload_messages
 
 WINDOWS = (300,)
 POISONED = "run-b"
@@ -144,6 +144,22 @@ def test_a_restarted_stream_restores_its_runs_from_the_raw_events_and_catches_up
     forgetful = final_rows(tmp_path / "forgetful.duckdb")
     split = {batch_of(line).run_id for line in clean_lines[:half]} & {run for run, _ in redelivered}
     assert split and all(forgetful[run][2] < never_stopped[run][2] for run in split)  # time lost: wrong
+
+
+def test_a_restarted_stream_restores_a_workloads_run_under_the_id_its_messages_derive(tmp_path):
+    """The raw events of a run of a workload hold the id derived from its name and uid: a stream
+    started again restores the run from them when the workload speaks again, and catches up."""
+    events, _, _ = reused_name()
+    lines = workload_messages(events, "llama", FIRST_UID, 50)
+    half = len(lines) // 2
+    before = replay(lines[:half], tmp_path / "before")
+    stream(keyed(lines[half - 1:]), tmp_path / "restarted.duckdb", restore_from=DuckDBEvents(str(before)))
+    stream(keyed(lines[half - 1:]), tmp_path / "forgetful.duckdb")
+    stream(keyed(lines), tmp_path / "never-stopped.duckdb")
+    never_stopped = final_rows(tmp_path / "never-stopped.duckdb")
+    assert list(never_stopped) == ["llama~3f2a9c1e"]
+    assert final_rows(tmp_path / "restarted.duckdb") == never_stopped
+    assert final_rows(tmp_path / "forgetful.duckdb")["llama~3f2a9c1e"][2] < never_stopped["llama~3f2a9c1e"][2]
 
 
 def test_a_run_whose_history_cannot_be_read_goes_on_from_its_message(clean_lines, tmp_path, caplog):

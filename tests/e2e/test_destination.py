@@ -25,7 +25,7 @@ JOB = """
     import logging, sys, time
     logging.basicConfig(level=logging.INFO)
     from emitter import EmitterSettings, GoodputRecorder
-    settings = EmitterSettings(spool_dir=sys.argv[1], max_latency_s=0.05,
+    settings = EmitterSettings(spool_dir=sys.argv[1], max_latency_s=0.05, collect_configs=False,
                                retry_initial_backoff_s=0.05, retry_max_backoff_s=0.1)
     recorder = GoodputRecorder("run-d", "goodput_run-d", True, settings=settings)
     recorder.record_job_start_time()

@@ -31,7 +31,7 @@ CHILD = """
     destination, spool, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
     recorder = GoodputRecorder("preempted", logging_enabled=True, destination=destination,
                                settings=EmitterSettings(spool_dir=spool, max_batch_events=50,
-                                                        max_latency_s=0.005,
+                                                        max_latency_s=0.005, collect_configs=False,
                                                         heartbeat_interval_s=None))
 
     def preempted(signum, frame):
@@ -164,7 +164,8 @@ def test_a_disk_filling_up_under_spool_and_destination_loses_nothing_uncounted(t
             settings=EmitterSettings(spool_dir=spool, max_queue_events=500, max_batch_events=100,
                                      max_latency_s=0.01, retry_initial_backoff_s=0.01,
                                      retry_max_backoff_s=0.05, spool_segment_bytes=16 * 1024,
-                                     max_spool_bytes=10 * 1024 * 1024, heartbeat_interval_s=None))
+                                     max_spool_bytes=10 * 1024 * 1024, heartbeat_interval_s=None,
+                                     collect_configs=False))
         recorder.record_job_start_time(at(0))
         for step in range(20_000):
             recorder.record_step_start_time(step, at(1 + step / 100))

@@ -198,7 +198,7 @@ CHILD = """
     recorder = GoodputRecorder(
         "run-killed", logging_enabled=True, destination=destination,
         settings=EmitterSettings(spool_dir=spool, max_batch_events=50, max_queue_events=500,
-                                 max_latency_s=0.05, heartbeat_interval_s=None,
+                                 max_latency_s=0.05, heartbeat_interval_s=None, collect_configs=False,
                                  retry_initial_backoff_s=0.01, retry_max_backoff_s=0.1))
     t0 = datetime.datetime(2026, 11, 1, 8, tzinfo=datetime.timezone.utc)
     recorder.record_job_start_time(t0)

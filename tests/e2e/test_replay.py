@@ -224,6 +224,7 @@ def test_a_duckdb_file_replaced_under_the_same_name_gets_its_tables_again(tmp_pa
         path.unlink()
         sink = DuckDBSink(path)
         assert sink.query("SELECT count(*) FROM accelerator_prices")[0][0] > 0
+        assert sink.query("SELECT count(*) FROM accelerator_peaks")[0][0] > 0
         assert sink.query("SELECT count(*) FROM goodput_snapshots") == [(0,)]
         sink.close()
         path.unlink()

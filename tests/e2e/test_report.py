@@ -144,6 +144,25 @@ def test_every_saved_query_has_its_table(report: str, fleet_database: Path):
     assert f"<td>{ranking[0][1]}</td>" in queries
 
 
+def test_the_simulated_runs_are_compared_as_one_run_group(report: str, fleet_database: Path):
+    """The simulated runs share a run group: its table has a column per run, in start order, and
+    each metric's last value as model_metrics holds it; its chart has a panel per metric."""
+    runs = [run for run, in sql(fleet_database, "SELECT run_id FROM run_metadata GROUP BY run_id "
+                                                "ORDER BY min(start_time), run_id")]
+    compared = section(report, "run-groups")
+    rows = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)
+            for row in re.findall(r"<tr>(.*?)</tr>", compared.split("<table>")[1])]
+    assert rows[0] == ["", *map(html.escape, runs)]
+    last = dict(sql(fleet_database, "SELECT run_id, value FROM model_metrics WHERE name = 'LOSS' "
+                                    "QUALIFY row_number() OVER (PARTITION BY run_id "
+                                    "ORDER BY step DESC, metric_time DESC) = 1"))
+    (loss,) = [row for row in rows if row[0] == "LOSS (last)"]
+    assert [float(cell.split(" @ ")[0]) for cell in loss[1:]] == [pytest.approx(last[run], abs=1e-4)
+                                                                   for run in runs]
+    svg = compared.split("<svg", 1)[1]
+    assert all(f">{name}<" in svg for name in ("LOSS", "STEP_TIME"))
+
+
 def test_the_report_loads_nothing_from_the_network(report: str):
     """No script, stylesheet, image or link points outside the file."""
     references = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']*)', report)
@@ -186,6 +205,7 @@ def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: P
                 assert box and box["width"] > 600 and box["height"] > 100, (index, box)
             assert page.locator("#fleet-goodput").inner_text().endswith("%")
             assert page.locator("#anomalies figure.plot svg").is_visible()
+            assert page.locator("#run-groups figure.plot svg").is_visible()
             ongoing, found = page.locator("#anomaly-count").inner_text().split(" / ")
             cells = page.locator("#anomalies tbody tr td:nth-child(6)").all_inner_texts()
             assert len(cells) == int(found) and cells.count("ongoing") == int(ongoing) > 0

@@ -408,9 +408,10 @@ def test_the_image_build_config_is_a_cloud_build_that_the_dockerfile_builds():
 KEEPERS = ("google_dataflow_flex_template_job.", "google_bigquery_dataset.", "google_bigquery_table.tables",
            "google_pubsub_topic.", "google_pubsub_subscription.", "google_storage_bucket.",
            "google_artifact_registry_repository.")
-#: Replaced on purpose by in-place changes: commands that run again, the price load made anew.
+#: Replaced on purpose by in-place changes: commands that run again, the price and peak loads made anew.
 RERUN = {"terraform_data.autoscaling[0]", "terraform_data.image[0]",
-         "terraform_data.accelerator_prices_load", "google_bigquery_job.accelerator_prices"}
+         'terraform_data.seed_load["accelerator_prices"]', 'google_bigquery_job.seed["accelerator_prices"]',
+         'terraform_data.seed_load["accelerator_peaks"]', 'google_bigquery_job.seed["accelerator_peaks"]'}
 #: Every variable's change that updates the deployment in place (all at once: a change that
 #: replaces nothing alone replaces nothing with others).
 IN_PLACE = {
@@ -431,18 +432,21 @@ REGIONAL = {"google_artifact_registry_repository.images",
             "google_artifact_registry_repository_iam_member.pipeline", "google_compute_subnetwork.workers[0]",
             "google_dataflow_flex_template_job.pipeline[0]", "google_storage_bucket.dataflow",
             "google_storage_bucket.scratch", "terraform_data.autoscaling[0]", "terraform_data.image[0]"}
-DATASET = {"google_bigquery_dataset.goodput", "google_bigquery_job.accelerator_prices"}
+DATASET = {"google_bigquery_dataset.goodput", 'google_bigquery_job.seed["accelerator_prices"]',
+           'google_bigquery_job.seed["accelerator_peaks"]'}
 #: What each change that cannot be made in place replaces.
 REPLACES = {
     "region=europe-west4": REGIONAL,
-    "dataset_location=EU": DATASET | {"terraform_data.accelerator_prices_load"},
+    "dataset_location=EU": DATASET | {'terraform_data.seed_load["accelerator_prices"]',
+                                      'terraform_data.seed_load["accelerator_peaks"]'},
     "dataset_id=goodput_two": DATASET | {"google_bigquery_dataset_iam_member.pipeline"} | {
         f"{kind}[\"{table}\"]" for table in checks.PIPELINE_TABLES
         for kind in ("google_bigquery_table.tables", "google_bigquery_table_iam_member.pipeline")} | {
         *(f'google_bigquery_table_iam_member.pipeline_reader["{table}"]' for table in checks.READ_TABLES),
-        'google_bigquery_table.tables["accelerator_prices"]',
-        *(f'google_bigquery_table.views["{view}.sql"]' for view in ("latest_anomalies", "latest_badput",
-                                                                      "latest_goodput"))},
+        *(f'google_bigquery_table.tables["{table}"]' for table in ("accelerator_prices", "accelerator_peaks",
+                                                                    "capacity")),
+        *(f'google_bigquery_table.views["{view}.sql"]' for view in (
+            "latest_anomalies", "latest_badput", "latest_goodput", "latest_jobset_metrics"))},
     # A new repository is empty: the image is built into it again.
     f"kms_key_name={KEY}": {"google_artifact_registry_repository.images", "terraform_data.image[0]",
                             "google_artifact_registry_repository_iam_member.builder",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from emitter import ElasticGoodputRecorder, EmitterSettings
 from emitter.testing import capture_events
-from goodput_schemas.limits import MAX_COUNT
+from goodput_schemas.limits import CONFIG_SOURCES, MAX_COUNT
 from goodput_schemas.wire import Message, Record, encode_batch
 from pipeline.core import engine
 from pipeline.core.events import EVENT_KINDS, Batch, Event, encode_events, parse_batch, parse_message
@@ -34,7 +34,7 @@ def at(seconds: float) -> datetime.datetime:
 
 
 def record_ours(attempts: Sequence[Sequence[Call]]) -> list[Event]:
-    settings = EmitterSettings(heartbeat_interval_s=None)
+    settings = EmitterSettings(heartbeat_interval_s=None, collect_configs=False, discover_workload=False)
     with capture_events() as captured:
         for calls in attempts:
             recorder = ElasticGoodputRecorder("run", "log", True, settings=settings)
@@ -273,6 +273,54 @@ def messages(events: Iterable[Event], size: int) -> list[bytes]:
     return [encode_events(own[i:i + size]) for own in ordered for i in range(0, len(own), size)]
 
 
+def workload_messages(events: Iterable[Event], run_name: str, uid: str, size: int = 1000) -> list[bytes]:
+    """The messages of ``size`` events a workload's emitter would send: under the run id
+    ``run_name``, each naming the workload ``uid``; per attempt, in seq order, the attempts in
+    start order."""
+    by_attempt: dict[str, list[Event]] = {}
+    for event in sorted(events, key=lambda e: (e.attempt_id, e.seq)):
+        by_attempt.setdefault(event.attempt_id, []).append(event)
+    ordered = sorted(by_attempt.values(), key=lambda own: min(e.time_us for e in own))
+    return [encode_events(own[i:i + size], run_name, uid)
+            for own in ordered for i in range(0, len(own), size)]
+
+
+#: Two workloads' uids (JobSets'), for runs they give one name.
+FIRST_UID, SECOND_UID = "3f2a9c1e-5b1d-4a7e-9c1e-000000000001", "8d04b7aa-11c2-4f0e-8d04-000000000002"
+
+
+def reused_name() -> tuple[list[Event], list[Event], int]:
+    """Two workloads' events, for runs of one name: the restarted run's (a crash and a restart),
+    and an ended run of other attempts starting an hour after it; and the time to take both
+    runs' snapshots at."""
+    first, first_as_of = recorded("restarted")
+    events, as_of = recorded("ended")
+    offset = first_as_of + 3600 * S - min(e.time_us for e in events)
+    second = [dataclasses.replace(e, attempt_id=f"second-{e.attempt_id}", time_us=e.time_us + offset)
+              for e in events]
+    return list(first), second, as_of + offset
+
+
+def with_configs_and_metrics(events: Iterable[Event], configs: dict[str, str]) -> list[Event]:
+    """The events, and in each attempt after them: ``configs`` as its user configs at its first
+    event's time, and LOSS (NaN at step 5) and LEARNING_RATE at every 5th step's start."""
+    events = list(events)
+    extra: list[Event] = []
+    for attempt in sorted({e.attempt_id for e in events}):
+        own = sorted((e for e in events if e.attempt_id == attempt), key=lambda e: e.seq)
+        seq = own[-1].seq + 1
+        extra.append(Event(own[0].run_id, attempt, seq, own[0].time_us, "configs",
+                           {"source": "user", "values": dict(configs)}))
+        for event in own:
+            step = event.body.get("step") if event.kind == "step_start" else None
+            if step is not None and step % 5 == 0:
+                seq += 1
+                loss = float("nan") if step == 5 else 4.0 / (1 + step)
+                extra.append(Event(event.run_id, attempt, seq, event.time_us + 1, "metrics",
+                                   {"step": step, "values": {"LOSS": loss, "LEARNING_RATE": 0.01}}))
+    return events + extra
+
+
 def write_events(events: Iterable[Event], path: Path) -> None:
     """The events as an emitter file: one message per attempt."""
     path.write_bytes(b"".join(message + b"\n" for message in messages(events, 1_000_000)))
@@ -331,6 +379,12 @@ _BODIES: dict[str, st.SearchStrategy[dict[str, object]]] = {
     "host_steps": st.floats(0, 100).flatmap(lambda mean: st.fixed_dictionaries(
         {"host": st.sampled_from(["h0", "h1"]), "count": st.integers(1, 100), "mean_s": st.just(mean),
          "max_s": st.floats(mean, 200)})),
+    "configs": st.fixed_dictionaries({"source": st.sampled_from(CONFIG_SOURCES), "values": st.dictionaries(
+        st.sampled_from(["seed", "optimizer.lr"]), st.sampled_from(["1", "0.5", "adam"]), max_size=2)}),
+    "metrics": st.fixed_dictionaries(
+        {"values": st.dictionaries(st.sampled_from(["LOSS", "mine"]), st.floats(-1e3, 1e3) | st.just("NaN"),
+                                   min_size=1, max_size=2)},
+        optional={"step": st.integers(0, 50)}),
 }
 
 

@@ -27,9 +27,11 @@ from pipeline.sinks.monitoring import METRICS, OPTIONAL_LABEL, resource_of
 from support import REPO
 
 TEMPLATE_METADATA = REPO / "dataflow" / "metadata.json"
-#: The tables the pipeline appends rows to (not ``accelerator_prices``, which Terraform loads).
+#: The tables the pipeline appends rows to (not ``accelerator_prices`` and ``accelerator_peaks``,
+#: which Terraform loads, nor ``capacity``, which ``goodput import capacity`` fills).
 PIPELINE_TABLES = (rows.GOODPUT, rows.BADPUT, rows.STEP_STATS, rows.DISRUPTIONS, rows.RUN_ANOMALIES,
-                   rows.DEAD_LETTER, rows.EVENTS, rows.RUN_METADATA)
+                   rows.DEAD_LETTER, rows.EVENTS, rows.RUN_METADATA, rows.RUN_CONFIGS, rows.MODEL_METRICS,
+                   "jobset_metrics")  # the stream's import of GKE's metrics (--gke_metrics_project)
 
 #: Google Cloud's own metrics the pipeline's self-monitoring may use, with their resource type.
 CLOUD_METRICS = {

@@ -30,7 +30,7 @@ def digest(path: Path) -> str:
 
 
 def ours(path: Path) -> Path:
-    """A DuckDB file as the pipeline leaves it: every table and view, no rows but the prices."""
+    """A DuckDB file as the pipeline leaves it: every table and view, no rows but the prices and peaks."""
     DuckDBSink(path).close()
     return path
 

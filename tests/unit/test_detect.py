@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import random
 
 import pytest
@@ -21,36 +20,7 @@ from pipeline.core.detect import (
     HostScorer,
 )
 from pipeline.core.events import Event
-
-S = 1_000_000
-T0 = 1_800_000_000 * S
-
-
-def step_times(count: int, step_s: float, *, noise: float = 0.03, seed: int = 0, compile_s: float = 30.0,
-               slow: tuple[float, float, float] | None = None, gaps: dict[int, float] | None = None,
-               start_us: int = T0) -> list[int]:
-    """Step start times of a run whose step time is log-normal with spread ``noise``, with a
-    checkpoint every 100 steps (3 times longer) and heavy tails (1 % of the others 2 to 6 times
-    longer), a
-    first step ``compile_s`` longer, ``slow`` = (from s, to s, fraction) slower steps between
-    those times (from the start), and ``gaps`` = {step: seconds} the given steps stuck that much
-    longer."""
-    rng = random.Random(seed)
-    times, clock = [start_us], 0.0
-    for index in range(count - 1):
-        duration = step_s * math.exp(rng.gauss(0, noise))
-        if index % 100 == 99:
-            duration *= 3
-        elif rng.random() < 0.01:
-            duration *= rng.uniform(2, 6)
-        if index == 0:
-            duration += compile_s
-        if slow is not None and slow[0] <= clock < slow[1]:
-            duration *= 1 + slow[2]
-        duration += (gaps or {}).get(index, 0.0)
-        clock += duration
-        times.append(start_us + round(clock * S))
-    return times
+from support.steps import T0, S, attempt_events, host_events, host_summaries, step_times
 
 
 def detect(times: list[int], settings: DetectionSettings | None = None) -> list[AnomalyChange]:
@@ -132,17 +102,6 @@ def test_detection_settings_are_checked():
 # -- in the engine ---------------------------------------------------------------------------
 
 
-def attempt_events(attempt_id: str, times: list[int], *, first_step: int = 0,
-                   start_us: int | None = None, end_us: int | None = None) -> list[Event]:
-    start = times[0] - 10 * S if start_us is None else start_us
-    events = [Event("run", attempt_id, 0, start, "job_start", {})]
-    events += [Event("run", attempt_id, 1 + k, t, "step_start", {"step": first_step + k})
-               for k, t in enumerate(times)]
-    if end_us is not None:
-        events.append(Event("run", attempt_id, len(events), end_us, "job_end", {}))
-    return events
-
-
 def run_events() -> tuple[list[Event], int]:
     """A run with a slowdown, a hang its process was killed in, a restart, a hang it came out of
     and one it is in at the end."""
@@ -206,6 +165,33 @@ def test_a_hang_under_way_is_reported_once_and_its_end_later():
     assert state.hang_threshold_s() == 60.0
 
 
+def test_a_slowdown_or_straggler_open_when_the_run_ends_ends_with_it_and_is_found_again_after_a_restart():
+    """Slow from 10 minutes in to the end (job_end at 40 min), with a slow host: both end at the
+    job end, in the stream (snapshots every 30 s) as in the replay, and nothing is open after it.
+    After a restart, still slow, both are found again."""
+    times = step_times(2_400, 1.0, slow=(600, 10_000, 0.3))
+    end = times[-1] + S
+    summaries = host_events([s for s in host_summaries(8, 40, slow=(3, 600, 10_000, 0.3)) if s[1] < end])
+    events = sorted(attempt_events("a", times, end_us=end) + summaries, key=lambda e: e.time_us)
+    replay = snapshots_rows(events, [end + 600 * S])
+    assert [(c.kind, c.ended_us) for c in replay] == [(SLOWDOWN, None), (STRAGGLER, None), (SLOWDOWN, end),
+                                                      (STRAGGLER, end)]
+    assert snapshots_rows(events, [*range(T0, end, 30 * S), end, end + 600 * S]) == replay
+    state = engine.RunState("run")
+    state.add_all(events)
+    assert state.snapshot(end + 600 * S).open_anomalies == {SLOWDOWN: 0, HANG: 0, STRAGGLER: 0}
+    restart = end + 120 * S
+    again = step_times(1_200, 1.0, seed=2, start_us=restart + 20 * S, slow=(0, 10_000, 0.3))
+    later = host_events(host_summaries(8, 20, slow=(3, 0, 10_000, 0.3), start_us=restart, seed=2))
+    state.add_all(sorted(attempt_events("b", again, first_step=3_000, start_us=restart)
+                         + [dataclasses.replace(e, attempt_id=e.attempt_id + "-b") for e in later],
+                         key=lambda e: e.time_us))
+    snapshot = state.snapshot(again[-1])
+    assert snapshot.open_anomalies == {SLOWDOWN: 1, HANG: 0, STRAGGLER: 1}
+    assert {c.kind for c in snapshot.anomalies if c.ended_us is None and c.started_us > restart} == {
+        SLOWDOWN, STRAGGLER}
+
+
 def test_slow_step_time_is_the_step_time_beyond_the_ideal():
     durations = [1.0] * 50 + [1.5, 3.0]
     times = [T0]
@@ -221,33 +207,6 @@ def test_slow_step_time_is_the_step_time_beyond_the_ideal():
 
 
 # -- stragglers ------------------------------------------------------------------------------
-
-
-def host_summaries(hosts: int, minutes: int, *, step_s: float = 1.0, noise: float = 0.03, seed: int = 0,
-                   slow: tuple[int, float, float, float] | None = None,
-                   start_us: int = T0) -> list[tuple[str, int, int, float, float]]:
-    """(host, time, count, mean, max) of each host's summary about every 60 s (60 s plus up to a
-    step, as ``HostStepTimer`` records them), its steps' times log-normal with spread ``noise``
-    with heavy tails (1 % of steps 2 to 6 times longer); ``slow`` = (host, from s, to s,
-    fraction): that host that much slower between those times."""
-    rng = random.Random(seed)
-    summaries = []
-    for host in range(hosts):
-        clock = rng.uniform(0, 60)
-        while clock < minutes * 60:
-            durations = []
-            began = clock
-            while clock - began < 60:
-                duration = step_s * math.exp(rng.gauss(0, noise))
-                if rng.random() < 0.01:
-                    duration *= rng.uniform(2, 6)
-                if slow is not None and host == slow[0] and slow[1] <= clock < slow[2]:
-                    duration *= 1 + slow[3]
-                durations.append(duration)
-                clock += step_s
-            summaries.append((f"host-{host}", start_us + round(clock * S), len(durations),
-                              sum(durations) / len(durations), max(durations)))
-    return sorted(summaries, key=lambda summary: summary[1])
 
 
 def stragglers(summaries: list[tuple[str, int, int, float, float]], as_of_times: list[int],
@@ -308,17 +267,6 @@ def test_a_straggler_that_stops_reporting_ends_and_late_or_repeated_summaries_ar
     assert scorer.add("h", T0, 60, 1.0, 2.0) and not scorer.add("h", T0, 60, 1.0, 2.0)  # a redelivery
     scorer.score(T0 + 600 * S, DetectionSettings())
     assert not scorer.add("h", T0 + 60 * S, 60, 1.0, 2.0) and scorer.late == 1
-
-
-def host_events(summaries: list[tuple[str, int, int, float, float]]) -> list[Event]:
-    """The summaries as ``host_steps`` events, each host's from an attempt of its own."""
-    seqs: dict[str, int] = {}
-    events = []
-    for host, time_us, count, mean, longest in summaries:
-        seq = seqs[host] = seqs.get(host, -1) + 1
-        events.append(Event("run", f"timer-{host}", seq, time_us, "host_steps",
-                            {"host": host, "count": count, "mean_s": mean, "max_s": longest}))
-    return events
 
 
 def test_host_summaries_find_a_straggler_change_no_figure_and_survive_the_state_coder():

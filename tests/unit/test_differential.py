@@ -25,8 +25,17 @@ from pipeline.core.snapshot import (
     TRAINING_PREP,
     WASTED_PROGRESS,
 )
-from support.reference import TOLERANCE_PP, Result, compare, reference, reference_log
-from support.runs import T0, TraceBuilder, micros, record_ours
+from support.reference import TOLERANCE_PP, Result, compare, reference, reference_log, run_reference
+from support.runs import (
+    FIRST_UID,
+    SECOND_UID,
+    T0,
+    TraceBuilder,
+    batch_of,
+    micros,
+    record_ours,
+    workload_messages,
+)
 
 
 def assert_matches(reference: Result, ours: Result, except_buckets: tuple[str, ...] = ()) -> None:
@@ -298,6 +307,37 @@ def test_save_during_lost_progress_is_not_taken_from_productive_time(tmp_path: P
     assert ours.badput_s[CHECKPOINT_SAVE] == 0.0
     assert ours.goodput_pct == pytest.approx(reference.goodput_pct + 100 * 4.0 / ours.total_s, abs=1e-6)
     assert_complete(ours)
+
+
+def test_a_name_reused_by_a_new_workload_is_a_new_run(tmp_path: Path):
+    """A JobSet that reuses the name of one that ended an hour before: the reference merges both
+    into one run, the new JobSet's start a restart (a disruption, the hour between them elapsed);
+    told apart by the workload uid their messages carry, each is a run of its own, and each has the
+    figures the reference gives it alone."""
+    first = TraceBuilder(seed=18)
+    first.start_attempt()
+    first.steps(0, 200, noise=0.05, compile_s=20)
+    first.end()
+    second = TraceBuilder(seed=19, clock=first.clock + 3600)
+    second.start_attempt()
+    second.steps(0, 150, noise=0.05, compile_s=20)
+    second.end()
+    merged = run_reference([*first.attempts, *second.attempts], tmp_path / "merged")
+    assert merged.disruptions == 1 and merged.total_s > 3600
+    states: dict[str, engine.RunState] = {}
+    for run, uid in ((first, FIRST_UID), (second, SECOND_UID)):
+        for message in workload_messages(record_ours(run.attempts), "run", uid):
+            batch = batch_of(message)
+            states.setdefault(batch.run_id, engine.RunState(batch.run_id)).add_batch(batch)
+    assert sorted(states) == ["run~3f2a9c1e", "run~8d04b7aa"]
+    for run, run_id in ((first, "run~3f2a9c1e"), (second, "run~8d04b7aa")):
+        snapshot = states[run_id].snapshot(second.as_of_us())
+        assert snapshot is not None
+        figures = snapshot.cumulative
+        ours = Result(figures.total_s, figures.goodput_pct or 0.0, figures.badput_s,
+                      snapshot.max_productive_step, len(snapshot.disruptions))
+        assert_matches(run_reference(run.attempts, tmp_path / run_id), ours)
+        assert ours.disruptions == 0
 
 
 def test_exclusion_intervals_match(tmp_path: Path):

@@ -296,11 +296,11 @@ def test_a_job_end_inside_a_failure_records_the_failure():
     assert ends == [{"failed": True}, {}, {"failed": True}, {"failed": False}, {}, {"failed": True}]
 
 
-def test_a_second_job_start_on_one_recorder_starts_a_new_attempt():
+def test_a_second_job_start_on_one_recorder_starts_a_new_attempt(make_settings):
     """As the reference's own tests record a restart: every event of the new attempt is under
     a new attempt id, numbered from 0, and nothing of either attempt is lost."""
     with capture_events() as captured:
-        recorder = GoodputRecorder("run-1", "goodput_run-1", True)
+        recorder = GoodputRecorder("run-1", "goodput_run-1", True, settings=make_settings())
         first = recorder.attempt_id
         recorder.record_job_start_time(at(0))
         recorder.record_step_start_time(0, at(1))
@@ -318,10 +318,10 @@ def test_a_second_job_start_on_one_recorder_starts_a_new_attempt():
     assert recorder.stats.recorded == recorder.stats.sent == 5
 
 
-def test_many_restarts_on_one_recorder_keep_their_counts_and_little_else():
+def test_many_restarts_on_one_recorder_keep_their_counts_and_little_else(make_settings):
     """Attempts already delivered leave only their counters behind."""
     with capture_events() as captured:
-        recorder = GoodputRecorder("run-1", "goodput_run-1", True)
+        recorder = GoodputRecorder("run-1", "goodput_run-1", True, settings=make_settings())
         for restart in range(30):
             recorder.record_job_start_time(at(10 * restart))
             recorder.record_step_start_time(restart, at(10 * restart + 1))

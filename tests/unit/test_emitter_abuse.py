@@ -45,7 +45,7 @@ CALLS = [
     ("record_elastic_wait_end_time", 1, 2), ("record_elastic_reinit_start_time", 0, 1),
     ("record_elastic_reinit_end_time", 0, 1), ("record_checkpoint_save", 2, 4),
     ("record_checkpoint_restore", 2, 3), ("record_heartbeat", 0, 1), ("record_model_metrics", 1, 1),
-    ("flush", 0, 1),
+    ("record_configs", 1, 2), ("record_metrics", 1, 3), ("flush", 0, 1),
 ]
 METRICS = ("loss", "step_time_s", "tokens_per_s", "samples_per_s", "mfu", "tflops_per_device",
            "time_")

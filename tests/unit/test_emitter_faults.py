@@ -106,7 +106,10 @@ def test_a_spool_that_refuses_writes_drops_the_oldest_counted_logged_once_and_re
         record_steps(recorder, range(500), durations)
     refused = recorder.stats
     assert (refused.recorded, refused.dropped, refused.queued, refused.spilled) == (500, 450, 50, 0)
-    assert percentile(durations, 0.99) < 0.001
+    # Not blocked: a call that waited on the spool would take milliseconds every time. Of 500
+    # calls, a busy machine's scheduler alone delays a few past 1 ms (p99 3 ms seen beside two
+    # other test processes on two cores), not one in twenty.
+    assert percentile(durations, 0.95) < 0.001
     logged = [r for r in caplog.records if "refuses events" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.ERROR
 

@@ -20,7 +20,7 @@ def test_capture_events_collects_events_without_a_destination():
         recorder.record_job_start_time(at(0))
         recorder.record_step_start_time(0, at(1))
         recorder.record_step_start_time(1, at(2))
-        assert [(e.kind, e.body.get("step")) for e in captured.events] == [
+        assert [(e.kind, e.body.get("step")) for e in captured.events if e.kind != "configs"] == [
             ("job_start", None), ("step_start", 0), ("step_start", 1)]
         recorder.close()
     assert {e.attempt_id for e in captured.events} == {recorder.attempt_id}

@@ -95,6 +95,31 @@ def test_unreadable_message_is_one_dead_letter(payload, reason):
          "count must be >= 1"),
         ({"seq": 1, "time_us": T, "host_steps": {"host": "h", "count": 3, "mean_s": 3.0, "max_s": 2.0}},
          "at most max_s"),
+        ({"seq": 1, "time_us": T, "configs": {"source": "mine", "values": {"a": "1"}}},
+         "configs.source must be one of user, software, system"),
+        ({"seq": 1, "time_us": T, "configs": {"values": {"a": "1"}}}, "configs.source must be one of"),
+        ({"seq": 1, "time_us": T, "configs": {"source": "user", "values": {"": "1"}}},
+         "a configs key is empty"),
+        ({"seq": 1, "time_us": T, "configs": {"source": "user", "values": {"a\nb": "1"}}},
+         "a configs key must be printable"),
+        ({"seq": 1, "time_us": T, "configs": {"source": "user", "values": {"a": "x" * 1025}}},
+         "more than MAX_CONFIG_VALUE_LENGTH"),
+        ({"seq": 1, "time_us": T, "configs": {"source": "user", "values": dict.fromkeys(map(str, range(1001)),
+                                                                                         "1")}},
+         "more than MAX_CONFIG_ENTRIES"),
+        ({"seq": 1, "time_us": T, "configs": {"source": "user", "values": {"a": 1}}}, "does not match"),
+        ({"seq": 1, "time_us": T, "metrics": {"step": 2}}, "must name at least one metric"),
+        ({"seq": 1, "time_us": T, "metrics": {"step": -2, "values": {"LOSS": 1.0}}}, "step must be >= 0"),
+        ({"seq": 1, "time_us": T, "metrics": {"values": {"x" * 129: 1.0}}}, "a metric name must be"),
+        ({"seq": 1, "time_us": T, "metrics": {"values": {"LOSS\x1b": 1.0}}}, "a metric name must be"),
+        ({"seq": 1, "time_us": T, "metrics": {"values": {f"m{i}": 1.0 for i in range(65)}}},
+         "more than MAX_METRICS_PER_EVENT"),
+        ({"seq": 1, "time_us": T, "metrics": {"values": {"LOSS": "high"}}}, "does not match"),
+        ({"seq": 1, "time_us": T, "job_start": {"workload": {"cluster": "c\n1"}}},
+         "job_start.workload.cluster must be printable"),
+        ({"seq": 1, "time_us": T, "job_start": {"workload": {"pod": "p" * 257}}},
+         "more than MAX_TEXT_LENGTH"),
+        ({"seq": 1, "time_us": T, "job_start": {"workload": {"rack": "r1"}}}, "does not match"),
     ],
 )
 def test_invalid_event_is_dead_lettered_and_its_neighbours_kept(event, reason):
@@ -127,6 +152,64 @@ def test_model_metrics_may_be_non_finite():
     assert not dead
     assert events[0].body["mfu"] == 0.4
     assert events[0].body["loss"] != events[0].body["loss"]  # NaN
+
+
+def test_configs_and_metrics_become_events():
+    """Config values of any text up to MAX_CONFIG_VALUE_LENGTH and metric values of any double
+    (non-finite ones too) are read as given; a metric's step is there only when set."""
+    value = "é\n" * 500
+    events, dead = parse_message(batch(
+        {"seq": 0, "time_us": T, "configs": {"source": "user",
+                                             "values": {"model.layers": "4", "note": value}}},
+        {"seq": 1, "time_us": T, "metrics": {"step": 7, "values": {"LOSS": "Infinity", "mine": -2}}},
+        {"seq": 2, "time_us": T, "metrics": {"values": {"LATENCY": 0.5}}}))
+    assert not dead
+    assert events[0].body == {"source": "user", "values": {"model.layers": "4", "note": value}}
+    assert events[1].body == {"step": 7, "values": {"LOSS": math.inf, "mine": -2.0}}
+    assert events[2].body == {"values": {"LATENCY": 0.5}}
+
+
+def test_a_workloads_message_belongs_to_the_run_of_its_name_and_uid():
+    """A message naming its workload is of the run ``workload_run_id(run_id, uid)``: its events, its
+    dead letters and its batch, read in columns or in general; the name it gave stays with the batch."""
+    records = [(0, T, "job_start", {"workload": {"cluster": "c1", "jobset_name": "js"}}),
+               (1, T + 1, "step_start", {"step": 0}), (2, T + 2, "step_start", {"step": -1})]
+    data = encode_batch("run-1", "a1", records, workload_uid="3f2a9c1e-5b1d-4a7e").data
+    columnar, general = parse_batch(data, now_us=T), parse_batch(data.decode(), now_us=T)
+    assert repr(columnar) == repr(general)
+    batch, dead = general
+    assert batch is not None and (batch.run_id, batch.run_name, batch.workload_uid) == (
+        "run-1~3f2a9c1e", "run-1", "3f2a9c1e-5b1d-4a7e")
+    assert {e.run_id for e in batch.events()} == {"run-1~3f2a9c1e"}
+    assert batch.others[0].body["workload"] == {"cluster": "c1", "jobset_name": "js"}
+    assert [d.run_id for d in dead] == ["run-1~3f2a9c1e"]
+    plain, _ = parse_batch(encode_batch("run-1", "a1", records[:2]).data, now_us=T)
+    assert plain is not None and (plain.run_id, plain.run_name, plain.workload_uid) == ("run-1", "", "")
+
+
+def test_events_encoded_again_under_their_name_and_uid_come_back_to_their_run():
+    """``encode_events`` with the name and uid a batch was read with gives a message of the same run."""
+    data = encode_batch("run-1", "a1", [(0, T, "metrics", {"values": {"LOSS": "NaN"}})], "uid-1").data
+    batch, _ = parse_batch(data, now_us=T)
+    assert batch is not None
+    again, _ = parse_batch(events_module.encode_events(batch.events(), batch.run_name, batch.workload_uid),
+                           now_us=T)
+    assert again is not None and repr(again) == repr(batch)
+
+
+@pytest.mark.parametrize(("header", "reason", "run_id"), [
+    ({"workload_uid": "u" * 129}, "workload_uid must be at most 128 printable characters", "run-1"),
+    ({"workload_uid": "a\tb"}, "workload_uid must be at most 128 printable characters", "run-1"),
+    ({"workload_uid": 7}, "does not match the schema", "run-1"),
+    ({"workloadUid": "3f2a9c1e"}, 'the header names "workloadUid"', "run-1"),
+    ({"workload_uid": "3f2a9c1e-77", "schema_version": 9}, "unsupported schema_version", "run-1~3f2a9c1e"),
+])
+def test_a_message_with_a_bad_workload_uid_is_one_dead_letter(header, reason, run_id):
+    """A workload uid that is not valid (or not read) would make a run of the wrong workload: the
+    whole message is a dead letter, naming the run as far as it can be known."""
+    batch_, dead = parse_batch(batch({"seq": 0, "time_us": T, "step_start": {"step": 0}}, **header), now_us=T)
+    assert batch_ is None and len(dead) == 1
+    assert reason in dead[0].reason and dead[0].run_id == run_id
 
 
 _scalars = st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=True), st.booleans(),
@@ -205,24 +288,29 @@ _step_events = st.builds(lambda seq, t, step: {"seq": seq, "time_us": t, "step_s
 
 @settings(max_examples=400, deadline=None)
 @example(events=[{"seq": 0, "time_us": T, "job_start": {"labels": {"a": "b"}}},
-                 {"seq": 1, "time_us": T, "step_start": {"step": 0}}], ascii=True)
+                 {"seq": 1, "time_us": T, "step_start": {"step": 0}}], ascii=True, uid="")
 @example(events=[{"seq": 1, "time_us": T, "step_start": {"step": 0}},
                  {"seq": 2, "time_us": T, "custom_badput_start": {"badput_type": "a}],{\"seq\":"}}],
-         ascii=False)
-@example(events=[{"seq": 1, "time_us": T, "step_start": {"step": "7"}}], ascii=True)
+         ascii=False, uid="")
+@example(events=[{"seq": 1, "time_us": T, "step_start": {"step": "7"}}], ascii=True, uid="")
 @example(events=[{"seq": 0, "time_us": T, "job_start": {"labels": {f"k{i}": "v" for i in range(65)}}},
-                 {"seq": 1, "time_us": T, "step_start": {"step": 0}}], ascii=True)  # over MAX_LABELS
+                 {"seq": 1, "time_us": T, "step_start": {"step": 0}}], ascii=True, uid="")  # over MAX_LABELS
 @example(events=[{"seq": 0, "time_us": T, "step_start": {"step": 0}},
-                 {"seq": 1, "time_us": T, "custom_badput_start": {"badput_type": "\x1b[31m"}}], ascii=False)
+                 {"seq": 1, "time_us": T, "custom_badput_start": {"badput_type": "\x1b[31m"}}], ascii=False,
+         uid="")
 @example(events=[{"seq": 0, "time_us": T, "step_start": {"step": 0}},
-                 {"seq": 1, "time_us": T, "model_metrics": {"step": 0, "loss": "NaN"}}], ascii=True)
-@example(events=[{"seq": 0, "time_us": T, "model_metrics": {"loss": "NAN"}}], ascii=False)
-@given(events=st.lists(st.one_of(_step_events, _other_events), min_size=1, max_size=6), ascii=st.booleans())
-def test_mixed_messages_read_in_columns_agree_with_the_general_path(events, ascii):
+                 {"seq": 1, "time_us": T, "model_metrics": {"step": 0, "loss": "NaN"}}], ascii=True, uid="")
+@example(events=[{"seq": 0, "time_us": T, "model_metrics": {"loss": "NAN"}}], ascii=False, uid="")
+@example(events=[{"seq": 0, "time_us": T, "metrics": {"values": {"LOSS": "-Infinity", "mine": 2}}},
+                 {"seq": 1, "time_us": T, "configs": {"source": "user", "values": {"a.b": "1"}}}], ascii=True,
+         uid="3f2a9c1e-77")
+@given(events=st.lists(st.one_of(_step_events, _other_events), min_size=1, max_size=6), ascii=st.booleans(),
+       uid=st.sampled_from(["", "3f2a9c1e-77", "ü-uid"]))
+def test_mixed_messages_read_in_columns_agree_with_the_general_path(events, ascii, uid):
     """A message of step starts and other events reads the same as bytes (in columns where it
-    can) and as text (the general path), dead letters included."""
-    message = json.dumps({"schema_version": 1, "run_id": "run", "attempt_id": "a", "events": events},
-                         separators=(",", ":"), ensure_ascii=ascii)
+    can) and as text (the general path), dead letters included, with a workload uid or without."""
+    header = dict(schema_version=1, run_id="run", attempt_id="a", **({"workload_uid": uid} if uid else {}))
+    message = json.dumps({**header, "events": events}, separators=(",", ":"), ensure_ascii=ascii)
     with _in_columns_however_many_others():
         now = _now_us()  # one clock for both: a reason may say how far ahead of it a time is
         columnar, general = parse_batch(message.encode(), now_us=now), parse_batch(message, now_us=now)

@@ -259,3 +259,114 @@ def test_goodput_query_sql_names_the_tables_in_the_dataset_given(capsys):
     assert "--sql needs --dataset" in capsys.readouterr().err
     assert main(["query", "lost_chip_hours", "--dataset", "my-project.goodput"]) == 2
     assert "--dataset is for --sql" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def books_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run K balances in its latest snapshot (not in an earlier one); run U leaves 0.7 % of its
+    elapsed time in no bucket in its latest (not in an earlier one); run L's rows were written
+    before unaccounted_s existed."""
+    path = tmp_path_factory.mktemp("books") / "fleet.duckdb"
+    sink = DuckDBSink(path)
+    sink.write("goodput_snapshots", [
+        {**goodput("K", "2026-11-02 10:00:00", 3600, 3000, 8), "unaccounted_s": 5.0},
+        {**goodput("K", "2026-11-02 12:00:00", 10800, 9000, 8), "unaccounted_s": 0.0},
+        {**goodput("K", "2026-11-02 12:00:00", 300, 0, 8, window_s=300), "unaccounted_s": 2.0},  # rolling
+        {**goodput("U", "2026-11-02 10:00:00", 3600, 3000, 8), "unaccounted_s": 0.0},
+        {**goodput("U", "2026-11-02 12:00:00", 10000, 9000, 8, ended=True), "unaccounted_s": 70.0},
+        goodput("L", "2026-11-02 12:00:00", 100, 50, 0),
+    ])
+    sink.close()
+    return path
+
+
+def test_unbalanced_books_lists_only_runs_whose_latest_snapshot_does_not_balance(books_fleet):
+    """Only U is listed: its latest cumulative snapshot has 70 s of its 10,000 s unaccounted."""
+    assert run(books_fleet, "unbalanced_books") == [
+        {"run_id": "U", "snapshot_time": datetime.datetime(2026, 11, 2, 12), "ended": True,
+         "elapsed_s": 10000.0, "unaccounted_s": 70.0, "unaccounted_pct": 0.7},
+    ]
+
+
+def metadata(run_id: str, started: str, group: str) -> dict[str, Any]:
+    return {"run_id": run_id, "attempt_id": f"{run_id}-a", "start_time": t(started), "run_group": group,
+            "run_name": run_id.split("~")[0]}
+
+
+def config(run_id: str, at: str, key: str, value: str, source: str = "user") -> dict[str, Any]:
+    return {"run_id": run_id, "attempt_id": f"{run_id}-a", "recorded_at": t(at), "source": source, "key": key,
+            "value": value}
+
+
+def metric(run_id: str, at: str, step: int | None, name: str, value: float) -> dict[str, Any]:
+    return {"run_id": run_id, "attempt_id": f"{run_id}-a", "metric_time": t(at), "step": step, "name": name,
+            "value": value}
+
+
+@pytest.fixture(scope="module")
+def group_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Group "llama": runs R1 (started 08:00), R3 (09:00) and R2 (10:00, the fleet's latest), R1 and
+    R2 of one name reused by two workloads; group "other": run O, started earlier."""
+    path = tmp_path_factory.mktemp("groups") / "fleet.duckdb"
+    sink = DuckDBSink(path)
+    r1, r2, r3 = "llama~aaaaaaaa", "llama~bbbbbbbb", "R3"
+    sink.write("run_metadata", [metadata(r1, "2026-11-02 08:00:00", "llama"),
+                                metadata(r3, "2026-11-02 09:00:00", "llama"),
+                                metadata(r2, "2026-11-02 10:00:00", "llama"),
+                                metadata("O", "2026-11-02 07:00:00", "other")])
+    sink.write("run_configs", [
+        config(r1, "2026-11-02 08:00:00", "lr", "0.01"), config(r1, "2026-11-02 08:00:00", "seed", "1"),
+        config(r1, "2026-11-02 08:00:00", "batch", "32"),
+        config(r1, "2026-11-02 08:00:00", "jax", "0.4", "software"),
+        # R2 recorded its learning rate twice: the later value is its config.
+        config(r2, "2026-11-02 10:00:00", "lr", "0.03"), config(r2, "2026-11-02 10:05:00", "lr", "0.02"),
+        config(r2, "2026-11-02 10:00:00", "seed", "1"), config(r2, "2026-11-02 10:00:00", "batch", "32"),
+        config(r2, "2026-11-02 10:00:00", "jax", "0.5", "software"),
+        config(r3, "2026-11-02 09:00:00", "lr", "0.01"), config(r3, "2026-11-02 09:00:00", "seed", "1"),
+        config("O", "2026-11-02 07:00:00", "lr", "9"),
+    ])
+    sink.write("model_metrics", [
+        metric(r1, "2026-11-02 08:10:00", 1, "LOSS", 2.0), metric(r1, "2026-11-02 08:20:00", 2, "LOSS", 1.0),
+        metric(r1, "2026-11-02 08:20:00", 2, "LOSS", 1.0),  # a redelivered message's row
+        metric(r2, "2026-11-02 10:10:00", 3, "LOSS", math.nan),
+        metric(r2, "2026-11-02 10:20:00", 1, "LOSS", 3.0),
+        metric(r2, "2026-11-02 10:10:00", None, "LATENCY", 5.0),
+        metric(r2, "2026-11-02 10:30:00", None, "LATENCY", 7.0),
+        metric("O", "2026-11-02 07:10:00", 1, "LOSS", 9.0),
+    ])
+    sink.write("goodput_snapshots", [
+        goodput(r1, "2026-11-02 08:30:00", 1800, 1260, 8), goodput(r1, "2026-11-02 09:00:00", 3600, 2880, 8),
+        goodput(r2, "2026-11-02 11:00:00", 3600, 3240, 8),
+        goodput(r2, "2026-11-02 11:00:00", 300, 0, 8, window_s=300),  # rolling: not counted
+    ])
+    sink.close()
+    return path
+
+
+def test_run_group_comparison_sets_the_groups_runs_side_by_side(group_fleet):
+    """The latest group's runs in start order: goodput, the user configs that differ (lr, and batch,
+    which R3 lacks; not seed, nor the software configs), each metric's last value by step (R2's
+    LOSS: NaN at step 3, though recorded before step 1's), else by time, and its mean."""
+    r1, r2, r3 = "llama~aaaaaaaa", "llama~bbbbbbbb", "R3"
+    rows = run(group_fleet, "run_group_comparison")
+    assert {(row["run_group"], row["run_name"]) for row in rows} == {("llama", "llama"), ("llama", "R3")}
+    cells = [(row["item"], row["name"], row["run_id"], row["value"], row["last_value"], row["last_step"],
+              row["mean_value"]) for row in rows]
+    nan = [cell for cell in cells if cell[4] is not None and math.isnan(cell[4])]
+    assert nan == [("metric", "LOSS", r2, None, nan[0][4], 3, nan[0][6])] and math.isnan(nan[0][6])
+    assert [cell for cell in cells if cell not in nan] == [
+        ("goodput", "goodput_pct", r1, None, 80.0, None, None),
+        ("goodput", "goodput_pct", r3, None, None, None, None),
+        ("goodput", "goodput_pct", r2, None, 90.0, None, None),
+        ("config", "batch", r1, "32", None, None, None),
+        ("config", "batch", r3, None, None, None, None),
+        ("config", "batch", r2, "32", None, None, None),
+        ("config", "lr", r1, "0.01", None, None, None),
+        ("config", "lr", r3, "0.01", None, None, None),
+        ("config", "lr", r2, "0.02", None, None, None),
+        ("metric", "LATENCY", r1, None, None, None, None),
+        ("metric", "LATENCY", r3, None, None, None, None),
+        ("metric", "LATENCY", r2, None, 7.0, None, 6.0),
+        ("metric", "LOSS", r1, None, 1.0, 2, 1.5),
+        ("metric", "LOSS", r3, None, None, None, None),
+    ]

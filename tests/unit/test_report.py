@@ -3,6 +3,7 @@ a long history, anomalies."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline.app.report import MAX_TABLE_ROWS, MAX_TIMELINE_ROWS, _anomaly_end, write_report
+from pipeline.app.report import MAX_GROUP_RUNS, MAX_TABLE_ROWS, MAX_TIMELINE_ROWS, _anomaly_end, write_report
 from support.history import SECTION_IDS, anomaly_row, at, goodput_row, section, write_rows
 
 
@@ -31,6 +32,8 @@ def test_an_empty_file_gives_every_section_with_a_note(tmp_path: Path):
     assert "Could not run on this file" in (tmp_path / "bare.html").read_text()
     assert "No anomalies found." in (tmp_path / "empty.html").read_text()
     assert "No anomaly data in this file" in (tmp_path / "bare.html").read_text()
+    assert "No configs or metrics in this file" in (tmp_path / "bare.html").read_text()
+    assert "No run group has several runs." in (tmp_path / "empty.html").read_text()
 
 
 def test_a_missing_file_is_an_error(tmp_path: Path):
@@ -184,3 +187,121 @@ def test_many_anomalies_keep_the_timeline_and_table_bounded(tmp_path: Path):
     svg = anomalies_section.split("</svg>")[0]
     assert sum(f">run-{n:02d}<" in svg for n in range(50)) == MAX_TIMELINE_ROWS
     assert anomalies_section.count("<tr>") == MAX_TABLE_ROWS + 1
+
+
+def metadata_row(run_id: str, started: float, group: str | None = "llama") -> dict[str, object]:
+    return {"run_id": run_id, "attempt_id": f"{run_id}-a", "start_time": at(started), "run_group": group}
+
+
+def config_row(run_id: str, key: str, value: str, source: str = "user") -> dict[str, object]:
+    return {"run_id": run_id, "attempt_id": f"{run_id}-a", "recorded_at": at(0), "source": source, "key": key,
+            "value": value}
+
+
+def metric_row(run_id: str, step: int | None, name: str, value: float,
+               seconds: float = 0) -> dict[str, object]:
+    return {"run_id": run_id, "attempt_id": f"{run_id}-a", "metric_time": at(seconds or step or 0),
+            "step": step, "name": name, "value": value}
+
+
+@pytest.fixture(scope="module")
+def groups_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Group "llama": run-1 and run-2 (learning rates 0.01 and 0.02, one seed), LOSS over 300 steps
+    (run-2's last one NaN), a LATENCY by time; group "solo": one run."""
+    runs = {"run-1": 0.01, "run-2": 0.02}
+    database = write_rows(tmp_path_factory.mktemp("groups") / "groups.duckdb", {
+        "goodput_snapshots": [goodput_row(run, 600, goodput_pct=pct) for run, pct in
+                              (("run-1", 80.0), ("run-2", 90.0), ("alone", 50.0))],
+        "run_metadata": [metadata_row("run-1", 0), metadata_row("run-2", 60),
+                         metadata_row("alone", 0, "solo")],
+        "run_configs": [config_row(run, key, value) for run, lr in runs.items()
+                        for key, value in (("lr", str(lr)), ("seed", "1"))]
+                       + [config_row("run-1", "jax", "0.4", "software"), config_row("alone", "lr", "9")],
+        "model_metrics": [metric_row(run, step, "LOSS", math.nan if (run, step) == ("run-2", 299)
+                                     else 3 / (1 + step)) for run in runs for step in range(300)]
+                         + [metric_row("run-1", None, "LATENCY", 0.25, seconds=500)],
+    })
+    output = database.with_suffix(".html")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(database, output)
+    return output.read_text()
+
+
+def test_a_run_group_of_several_runs_is_compared_side_by_side(groups_page: str):
+    """The group's runs are columns: goodput, the config that differs (not the one that does not,
+    nor a software one), and each metric's last value with its step; a group of one run is not shown."""
+    compared = section(groups_page, "run-groups")
+    assert 'id="group-llama"' in compared and 'id="group-solo"' not in compared
+    table = compared.split("<table>")[1].split("</table>")[0]
+    rows = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+    assert rows == [["", "run-1", "run-2"], ["goodput % (cumulative)", "80", "90"],
+                    ["config lr", "0.01", "0.02"], ["LATENCY (last)", "0.25", "—"],
+                    ["LOSS (last)", "0.01 @ step 299", "NaN @ step 299"]]
+
+
+def test_each_metric_of_a_group_is_drawn_over_steps(groups_page: str):
+    """One chart for the group: a panel for LOSS (recorded by step; LATENCY is not), a line per run,
+    thinned to MAX_POINTS points at most."""
+    svg = section(groups_page, "run-groups").split("<svg", 1)[1].split("</svg>")[0]
+    for text in ("LOSS", "run-1", "run-2", "step"):
+        assert f">{text}<" in svg, text
+    assert ">LATENCY<" not in svg
+
+
+def test_a_file_from_before_configs_and_metrics_gives_the_report(tmp_path: Path):
+    """A file without run_configs and model_metrics tables: the section says there is no such data,
+    and the rest of the report is drawn."""
+    database = write_rows(tmp_path / "old.duckdb", {"goodput_snapshots": [goodput_row("old", 600)],
+                                                    "run_metadata": [metadata_row("old", 0)]})
+    with duckdb.connect(str(database)) as connection:
+        connection.execute("DROP TABLE run_configs")
+        connection.execute("DROP TABLE model_metrics")
+    output = tmp_path / "old.html"
+    write_report(database, output)
+    page = output.read_text()
+    assert "No configs or metrics in this file" in section(page, "run-groups")
+    assert "<svg" in section(page, "goodput") and "<td class=\"run\">old</td>" in page
+
+
+def test_a_large_group_shows_its_latest_runs(tmp_path: Path):
+    """A group of twelve runs shows its latest MAX_GROUP_RUNS, in start order, and counts the others."""
+    runs = [f"run-{n:02d}" for n in range(12)]
+    database = write_rows(tmp_path / "large.duckdb", {
+        "run_metadata": [metadata_row(run, 60 * n) for n, run in enumerate(runs)],
+        "model_metrics": [metric_row(run, step, "LOSS", 1.0) for run in runs for step in range(3)]})
+    output = tmp_path / "large.html"
+    write_report(database, output)
+    compared = section(output.read_text(), "run-groups")
+    header = re.findall(r"<th[^>]*>(.*?)</th>", re.findall(r"<tr>(.*?)</tr>", compared)[0])
+    assert header == ["", *runs[-MAX_GROUP_RUNS:]]
+    assert f"{12 - MAX_GROUP_RUNS} earlier runs are not shown" in compared
+
+
+def test_a_file_from_before_productivity_and_capacity_gives_the_report(tmp_path: Path):
+    """A file without the tables MPG and capacity are computed from: the productivity section says
+    so, and the rest of the report is drawn."""
+    database = write_rows(tmp_path / "old.duckdb", {"goodput_snapshots": [goodput_row("old", 600)]})
+    with duckdb.connect(str(database)) as connection:
+        for table in ("accelerator_peaks", "jobset_metrics", "capacity"):
+            connection.execute(f"DROP TABLE {table}")
+    output = tmp_path / "old.html"
+    write_report(database, output)
+    page = output.read_text()
+    assert "No productivity data in this file" in section(page, "productivity")
+    assert "<svg" in section(page, "goodput") and "<td class=\"run\">old</td>" in page
+
+
+def test_a_file_without_capacity_gives_the_runs_productivity_and_says_how_to_import_it(tmp_path: Path):
+    """With no capacity imported, the runs' MPG is shown (its runtime factor at least) and the
+    capacity part says how to import one; with no capacity table, that there is none."""
+    database = write_rows(tmp_path / "runs.duckdb", {"goodput_snapshots": [goodput_row("alone", 600)]})
+    output = tmp_path / "runs.html"
+    write_report(database, output)
+    productivity = section(output.read_text(), "productivity")
+    assert re.search(r"<td>alone</td>.*?<td class=num>90\.00 %</td></tr>", productivity)
+    assert "No capacity imported: goodput import capacity --csv FILE" in productivity
+    with duckdb.connect(str(database)) as connection:
+        connection.execute("DROP TABLE capacity")
+    write_report(database, output)
+    assert "No capacity table in this file" in section(output.read_text(), "productivity")

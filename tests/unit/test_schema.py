@@ -38,6 +38,8 @@ def record_every_kind(recorder: GoodputRecorder) -> None:
     recorder.record_elastic_reinit_end_time(at(17))
     recorder.record_heartbeat(at(18))
     recorder.record_host_steps("worker-1", 60, 0.25, 0.5, at(18.5))
+    recorder.record_configs({"model": {"layers": 4, "dtype": "bfloat16"}, "seed": 0}, at(18.6))
+    recorder.record_metrics({"LOSS": float("inf"), "LEARNING_RATE": 3e-4}, step=100, time_=at(18.7))
     recorder.record_job_end_time(at(19))
 
 
@@ -92,12 +94,13 @@ def test_message_round_trips_through_protobuf():
             assert json.dumps(before.body, sort_keys=True) == json.dumps(after.body, sort_keys=True)
 
 
-def test_job_start_carries_the_run_metadata():
+def test_job_start_carries_the_run_metadata(make_settings):
     """Run metadata rides on the job_start event, exactly as given."""
     with capture_events() as captured:
         recorder = GoodputRecorder("run-1", logging_enabled=True, run_group="llama", chip_count=512,
                                    accelerator_type="v5p", labels={"team": "llm", "tier": "prod"},
-                                   location="us-east5-a", configured_ideal_step_time=2.25)
+                                   location="us-east5-a", configured_ideal_step_time=2.25,
+                                   settings=make_settings())
         recorder.record_job_start_time(at(0))
         recorder.close()
     (event,) = captured.events

@@ -33,6 +33,7 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "table": "an output table name (a key of its schemas)",
         "names": "column names of the table's schema",
         "column": "a column name of a table's schema",
+        "columns": "the names and types of a seeded table's columns, from its schema",
         "kind": "a DuckDB type, mapped from a schema's type"},
     "pipeline/sinks/raw_events.py": {"COLUMNS": "a constant list of the events table's columns",
                                      "BIGQUERY_COLUMNS": "a constant list of the events table's columns",
@@ -43,8 +44,11 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
     "pipeline/app/fleet_sql.py": {"later": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "earlier": "a part of a saved query of goodput_schemas/sql/, re-rendered",
                               "_UNIT_US[unit]": "an integer constant"},
-    "ml_goodput_measurement/src/goodput.py": {"sql.format(**self._tables)":
-                           "table references: names from _TABLES, project and dataset matched by _DATASET"},
+    "ml_goodput_measurement/src/goodput.py": {
+        "_RUN_OF_NAME.format(**self._tables)":
+            "table references: names from _TABLES, project and dataset matched by _DATASET",
+        "sql.format(**self._tables, run=run)":
+            "table references as above, and run: _RUN_OF_NAME so filled in, or the literal @run_id"},
 }
 
 

@@ -1,0 +1,188 @@
+"""``goodput import capacity``: the accelerator capacity paid for, from a CSV file, as rows of the
+``capacity`` table, so that fleet SQL can set the runs' chip-seconds against it.
+
+A reservation (or a node pool's allocatable chips) is paid for whether or not a job runs on it:
+it can be nearly all allocated while its chips are seldom busy, and no per-run figure shows what
+no run used. The ``capacity_goodput`` saved query divides, per day and
+accelerator type, the runs' productive chip-seconds by the chip-seconds paid for, and says what
+share of them no run used. The CSV, one span per line (a header line first; times in ISO 8601,
+UTC unless they say otherwise; location may be empty)::
+
+    accelerator_type,location,start_time,end_time,chips
+    v5p,us-east5-a,2026-11-01T00:00:00Z,2026-12-01T00:00:00Z,512
+
+    goodput import capacity --csv capacity.csv --duckdb goodput.duckdb
+    goodput import capacity --csv capacity.csv --bigquery_dataset P:goodput
+    goodput query capacity_goodput --duckdb goodput.duckdb
+
+The file is checked whole before anything is written: a line that cannot be read, a span that
+ends before it starts, or two spans of one accelerator type and location that overlap (they would
+count the same chips twice) refuse the import, each line with its reason. Importing a file again
+appends its spans again; the saved query counts each span (accelerator type, location, start and
+end) once, as last imported, so a corrected chip count replaces the old one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import itertools
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from goodput_schemas.limits import MAX_CHIP_COUNT, text_problem
+from pipeline.app.checks import OneLineParser, UsageError
+from pipeline.app.outputs import add_output_options, check_outputs, parse_time, write_rows
+from pipeline.core.rows import Row
+
+#: The table the spans go to.
+CAPACITY = "capacity"
+#: The CSV's columns; ``location`` may be left empty.
+COLUMNS = ("accelerator_type", "location", "start_time", "end_time", "chips")
+#: Problems listed when a file is refused; the rest are counted.
+MAX_PROBLEMS_SHOWN = 20
+
+
+def read_spans(text: str, imported_at: datetime.datetime) -> tuple[list[Row], list[str]]:
+    """The ``capacity`` rows of a CSV file's text, and what is wrong with it, one line each
+    (nothing is to be imported unless that list is empty)."""
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [column for column in COLUMNS if column not in (reader.fieldnames or ())]
+    if missing:
+        return [], [f"line 1: the header lacks {', '.join(missing)} (it is {','.join(COLUMNS)})"]
+    rows: list[Row] = []
+    problems: list[str] = []
+    lines: list[int] = []
+    for record in reader:
+        line = reader.line_num
+        row, problem = _span(record, imported_at)
+        if problem is not None:
+            problems.append(f"line {line}: {problem}")
+        elif row is not None:
+            rows.append(row)
+            lines.append(line)
+    problems += _overlaps(rows, lines)
+    return rows, problems
+
+
+def _span(record: dict[str, str | None], imported_at: datetime.datetime) -> tuple[Row | None, str | None]:
+    """One CSV record as a row, or why it is not one (a record of empty cells is neither)."""
+    cells = {column: (record.get(column) or "").strip() for column in COLUMNS}
+    if None in record:
+        return None, "more cells than the header has columns"
+    if not any(cells.values()):
+        return None, None
+    if not cells["accelerator_type"]:
+        return None, "accelerator_type is empty"
+    for column in ("accelerator_type", "location"):
+        problem = text_problem(column, cells[column])
+        if problem is not None:
+            return None, problem
+    try:
+        start, end = parse_time(cells["start_time"]), parse_time(cells["end_time"])
+    except ValueError as error:
+        return None, str(error)
+    if end <= start:
+        return None, f"end_time {cells['end_time']} is not after start_time {cells['start_time']}"
+    if not (cells["chips"].isascii() and cells["chips"].isdigit()) or int(cells["chips"]) > MAX_CHIP_COUNT:
+        return None, f"chips must be a whole number from 0 to {MAX_CHIP_COUNT}, got {cells['chips']!r}"
+    return {"accelerator_type": cells["accelerator_type"], "location": cells["location"] or None,
+            "start_time": start, "end_time": end, "chips": int(cells["chips"]),
+            "imported_at": imported_at}, None
+
+
+def _overlaps(rows: Sequence[Row], lines: Sequence[int]) -> list[str]:
+    """Each span that overlaps the one before it of its accelerator type and location."""
+    problems = []
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["accelerator_type"], rows[i]["location"] or "",
+                                                    rows[i]["start_time"]))
+    for before, after in itertools.pairwise(order):
+        first, second = rows[before], rows[after]
+        same = all(first[column] == second[column] for column in ("accelerator_type", "location"))
+        if same and second["start_time"] < first["end_time"]:
+            problems.append(f"line {lines[after]}: its span overlaps the one of line {lines[before]} "
+                            f"({first['accelerator_type']} in {first['location'] or 'no location'}): "
+                            "the same chips would count twice")
+    return problems
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The arguments of ``goodput import capacity``, on ``parser`` if given."""
+    parser = parser or OneLineParser(prog="goodput import capacity")
+    parser.description = (
+        "Imports the accelerator capacity paid for (reserved or allocatable chips) from a CSV file\n"
+        "into the capacity table, one row per span, for the capacity_goodput query.")
+    parser.epilog = (
+        "the CSV (a header line, then one span per line; times ISO 8601, UTC unless given):\n"
+        f"  {','.join(COLUMNS)}\n"
+        "  v5p,us-east5-a,2026-11-01T00:00:00Z,2026-12-01T00:00:00Z,512\n\n"
+        "example:\n"
+        "  goodput import capacity --csv capacity.csv --duckdb goodput.duckdb\n"
+        "  goodput query capacity_goodput --duckdb goodput.duckdb\n\n"
+        "The file is checked whole first: a line that cannot be read, or spans of one accelerator\n"
+        "type and location that overlap, refuse it, each with its line. Importing a span again\n"
+        "(same type, location, start and end) replaces it in the query. Exit status: 0 if the\n"
+        "spans were imported, 1 if the file was refused or a write failed, 2 for a usage error.")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--csv", required=True, metavar="FILE",
+                        help="the capacity spans ('-': standard input)")
+    add_output_options(parser)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    """``UsageError`` unless the arguments hold together; the DuckDB file is looked at read-only."""
+    from pipeline.app.checks import check_readable_file
+
+    check_outputs(args)
+    if args.csv != "-":
+        check_readable_file(args.csv, "--csv")
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
+    """Runs an import for parsed arguments; see ``--help``."""
+    out = out or sys.stdout
+    try:
+        _check(args)
+        text = (stdin or sys.stdin).read() if args.csv == "-" else _read_text(args.csv)
+    except UsageError as error:
+        print(f"goodput import capacity: {error}", file=sys.stderr)
+        return 2
+    rows, problems = read_spans(text, datetime.datetime.now(datetime.timezone.utc))
+    if problems:
+        for problem in problems[:MAX_PROBLEMS_SHOWN]:
+            print(f"goodput import capacity: {args.csv}: {problem}", file=sys.stderr)
+        more = len(problems) - MAX_PROBLEMS_SHOWN
+        print(f"goodput import capacity: {f'{more} more problems; ' if more > 0 else ''}nothing was "
+              "imported: fix the file and import it again", file=sys.stderr)
+        return 1
+    if not rows:
+        print(f"goodput import capacity: {args.csv} holds no span: nothing was imported", file=sys.stderr)
+        return 1
+    chip_s = sum(row["chips"] * (row["end_time"] - row["start_time"]).total_seconds() for row in rows)
+    what = f"{len(rows)} spans ({chip_s / 3600:,.1f} chip-hours)"
+    return write_rows(args, CAPACITY, rows, what, "goodput import capacity", out)
+
+
+def _read_text(path: str) -> str:
+    """A CSV file's text (a byte order mark, as spreadsheets write, is dropped)."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            return handle.read()
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--csv={path} is not UTF-8 text ({error.reason} at byte {error.start}): save it "
+                         "as UTF-8 CSV") from None
+    except OSError as error:
+        raise UsageError(f"cannot read --csv={path}: {error.strerror}") from None
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """``goodput import capacity``: see ``--help``."""
+    return run(build_parser().parse_args(argv), out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Who a run is, through the batch replay on Beam: one name given by two workloads is two runs in
+every table; the restarts of one workload are one run, with its disruption; the name the job gave
+stays in run_metadata, through a backfill of the raw events table too; configs and metrics land in
+their tables, and what is invalid of them in dead_letter with its reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from goodput_schemas.wire import encode_batch
+from support.beam import SNAPSHOT_TABLES, query, replay, run_batch, table
+from support.runs import (
+    FIRST_UID,
+    SECOND_UID,
+    reused_name,
+    with_configs_and_metrics,
+    workload_messages,
+)
+
+FIRST, SECOND = "llama~3f2a9c1e", "llama~8d04b7aa"
+T = 1_793_000_000_000_000  # 2026-10-25, in microseconds
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[bytes]:
+    """Two workloads' messages under the name "llama", each with its user configs and metrics; a
+    message naming an invalid workload uid; a message with an invalid metrics event."""
+    first, second, _ = reused_name()
+    workload = {"platform": "gke", "cluster": "c1", "namespace": "ml", "jobset_name": "llama"}
+    first, second = ([dataclasses.replace(e, body={**e.body, "workload": workload}) if e.kind == "job_start"
+                      else e for e in events] for events in (first, second))
+    bad_metrics = [(0, T, "metrics", {"values": {}})]
+    return [
+        *workload_messages(with_configs_and_metrics(first, {"optimizer.lr": "0.01", "seed": "1"}), "llama",
+                           FIRST_UID, 400),
+        *workload_messages(with_configs_and_metrics(second, {"optimizer.lr": "0.02", "seed": "1"}), "llama",
+                           SECOND_UID, 400),
+        encode_batch("llama", "bad-uid", [(0, T, "step_start", {"step": 0})], workload_uid="u" * 200).data,
+        encode_batch("llama", "bad-metrics", bad_metrics, workload_uid=FIRST_UID).data,
+    ]
+
+
+@pytest.fixture(scope="module")
+def database(lines: list[bytes], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return replay(lines, tmp_path_factory.mktemp("reused"))
+
+
+@pytest.mark.parametrize("name", [*SNAPSHOT_TABLES, "events", "run_metadata", "run_configs", "model_metrics"])
+def test_a_name_reused_by_a_new_workload_is_two_runs_in_every_table(database, name):
+    """Every table's rows are of the two derived runs, and none of the name alone; of the two,
+    only the first workload, which restarted, has disruptions."""
+    runs = {row[0] for row in query(database, f"SELECT DISTINCT run_id FROM {name}")}
+    assert runs == ({FIRST} if name == "disruptions" else {FIRST, SECOND})
+
+
+def test_a_restart_in_the_same_workload_is_one_run_with_a_disruption(database):
+    """The first workload's two attempts are one run: its latest cumulative snapshot counts one
+    disruption, and its metadata has a row per attempt, each naming the run and the workload."""
+    ((disruptions,),) = query(database, "SELECT disruptions FROM latest_goodput WHERE window_s = 0 "
+                                        f"AND run_id = '{FIRST}'")
+    assert disruptions == 1
+    assert sorted(query(database, "SELECT run_id, run_name, workload_uid FROM run_metadata")) == [
+        (FIRST, "llama", FIRST_UID), (FIRST, "llama", FIRST_UID), (SECOND, "llama", SECOND_UID)]
+
+
+def test_configs_and_metrics_land_in_their_tables(database):
+    """Each run's user configs are its own; its metrics are there at their steps, a NaN loss too."""
+    configs = query(database, "SELECT DISTINCT run_id, key, value FROM run_configs ORDER BY ALL")
+    assert configs == [(FIRST, "optimizer.lr", "0.01"), (FIRST, "seed", "1"),
+                       (SECOND, "optimizer.lr", "0.02"), (SECOND, "seed", "1")]
+    losses = dict(query(database, "SELECT step, value FROM model_metrics WHERE name = 'LOSS' "
+                                  f"AND run_id = '{SECOND}'"))
+    assert math.isnan(losses.pop(5)) and losses[10] == pytest.approx(4.0 / 11)
+
+
+def test_invalid_workload_uids_and_metrics_are_dead_letters_with_their_reasons(database):
+    """A message naming an invalid uid is one dead letter of the name; an invalid metrics event is
+    one of the run its message belongs to."""
+    letters = sorted(query(database, "SELECT run_id, reason FROM dead_letter"))
+    assert [run for run, _ in letters] == ["llama", FIRST]
+    assert "workload_uid must be at most 128 printable characters" in letters[0][1]
+    assert "metrics.values must name at least one metric" in letters[1][1]
+
+
+def test_a_backfill_of_the_raw_events_table_keeps_who_each_run_is(database, tmp_path: Path):
+    """Replaying the raw events table (goodput replay --from_duckdb) gives the same runs, their
+    names and workloads in run_metadata, and every snapshot table."""
+    backfilled = tmp_path / "backfill.duckdb"
+    run_batch(f"--from_duckdb={database}", f"--duckdb={backfilled}")
+    for name in (*SNAPSHOT_TABLES, "run_metadata", "run_configs"):
+        assert table(backfilled, name) == table(database, name), name
+    count = "SELECT count(*), count(DISTINCT run_id) FROM model_metrics"
+    assert query(backfilled, count) == query(database, count)
+
+
+def test_run_metadata_says_where_each_run_ran(database):
+    """The workload each job_start carried is in run_metadata's columns, NULL where it is not known."""
+    rows = query(database, "SELECT DISTINCT run_id, platform, cluster, namespace, jobset_name, pod "
+                           "FROM run_metadata ORDER BY ALL")
+    assert rows == [(FIRST, "gke", "c1", "ml", "llama", None), (SECOND, "gke", "c1", "ml", "llama", None)]

@@ -1,0 +1,118 @@
+"""``goodput import capacity``: a CSV of capacity spans read whole and checked before anything is
+written, into the ``capacity`` table of a DuckDB file."""
+
+from __future__ import annotations
+
+import datetime
+import io
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from pipeline.app.capacity import read_spans
+from pipeline.app.cli import main
+
+UTC = datetime.timezone.utc
+NOV_1, NOV_2 = datetime.datetime(2026, 11, 1, tzinfo=UTC), datetime.datetime(2026, 11, 2, tzinfo=UTC)
+IMPORTED = datetime.datetime(2026, 11, 3, tzinfo=UTC)
+HEADER = "accelerator_type,location,start_time,end_time,chips\n"
+
+
+def problems(text: str) -> list[str]:
+    return read_spans(HEADER + text, IMPORTED)[1]
+
+
+def test_a_span_is_a_row_with_utc_times_and_an_empty_location_as_null():
+    """Times with a Z, an offset or none are UTC instants; blank lines are skipped."""
+    rows, found = read_spans(HEADER + "v5p,us-east5-a,2026-11-01T00:00:00Z,2026-11-02T00:00:00Z,512\n\n"
+                             " h100 ,,2026-11-01T02:00:00+02:00,2026-11-01 06:00,8\n", IMPORTED)
+    assert found == []
+    assert rows == [
+        {"accelerator_type": "v5p", "location": "us-east5-a", "start_time": NOV_1, "end_time": NOV_2,
+         "chips": 512, "imported_at": IMPORTED},
+        {"accelerator_type": "h100", "location": None, "start_time": NOV_1,
+         "end_time": NOV_1 + datetime.timedelta(hours=6), "chips": 8, "imported_at": IMPORTED}]
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    (",us,2026-11-01,2026-11-02,8", "line 2: accelerator_type is empty"),
+    ("v5p,us,yesterday,2026-11-02,8", "line 2: not an ISO 8601 time: 'yesterday'"),
+    ("v5p,us,2026-11-02,2026-11-01,8", "line 2: end_time 2026-11-01 is not after start_time 2026-11-02"),
+    ("v5p,us,2026-11-01,2026-11-01,8", "line 2: end_time 2026-11-01 is not after start_time"),
+    ("v5p,us,1999-12-31,2026-11-01,8", "line 2: '1999-12-31' is outside the years 2000 to 2200"),
+    ("v5p,us,2026-11-01,2026-11-02,8.5", "line 2: chips must be a whole number from 0 to 16777216, got '8.5"),
+    ("v5p,us,2026-11-01,2026-11-02,-8", "line 2: chips must be a whole number"),
+    ("v5p,us,2026-11-01,2026-11-02,²", "line 2: chips must be a whole number"),
+    ("v5p,us,2026-11-01,2026-11-02,8,extra", "line 2: more cells than the header has columns"),
+    ("v5p\x07,us,2026-11-01,2026-11-02,8", "line 2: accelerator_type must be printable characters"),
+])
+def test_a_line_that_cannot_be_read_says_why(line: str, problem: str):
+    """Each unreadable line is named by its number with its reason."""
+    (found,) = problems(line + "\n")
+    assert found.startswith(problem)
+
+
+def test_overlapping_spans_of_one_type_and_location_are_refused():
+    """Two spans of one accelerator type and location that overlap would count chips twice; spans
+    that only touch, or of another location, do not."""
+    found = problems("v5p,us-a,2026-11-01T00:00Z,2026-11-01T12:00Z,8\n"
+                     "v5p,us-a,2026-11-01T12:00Z,2026-11-02T00:00Z,8\n"
+                     "v5p,us-b,2026-11-01T06:00Z,2026-11-01T18:00Z,8\n"
+                     "v5p,us-a,2026-11-01T23:00Z,2026-11-02T01:00Z,8\n")
+    assert found == ["line 5: its span overlaps the one of line 3 (v5p in us-a): the same chips would count "
+                     "twice"]
+
+
+def test_a_header_without_the_columns_is_refused():
+    """The header must name every column."""
+    assert read_spans("type,start,end,chips\nv5p,2026-11-01,2026-11-02,8\n", IMPORTED)[1] == [
+        "line 1: the header lacks accelerator_type, location, start_time, end_time (it is "
+        "accelerator_type,location,start_time,end_time,chips)"]
+
+
+def capacity_rows(path: Path) -> list[tuple[object, ...]]:
+    with duckdb.connect(str(path), read_only=True) as connection:
+        return connection.execute("SELECT accelerator_type, location, chips FROM capacity "
+                                  "ORDER BY ALL").fetchall()
+
+
+def test_the_command_appends_every_span_of_a_good_file(tmp_path: Path):
+    """A file saved by a spreadsheet (a byte order mark first) is imported whole."""
+    csv = tmp_path / "capacity.csv"
+    csv.write_text("\ufeff" + HEADER + "v5p,us-a,2026-11-01,2026-11-02,8\nh100,,2026-11-01,2026-11-02,4\n",
+                   encoding="utf-8")
+    out = io.StringIO()
+    assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(tmp_path / "f.duckdb")], out) == 0
+    assert out.getvalue() == f"2 spans (288.0 chip-hours) appended to {tmp_path / 'f.duckdb'}\n"
+    assert capacity_rows(tmp_path / "f.duckdb") == [("h100", None, 4), ("v5p", "us-a", 8)]
+
+
+def test_a_file_with_a_bad_line_imports_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """One bad line refuses the whole file, so a partial import never skews the paid chip-hours."""
+    csv = tmp_path / "capacity.csv"
+    csv.write_text(HEADER + "v5p,us-a,2026-11-01,2026-11-02,8\nv5p,us-a,2026-11-03,2026-11-02,8\n")
+    database = tmp_path / "f.duckdb"
+    assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(database)]) == 1
+    assert "line 3: end_time 2026-11-02 is not after start_time 2026-11-03" in capsys.readouterr().err
+    assert not database.exists()
+
+
+@pytest.mark.parametrize(("arguments", "problem"), [
+    (["--csv", "{csv}"], "no output: give --duckdb=FILE or --bigquery_dataset=PROJECT:DATASET"),
+    (["--csv", "{missing}", "--duckdb", "{db}"], "no such file: --csv="),
+    (["--csv", "{csv}", "--duckdb", "{db}", "--bigquery_endpoint", "http://x"],
+     "--bigquery_endpoint needs --bigquery_dataset"),
+    (["--csv", "{csv}", "--bigquery_dataset", "nodataset"], "--bigquery_dataset: 'nodataset' is not"),
+    (["--csv", "{csv}", "--duckdb", "{csv}"], "--duckdb="),
+])
+def test_a_usage_mistake_is_one_line_and_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                arguments: list[str], problem: str):
+    """A command line that does not hold together is refused before anything is read or written."""
+    csv = tmp_path / "capacity.csv"
+    csv.write_text(HEADER + "v5p,us-a,2026-11-01,2026-11-02,8\n")
+    paths = {"csv": csv, "missing": tmp_path / "missing.csv", "db": tmp_path / "f.duckdb"}
+    assert main(["import", "capacity", *(argument.format(**paths) for argument in arguments)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("goodput import capacity: ") and problem in line
+    assert not (tmp_path / "f.duckdb").exists()
