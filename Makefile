@@ -56,7 +56,7 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 check: lint typecheck $(REFERENCE)
-	$(PY) -m pytest tests/unit tests/beam
+	$(PY) -m pytest -n auto --dist loadfile tests/unit tests/beam
 
 # Everything, tests/e2e too (stand-ins, subprocesses, the browser, Terraform, installs, the soak):
 # what CI runs. One worker per core, each test file whole on one worker (its module fixtures once).
