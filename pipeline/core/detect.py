@@ -172,6 +172,27 @@ class Detector:
         if self._open is not None:
             self._open, self._sum, self._onset, self._block = None, 0.0, None, []
 
+    def to_json(self) -> dict[str, Any]:
+        """The detector as JSON values (for the state coder: a decoded run goes on from here
+        rather than feeding its whole history again); ``from_json`` reads it back, exactly."""
+        return {"settings": dataclasses.asdict(self.settings),
+                "changes": [dataclasses.astuple(change) for change in self.changes],
+                "open": None if self._open is None else dataclasses.astuple(self._open),
+                "scalars": [self._clip, self._limit, self._median, self._mean, self._threshold, self._sum,
+                            self._onset, self._position],
+                "since": self._since, "through": self._through, "block": self._block}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Detector:
+        detector = cls(DetectionSettings(**value["settings"]))
+        detector.changes = [AnomalyChange(*change) for change in value["changes"]]
+        detector._open = None if value["open"] is None else AnomalyChange(*value["open"])
+        (detector._clip, detector._limit, detector._median, detector._mean, detector._threshold,
+         detector._sum, detector._onset, detector._position) = value["scalars"]
+        detector._since, detector._through = tuple(value["since"]), tuple(value["through"])
+        detector._block = value["block"]
+        return detector
+
     # -- internals ---------------------------------------------------------------------------
 
     def _baseline(self) -> tuple[float, int, float]:

@@ -289,12 +289,14 @@ class RunState:
         self.attempts: dict[str, Attempt] = {}
         self.events = 0
         self.duplicates = 0
-        # Step statistics and anomalies of the steps fed so far: [(attempt id, inserts, steps
-        # fed)] in segment order (None: not to be extended); extended while steps are only
-        # appended, rebuilt otherwise.
+        # Step statistics and anomalies of the steps fed so far, each with what it was fed:
+        # [(attempt id, inserts, steps fed)] in segment order (None: not to be extended);
+        # extended while steps are only appended, rebuilt otherwise. The detector's state is
+        # encoded with the run's (it is small); the statistics are rebuilt after a decode.
         self._stats = StepStatistics("q")
-        self._detector = Detector()
         self._stats_fed: list[tuple[str, int, int]] | None = []
+        self._detector = Detector()
+        self._detector_fed: list[tuple[str, int, int]] | None = []
         # The hosts' step summaries (``host_steps``), scored for stragglers; they change no
         # figure of the run, and their attempts hold no event but their seqs.
         self.hosts = HostScorer()
@@ -310,9 +312,10 @@ class RunState:
 
     @classmethod
     def of(cls, run_id: str, attempts: Iterable[Attempt], events: int, duplicates: int,
-           hosts: HostScorer | None = None) -> RunState:
-        """The state that holds ``attempts`` as recorded, with its event counts and host scorer
-        (how the state coder rebuilds a run)."""
+           hosts: HostScorer | None = None,
+           detector: tuple[Detector, list[tuple[str, int]]] | None = None) -> RunState:
+        """The state that holds ``attempts`` as recorded, with its event counts, host scorer and
+        detector with the steps of each attempt it was fed (how the state coder rebuilds a run)."""
         state = cls(run_id)
         state.events, state.duplicates = events, duplicates
         state.hosts = hosts or HostScorer()
@@ -321,7 +324,19 @@ class RunState:
             state._latest_us = max(state._latest_us, attempt.last_event_us)
             if attempt.start_us is not None:
                 state._started(attempt)
+        if detector is not None:
+            state._detector, fed = detector
+            state._detector_fed = [(attempt_id, state.attempts[attempt_id].inserts, count)
+                                   for attempt_id, count in fed]
         return state
+
+    def detector_state(self) -> tuple[Detector, list[tuple[str, int]]] | None:
+        """The detector and the steps of each attempt it was fed, if it was fed steps as they
+        are now (None: it is to be fed afresh, as after a change to steps already fed)."""
+        fed = self._detector_fed
+        if not fed or any(self.attempts[attempt_id].inserts != inserts for attempt_id, inserts, _ in fed):
+            return None
+        return self._detector, [(attempt_id, count) for attempt_id, _, count in fed]
 
     def add(self, event: Event, conflicts: list[DeadLetter] | None = None) -> bool:
         """Adds one event; False (and no change) if it was seen before. O(1) amortized.
@@ -558,14 +573,15 @@ class RunState:
         )
 
     def _feed_steps(self, timeline: Timeline, detection: DetectionSettings) -> StepStatistics:
-        """Step statistics of the timeline's steps, and the detector fed them: both fed
+        """Step statistics of the timeline's steps, and the detector fed them: each fed
         incrementally while steps are only appended (and the detection settings hold), else
         rebuilt."""
         layout = timeline.step_layout
         # Every new duration goes in with one ``set_many``: one sort for a whole history,
         # rather than an insert (and a recent-window rebuild for a re-run step) per duration.
         if layout is None:  # steps of attempts without a job_start: placed by time, no cache
-            stats, self._detector, self._stats_fed = StepStatistics("q"), Detector(detection), None
+            stats, self._detector = StepStatistics("q"), Detector(detection)
+            self._stats_fed = self._detector_fed = None
             for index, sub in enumerate(timeline.subsegments):
                 if index:
                     previous = timeline.subsegments[index - 1]
@@ -575,16 +591,16 @@ class RunState:
             stats.set_many([pair for sub in timeline.subsegments
                             for pair in _durations(sub.steps, sub.times, sub.lo, sub.hi)])
             return stats
-        fed = self._stats_fed or []
-        extendable = self._stats_fed is not None and len(fed) <= len(layout) and all(
-            fed[i][:2] == layout[i][:2] and fed[i][2] <= layout[i][2]
-            and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
-        if not extendable or detection != self._detector.settings:
-            self._stats, self._detector, fed = StepStatistics("q"), Detector(detection), []
+        stats_fed, detector_fed = self._stats_fed, self._detector_fed
+        if not _extends(stats_fed, layout):
+            self._stats, stats_fed = StepStatistics("q"), []
+        if not _extends(detector_fed, layout) or detection != self._detector.settings:
+            self._detector, detector_fed = Detector(detection), []
+        assert stats_fed is not None and detector_fed is not None
         pairs: list[tuple[int, float]] = []
         for i, (attempt_id, _, count) in enumerate(layout):
             attempt = self.attempts[attempt_id]
-            if i >= len(fed):  # a new attempt: the hang after the last one's steps, if any
+            if i >= len(detector_fed):  # a new attempt: the hang after the last one's steps, if any
                 if i > 0:
                     before = self.attempts[layout[i - 1][0]]
                     last = layout[i - 1][2]
@@ -592,12 +608,14 @@ class RunState:
                     end = attempt.start_us if before.end_us is None else min(before.end_us, attempt.start_us)
                     self._detector.end_attempt(before.step_times[last - 1] if last else None, end)
                 self._detector.new_attempt()
-            start = fed[i][2] if i < len(fed) else 0
+            start = detector_fed[i][2] if i < len(detector_fed) else 0
             if count > start:
                 self._detector.feed(attempt.step_times, attempt.steps, start, count)
+            start = stats_fed[i][2] if i < len(stats_fed) else 0
+            if count > start:
                 pairs += _durations(attempt.steps, attempt.step_times, max(0, start - 1), count)
         self._stats.set_many(pairs)
-        self._stats_fed = list(layout)
+        self._stats_fed = self._detector_fed = list(layout)
         return self._stats
 
     def _anomalies(self, timeline: Timeline,
@@ -626,6 +644,14 @@ class RunState:
         open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open and not slowdown_ended),
                           HANG: open_hangs, STRAGGLER: self.hosts.open_count}
         return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us))), open_anomalies
+
+
+def _extends(fed: list[tuple[str, int, int]] | None, layout: list[tuple[str, int, int]]) -> bool:
+    """Whether ``layout`` is what was ``fed`` with steps only appended: the same attempts (and
+    inserts) in the same order, more of them, and more steps in the last one fed only."""
+    return fed is not None and len(fed) <= len(layout) and all(
+        fed[i][:2] == layout[i][:2] and fed[i][2] <= layout[i][2]
+        and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
 
 
 def _summary(stats: StepStatistics) -> StepSummary | None:

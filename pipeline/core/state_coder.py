@@ -1,8 +1,9 @@
 """The state coder: a run's state as compact, deterministic bytes, for Beam state.
 
-A JSON header holds everything but the step history and the observations; each attempt's steps,
-step times and step seqs follow as raw little-endian int64 arrays (24 bytes per recorded step),
-then its observations' seqs, times and fingerprints (int64) and kinds (one byte each).
+A JSON header holds everything but the step history and the observations (the anomaly
+detector's and the host scorer's state included); each attempt's steps, step times and step seqs
+follow as raw little-endian int64 arrays (24 bytes per recorded step), then its observations'
+seqs, times and fingerprints (int64) and kinds (one byte each).
 
 A message added since the state was last encoded whole is encoded the same way
 (``encode_batch``): a JSON header with its events other than step starts, then the step starts'
@@ -18,7 +19,7 @@ import sys
 from array import array
 from typing import Any
 
-from pipeline.core.detect import HostScorer
+from pipeline.core.detect import Detector, HostScorer
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
 
@@ -54,6 +55,9 @@ def encode_state(state: RunState) -> bytes:
     fields = {"run": state.run_id, "events": state.events, "dups": state.duplicates, "attempts": attempts}
     if state.hosts.has_state:  # only then: a run without host summaries encodes as before they existed
         fields["hosts"] = state.hosts.to_json()
+    detector = state.detector_state()
+    if detector is not None:  # else fed afresh after a decode, as states of earlier versions are
+        fields["detector"] = {**detector[0].to_json(), "fed": detector[1]}
     header = json.dumps(fields, separators=(",", ":")).encode()
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *map(_little_endian, arrays)])
 
@@ -82,7 +86,10 @@ def decode_state(data: bytes) -> RunState:
         attempt.records = {seq: (t, kind, body) for seq, t, kind, body in item.get("records", ())}
         attempts.append(attempt)
     hosts = HostScorer.from_json(header["hosts"]) if "hosts" in header else None
-    return RunState.of(header["run"], attempts, header["events"], header["dups"], hosts)
+    detector = None
+    if "detector" in header:
+        detector = Detector.from_json(header["detector"]), [tuple(fed) for fed in header["detector"]["fed"]]
+    return RunState.of(header["run"], attempts, header["events"], header["dups"], hosts, detector)
 
 
 def encode_batch(batch: Batch) -> bytes:

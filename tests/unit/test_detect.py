@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from pipeline.core import engine
+from pipeline.core import engine, state_coder
 from pipeline.core.detect import (
     HANG,
     SLOWDOWN,
@@ -112,9 +112,10 @@ def run_events() -> tuple[list[Event], int]:
     return events, second[-1] + 200 * S
 
 
-def snapshots_rows(events: list[Event], as_of_times: list[int]) -> list[AnomalyChange]:
+def snapshots_rows(events: list[Event], as_of_times: list[int], coded: bool = False) -> list[AnomalyChange]:
     """The anomaly rows of snapshots at ``as_of_times``, each after the one before, the events
-    added as their times come, as a stream sees them."""
+    added as their times come, as a stream sees them (``coded``: its state through the state
+    coder after every snapshot, as a worker that holds no decoded state has it)."""
     state = engine.RunState("run")
     ordered = sorted(events, key=lambda e: e.time_us)
     rows: list[AnomalyChange] = []
@@ -127,6 +128,8 @@ def snapshots_rows(events: list[Event], as_of_times: list[int]) -> list[AnomalyC
         if snapshot is not None:
             rows += snapshot.anomalies
         previous = as_of
+        if coded:
+            state = state_coder.decode_state(state_coder.encode_state(state))
     return rows
 
 
@@ -142,6 +145,27 @@ def test_a_stream_finds_the_rows_a_replay_finds_whatever_its_snapshot_interval()
     for interval_s in (7, 30, 61):
         times = [*range(start, end, interval_s * S), end]
         assert snapshots_rows(events, times) == replay, interval_s
+    assert snapshots_rows(events, [*range(start, end, 30 * S), end], coded=True) == replay
+
+
+def test_a_decoded_run_goes_on_from_its_detectors_state_without_feeding_its_history_again(
+        monkeypatch: pytest.MonkeyPatch):
+    events, end = run_events()
+    state = engine.RunState("run")
+    state.add_all(events)
+    middle = events[len(events) // 2].time_us
+    state.snapshot(middle)
+    fed: list[int] = []
+    feed = Detector.feed
+    monkeypatch.setattr(Detector, "feed", lambda self, times, steps, lo, hi: (
+        fed.append(hi - lo), feed(self, times, steps, lo, hi))[1])
+    state = state_coder.decode_state(state_coder.encode_state(state))
+    state.snapshot(middle + 60 * S)
+    assert 0 < sum(fed) <= 61
+    # A step inserted among those fed: the detector is fed the history again, after a decode too.
+    state.add(dataclasses.replace(events[100], seq=10**6, time_us=events[100].time_us + 1,
+                                  body={"step": 10**6}))
+    assert state_coder.decode_state(state_coder.encode_state(state)).detector_state() is None
 
 
 def test_a_hang_under_way_is_reported_once_and_its_end_later():
@@ -270,8 +294,6 @@ def test_a_straggler_that_stops_reporting_ends_and_late_or_repeated_summaries_ar
 
 
 def test_host_summaries_find_a_straggler_change_no_figure_and_survive_the_state_coder():
-    from pipeline.core import state_coder
-
     times = step_times(3_600, 1.0)
     end = times[-1]
     goodput = attempt_events("a", times)
