@@ -25,9 +25,12 @@ its mean, not a loss).
 ``S = max(0, S + x - k)``, ``x = log(duration / baseline)`` clipped to ``[-c, c]`` so that a lone
 checkpoint, eval or data-loading step adds at most ``c - k``, with ``k = log(1 + min_slowdown /
 2)``, halfway to the smallest slowdown looked for. It is found when ``S > h``, ``h = max(4c,
-10 noise² / k)``: ``4c`` so that no three outliers in a row suffice, ``10 noise² / k`` to hold the
-false alarms on a noise of that spread to one in about e^20 steps. Its onset is where ``S`` last
-left 0. It ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
+10 noise² / k, k * steps in FLOOR_S)``: ``4c`` so that no three outliers in a row suffice,
+``10 noise² / k`` to hold the false alarms on a noise of that spread to one in about e^20 steps
+(more for heavy tails and consecutive steps that go together: see ``_rebase``), and what the
+smallest slowdown adds in about a minute, so that short steps a little slower for seconds are no
+slowdown (it delays only steps under a few seconds, by at most a minute). Its onset is where
+``S`` last left 0. It ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
 ``D`` last left 0, or at its attempt's end.
 
 **Hang.** A gap between two step starts (or from the last one to the attempt's end, or to now)
@@ -51,6 +54,8 @@ SLOWDOWN, HANG, STRAGGLER = "slowdown", "hang", "straggler"
 #: Every kind of anomaly, as ``run_anomalies.kind`` names it.
 ANOMALY_KINDS = (SLOWDOWN, HANG, STRAGGLER)
 _US = 1_000_000
+#: The least time, in the baseline's steps, the sum must take to find the smallest slowdown.
+FLOOR_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +290,11 @@ class Detector:
         # of mean(exp(theta (x - k))) = 1 over the block's increments: heavy tails, clipped,
         # make theta far smaller than a normal noise's 2k / noise^2.
         theta = _tilt([x - self._k for x in clipped])
-        self._limit = max(4 * self._clip, 10 * noise * noise * inflation / self._k, 20 * inflation / theta)
+        # And at least what the smallest slowdown looked for adds in a minute: a short run's noise
+        # and its steps a few seconds slower for a few seconds are no slowdown.
+        floor = self._k * FLOOR_S * _US / self._median
+        self._limit = max(4 * self._clip, 10 * noise * noise * inflation / self._k, 20 * inflation / theta,
+                          floor)
         self._block = []
 
 

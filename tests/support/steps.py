@@ -17,10 +17,9 @@ def step_times(count: int, step_s: float, *, noise: float = 0.03, seed: int = 0,
                start_us: int = T0) -> list[int]:
     """Step start times of a run whose step time is log-normal with spread ``noise``, with a
     checkpoint every 100 steps (3 times longer) and heavy tails (1 % of the others 2 to 6 times
-    longer), a
-    first step ``compile_s`` longer, ``slow`` = (from s, to s, fraction) slower steps between
-    those times (from the start), and ``gaps`` = {step: seconds} the given steps stuck that much
-    longer."""
+    longer), a first step ``compile_s`` longer, ``slow`` = (from s, to s, fraction) slower steps
+    between those times (from the start), and ``gaps`` = {step: seconds} the given steps stuck
+    that much longer."""
     rng = random.Random(seed)
     times, clock = [start_us], 0.0
     for index in range(count - 1):

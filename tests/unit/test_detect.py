@@ -60,6 +60,18 @@ def test_a_two_percent_slowdown_is_below_what_is_looked_for_unless_asked():
     assert [c.kind for c in detect(times, DetectionSettings(min_slowdown=0.02))] == [SLOWDOWN, SLOWDOWN]
 
 
+def test_short_steps_slower_for_seconds_are_no_slowdown_but_for_minutes_are_found_within_two():
+    """0.3 s steps 25 % slower for 12 s (40 steps, which a per-step threshold would find), and
+    for five minutes."""
+    onset_s = 1800.0
+    assert detect(step_times(12_000, 0.3, noise=0.05, slow=(onset_s, onset_s + 12, 0.25))) == []
+    times = step_times(12_000, 0.3, noise=0.05, slow=(onset_s, onset_s + 300, 0.25))
+    found, ended = detect(times)
+    onset = next(t for t in times if t - T0 >= onset_s * S)
+    assert found.kind == SLOWDOWN and abs(found.started_us - onset) <= 10 * S
+    assert 10 * S <= found.detected_us - onset <= 120 * S and ended.ended_us is not None
+
+
 def test_a_hang_is_found_its_threshold_after_the_last_step_and_ends_at_the_next():
     times = step_times(500, 2.0, gaps={300: 600.0})
     found, ended = detect(times)
