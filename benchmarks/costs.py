@@ -26,7 +26,8 @@ timings run in one thread pinned to one core; the reference's run in its own ven
   a whole-state encode (what every message cost before the log, and what a compaction costs)
   are measured at several history sizes (11 times) and summed over the life's snapshots and
   messages read off a line. A snapshot of a freshly decoded state (a worker that did not keep
-  the run: after a restart, or past its memory budget) is shown beside. Sinks (rows, points,
+  the run: after a restart, or past its memory budget; the state as the stream encodes it, after
+  a snapshot one message earlier) is shown beside. Sinks (rows, points,
   requests) are not counted on either side of the run's life; the fleets count ours.
 * Cloud Logging reads: one ``entries.list`` per poll of each worker; a read of more than 1,000
   entries takes one call per 1,000 (the API's page limit; the reference asks for pages of
@@ -258,7 +259,8 @@ def _parsed(messages: list[Message]) -> list[Any]:
 
 def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
     """The encoded state when the run first reaches each size of STATE_SIZES, and the index of
-    the next message."""
+    the next message. As in the stream, the state was snapshotted before (as of the message
+    before the last), so its detector has been fed the steps up to then."""
     from pipeline.core import engine, state_coder
     from pipeline.core.events import parse_batch
 
@@ -271,6 +273,7 @@ def _checkpoints(messages: list[Message]) -> list[tuple[bytes, int]]:
         state.add_batch(batch)
         steps += len(batch.steps)
         if len(found) < len(STATE_SIZES) and steps >= STATE_SIZES[len(found)]:
+            state.snapshot(messages[index - 1].event_time_us)
             found.append((state_coder.encode_state(state), index + 1))
     assert len(found) == len(STATE_SIZES)
     return found
