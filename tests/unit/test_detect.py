@@ -162,7 +162,7 @@ def test_a_stream_finds_the_rows_a_replay_finds_whatever_its_snapshot_interval()
 
 def test_a_decoded_run_goes_on_from_its_detectors_state_without_feeding_its_history_again(
         monkeypatch: pytest.MonkeyPatch):
-    events, end = run_events()
+    events, _ = run_events()
     state = engine.RunState("run")
     state.add_all(events)
     middle = events[len(events) // 2].time_us
