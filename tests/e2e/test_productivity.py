@@ -43,7 +43,6 @@ import datetime
 import html
 import math
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,7 @@ from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client
 from pipeline.sinks.duckdb import DuckDBSink
+from support.browser import opened
 from support.history import section
 
 UTC = datetime.timezone.utc
@@ -252,28 +252,13 @@ def test_the_report_shows_goodput_over_paid_capacity_and_the_idle_share_per_day(
 def test_the_productivity_section_renders_in_a_headless_browser(report: Path):
     """Chromium shows the section with its capacity plot drawn and both tables' rows, and reports no
     errors."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("needs Debian's chromium (apt-get install chromium) at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
-                    if message.type in ("error", "warning") else None)
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            page.goto(report.as_uri(), wait_until="load")
-            page.locator('nav a[href="#productivity"]').click()
-            assert page.locator("#productivity").is_visible()
-            box = page.locator("#productivity figure.plot svg").bounding_box()
-            assert box and box["width"] > 600 and box["height"] > 100
-            mpg = page.locator("#productivity-runs tbody tr td:nth-child(8)").all_inner_texts()
-            idle = page.locator("#capacity-goodput tbody tr td:nth-child(7)").all_inner_texts()
-        finally:
-            browser.close()
+    with opened(report) as (page, problems):
+        page.locator('nav a[href="#productivity"]').click()
+        assert page.locator("#productivity").is_visible()
+        box = page.locator("#productivity figure.plot svg").bounding_box()
+        assert box and box["width"] > 600 and box["height"] > 100
+        mpg = page.locator("#productivity-runs tbody tr td:nth-child(8)").all_inner_texts()
+        idle = page.locator("#capacity-goodput tbody tr td:nth-child(7)").all_inner_texts()
     assert problems == []
     assert mpg == ["27.00 %", "25.00 %", "40.00 %"]
     assert idle == ["95.83 %", "86.67 %", "66.67 %", "46.67 %"]

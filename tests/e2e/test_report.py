@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from goodput_schemas import saved_queries
 from pipeline.app.alerts import evaluate_file
 from pipeline.app.fleet_sql import run_saved
 from pipeline.app.report import write_report
+from support.browser import opened
 from support.history import SECTION_IDS, SlowStretch, replay, section, simulate, simulate_profile
 
 RUNS = [("run-a", 300, 1), ("run-b", 200, 2), ("run-c<&>", 500, 3)]
@@ -180,38 +180,22 @@ def test_the_report_renders_in_a_headless_browser(report: str, fleet_database: P
     """Chromium opens the report from a file: no console or page errors, every section visible
     with its plots drawn, the anomaly figure counting the rows of the anomalies table (and the
     ongoing ones), and a full-page screenshot that is not blank."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("needs Debian's chromium (apt-get install chromium) at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
     page_file = tmp_path / "report.html"
     page_file.write_text(report)
     screenshot = tmp_path / "report.png"
-    problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
-                    if message.type in ("error", "warning") else None)
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url}"))
-            page.goto(page_file.as_uri(), wait_until="load")
-            for key in SECTION_IDS:
-                assert page.locator(f"#{key}").is_visible(), key
-            for index in range(page.locator("figure.plot svg").count()):
-                box = page.locator("figure.plot svg").nth(index).bounding_box()
-                assert box and box["width"] > 600 and box["height"] > 100, (index, box)
-            assert page.locator("#fleet-goodput").inner_text().endswith("%")
-            assert page.locator("#anomalies figure.plot svg").is_visible()
-            assert page.locator("#run-groups figure.plot svg").is_visible()
-            ongoing, found = page.locator("#anomaly-count").inner_text().split(" / ")
-            cells = page.locator("#anomalies tbody tr td:nth-child(6)").all_inner_texts()
-            assert len(cells) == int(found) and cells.count("ongoing") == int(ongoing) > 0
-            page.screenshot(path=str(screenshot), full_page=True)
-        finally:
-            browser.close()
+    with opened(page_file) as (page, problems):
+        for key in SECTION_IDS:
+            assert page.locator(f"#{key}").is_visible(), key
+        for index in range(page.locator("figure.plot svg").count()):
+            box = page.locator("figure.plot svg").nth(index).bounding_box()
+            assert box and box["width"] > 600 and box["height"] > 100, (index, box)
+        assert page.locator("#fleet-goodput").inner_text().endswith("%")
+        assert page.locator("#anomalies figure.plot svg").is_visible()
+        assert page.locator("#run-groups figure.plot svg").is_visible()
+        ongoing, found = page.locator("#anomaly-count").inner_text().split(" / ")
+        cells = page.locator("#anomalies tbody tr td:nth-child(6)").all_inner_texts()
+        assert len(cells) == int(found) and cells.count("ongoing") == int(ongoing) > 0
+        page.screenshot(path=str(screenshot), full_page=True)
     assert problems == []
     data = screenshot.read_bytes()
     width, height = png_size(data)
