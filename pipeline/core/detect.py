@@ -30,7 +30,20 @@ checkpoint, eval or data-loading step adds at most ``c - k``, with ``k = log(1 +
 (more for heavy tails and consecutive steps that go together: see ``_rebase``), and what the
 smallest slowdown adds in about a minute, so that short steps a little slower for seconds are no
 slowdown (it delays only steps under a few seconds, by at most a minute). Its onset is where
-``S`` last left 0. It ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
+``S`` last left 0.
+
+**Large slowdowns.** The clip that keeps a lone outlier from counting much also keeps a step twice
+as long from counting more than one a little slower, so a second sum watches the far steps: those
+at least ``FAR`` (25 %) slower than the baseline, a share ``p`` of the baseline's block (``(far + 1) /
+(steps + 2)``, never 0) and at least half of the steps of a slowdown of ``FAR`` or more. Each step
+adds its log-likelihood ratio of the two, ``log(0.5 / p)`` if far and ``log(0.5 / (1 - p))`` if not,
+to ``F = max(0, F + ...)``: a sum of likelihood ratios passes ``L = 20`` less than once in e^20 clean
+steps, whatever the noise's shape. A slowdown is also found when ``F > L`` once ``FLOOR_S`` have
+passed since ``F`` last left 0 (its onset): a step 2 to 6 times longer now and then is no slowdown,
+several in a row are, and found in a few steps at any step time (at 20 s, a slowdown of 50 % or
+more lasting five minutes is a dozen steps or fewer: ``S`` alone would take about as many).
+
+A slowdown ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
 ``D`` last left 0, or at its attempt's end.
 
 **Hang.** A gap between two step starts (or from the last one to the attempt's end, or to now)
@@ -56,6 +69,9 @@ ANOMALY_KINDS = (SLOWDOWN, HANG, STRAGGLER)
 _US = 1_000_000
 #: The least time, in the baseline's steps, the sum must take to find the smallest slowdown.
 FLOOR_S = 60.0
+#: How much slower than the baseline a step is far, the share of far steps in a large slowdown,
+#: and the limit of the far steps' sum (see the module).
+FAR, FAR_SHARE, FAR_LIMIT = 0.25, 0.5, 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +141,11 @@ class Detector:
         self._open: AnomalyChange | None = None  # the open slowdown's detection row
         self._through: tuple[float, int] = (0.0, 0)  # its durations' sum and count, onset to now
         self._position = 0  # the index of the current attempt's last step start fed
+        # The far steps' sum F, what a far and a near step add to it (0 before a baseline), its
+        # onset, and the durations' sum and count since then.
+        self._far_sum, self._far_adds = 0.0, (0.0, 0.0)
+        self._far_onset: int | None = None
+        self._far_since: tuple[float, int] = (0.0, 0)
 
     def new_attempt(self) -> None:
         """The next steps fed are a new attempt's (a restart): its warm-up starts."""
@@ -185,7 +206,8 @@ class Detector:
                 "open": None if self._open is None else dataclasses.astuple(self._open),
                 "scalars": [self._clip, self._limit, self._median, self._mean, self._threshold, self._sum,
                             self._onset, self._position],
-                "since": self._since, "through": self._through, "block": self._block}
+                "since": self._since, "through": self._through, "block": self._block,
+                "far": [self._far_sum, *self._far_adds, self._far_onset, *self._far_since]}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Detector:
@@ -196,6 +218,10 @@ class Detector:
          detector._sum, detector._onset, detector._position) = value["scalars"]
         detector._since, detector._through = tuple(value["since"]), tuple(value["through"])
         detector._block = value["block"]
+        if "far" in value:  # absent in states encoded before the far steps' sum: it starts afresh
+            far_sum, far_add, near_add, detector._far_onset, total, count = value["far"]
+            detector._far_sum, detector._far_adds = far_sum, (far_add, near_add)
+            detector._far_since = (total, count)
         return detector
 
     # -- internals ---------------------------------------------------------------------------
@@ -237,12 +263,19 @@ class Detector:
         counted = min(duration, self._threshold)  # a hang is a hang's loss
         if self._open is None:
             self._sum_step(start, counted, x - self._k)
+            self._far_step(start, counted, duration > self._median * (1 + FAR))
+            found = None
             if self._sum > self._limit:
                 assert self._onset is not None
-                self._open = self._row(None, self._onset, end, *self._since)
+                found = self._onset, self._since
+            elif (self._far_sum > FAR_LIMIT and self._far_onset is not None
+                  and end - self._far_onset >= FLOOR_S * _US):
+                found = self._far_onset, self._far_since
+            if found is not None:
+                self._open = self._row(None, found[0], end, *found[1])
                 self.changes.append(self._open)
-                self._through = self._since
-                self._sum, self._onset = 0.0, None
+                self._through = found[1]
+                self._sum, self._onset, self._far_sum, self._far_onset = 0.0, None, 0.0, None
         else:
             total, count = self._through
             self._through = (total + counted, count + 1)
@@ -271,6 +304,19 @@ class Detector:
         if self._sum == 0.0:
             self._onset = None
 
+    def _far_step(self, start: int, duration: float, far: bool) -> None:
+        """Adds a step to the far steps' sum, noting its onset and what it summed."""
+        increment = self._far_adds[0] if far else self._far_adds[1]
+        if self._far_sum == 0.0:
+            if increment <= 0:
+                return
+            self._far_onset, self._far_since = start, (0.0, 0)
+        self._far_sum = max(0.0, self._far_sum + increment)
+        total, count = self._far_since
+        self._far_since = (total + duration, count + 1)
+        if self._far_sum == 0.0:
+            self._far_onset = None
+
     def _rebase(self) -> None:
         """Takes the baseline from the block of durations, and starts a new block."""
         self._median, self._threshold, self._mean = self._baseline()
@@ -295,6 +341,8 @@ class Detector:
         floor = self._k * FLOOR_S * _US / self._median
         self._limit = max(4 * self._clip, 10 * noise * noise * inflation / self._k, 20 * inflation / theta,
                           floor)
+        share = (sum(value > math.log1p(FAR) for value in logs) + 1) / (len(logs) + 2)
+        self._far_adds = (math.log(FAR_SHARE / share), math.log((1 - FAR_SHARE) / (1 - share)))
         self._block = []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -70,6 +71,38 @@ def test_short_steps_slower_for_seconds_are_no_slowdown_but_for_minutes_are_foun
     onset = next(t for t in times if t - T0 >= onset_s * S)
     assert found.kind == SLOWDOWN and abs(found.started_us - onset) <= 10 * S
     assert 10 * S <= found.detected_us - onset <= 120 * S and ended.ended_us is not None
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_long_steps_much_slower_for_five_minutes_are_found_before_the_slowdown_ends(fraction):
+    """At 20 s steps, five minutes are 7 to 10 steps this slow, on noise whose consecutive steps go
+    together (which raises the clipped sum's limit): each counts as a far step (the far steps'
+    sum), where the clipped sum would count it as one a little slower."""
+    rng = random.Random(1)
+    z, times = 0.0, [T0]
+    for index in range(600):
+        z = 0.6 * z + 0.8 * rng.gauss(0, 1)  # lag-1 autocorrelation 0.6, spread 1
+        duration = 20.0 * math.exp(0.02 * z) * (3 if index % 100 == 99 else 1) + (30 if index == 0 else 0)
+        slow = 3600 <= (times[-1] - T0) / S < 3900
+        times.append(times[-1] + round(duration * (1 + fraction * slow) * S))
+    onset = next(t for t in times if t - T0 >= 3600 * S)
+    found = [c for c in detect(times) if c.ended_us is None]
+    assert [c.kind for c in found] == [SLOWDOWN]
+    assert abs(found[0].started_us - onset) <= 20 * S and found[0].detected_us - onset < 300 * S
+
+
+def test_far_steps_one_at_a_time_are_no_slowdown_and_an_older_state_starts_their_sum_afresh():
+    """A step twice as long every 10th (a tenth of the steps far, against the usual 1 to 2 %):
+    the block's share of far steps is the baseline's, and nothing is found."""
+    times = step_times(3_000, 4.0, noise=0.02, gaps={k: 4.0 for k in range(500, 3_000, 10)})
+    assert detect(times) == []
+    detector = Detector()
+    detector.feed(times, range(len(times)), 0, 1_000)
+    value = detector.to_json()
+    del value["far"]  # as a state encoded before the far steps' sum
+    decoded = Detector.from_json(value)
+    decoded.feed(times, range(len(times)), 1_000, len(times))
+    assert decoded.changes == []
 
 
 def test_a_hang_is_found_its_threshold_after_the_last_step_and_ends_at_the_next():
