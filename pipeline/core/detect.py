@@ -69,9 +69,11 @@ ANOMALY_KINDS = (SLOWDOWN, HANG, STRAGGLER)
 _US = 1_000_000
 #: The least time, in the baseline's steps, the sum must take to find the smallest slowdown.
 FLOOR_S = 60.0
-#: How much slower than the baseline a step is far, the share of far steps in a large slowdown,
-#: and the limit of the far steps' sum (see the module).
-FAR, FAR_SHARE, FAR_LIMIT = 0.25, 0.5, 20.0
+#: How much slower than the baseline a step is far, and the share of far steps in a large slowdown.
+FAR, FAR_SHARE = 0.25, 0.5
+#: How long a clean run steps, on average, before either sum passes its limit: the false alarms a
+#: run may have are per hour, whatever its step time.
+ARL_S = 1e8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +145,7 @@ class Detector:
         self._position = 0  # the index of the current attempt's last step start fed
         # The far steps' sum F, what a far and a near step add to it (0 before a baseline), its
         # onset, and the durations' sum and count since then.
-        self._far_sum, self._far_adds = 0.0, (0.0, 0.0)
+        self._far_sum, self._far_adds, self._far_limit = 0.0, (0.0, 0.0), math.inf
         self._far_onset: int | None = None
         self._far_since: tuple[float, int] = (0.0, 0)
 
@@ -207,7 +209,7 @@ class Detector:
                 "scalars": [self._clip, self._limit, self._median, self._mean, self._threshold, self._sum,
                             self._onset, self._position],
                 "since": self._since, "through": self._through, "block": self._block,
-                "far": [self._far_sum, *self._far_adds, self._far_onset, *self._far_since]}
+                "far": [self._far_sum, *self._far_adds, self._far_limit, self._far_onset, *self._far_since]}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Detector:
@@ -219,7 +221,7 @@ class Detector:
         detector._since, detector._through = tuple(value["since"]), tuple(value["through"])
         detector._block = value["block"]
         if "far" in value:  # absent in states encoded before the far steps' sum: it starts afresh
-            far_sum, far_add, near_add, detector._far_onset, total, count = value["far"]
+            far_sum, far_add, near_add, detector._far_limit, detector._far_onset, total, count = value["far"]
             detector._far_sum, detector._far_adds = far_sum, (far_add, near_add)
             detector._far_since = (total, count)
         return detector
@@ -268,7 +270,7 @@ class Detector:
             if self._sum > self._limit:
                 assert self._onset is not None
                 found = self._onset, self._since
-            elif (self._far_sum > FAR_LIMIT and self._far_onset is not None
+            elif (self._far_sum > self._far_limit and self._far_onset is not None
                   and end - self._far_onset >= FLOOR_S * _US):
                 found = self._far_onset, self._far_since
             if found is not None:
@@ -343,6 +345,7 @@ class Detector:
                           floor)
         share = (sum(value > math.log1p(FAR) for value in logs) + 1) / (len(logs) + 2)
         self._far_adds = (math.log(FAR_SHARE / share), math.log((1 - FAR_SHARE) / (1 - share)))
+        self._far_limit = math.log(ARL_S * _US / self._median)
         self._block = []
 
 
