@@ -5,76 +5,8 @@
 -- lifetime, time-weighted as in jobset_goodput, for a run whose metadata names its JobSet. Program
 -- goodput is the run's mean MFU (model_metrics named MFU), else its mean TFLOPS per device over the
 -- peak of its accelerator type (accelerator_peaks); program_from says which. NaN and infinite
--- metric values are left out, and a value recorded twice counts once.
-WITH latest AS (
-  SELECT run_id, accelerator_type, chip_count, location, window_start AS run_start, window_end AS run_end,
-    ended, goodput_pct
-  FROM ${dataset}.goodput_snapshots
-  WHERE window_s = 0
-  QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC) = 1
-),
-jobsets AS (
-  SELECT run_id, project, cluster, namespace, jobset_name, jobset_uid
-  FROM ${dataset}.run_metadata
-  WHERE jobset_name IS NOT NULL
-  QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY start_time DESC) = 1
-),
-points AS (
-  SELECT project, location, cluster, namespace, jobset_name, jobset_uid, end_time, value
-  FROM ${dataset}.jobset_metrics
-  WHERE metric = 'scheduling_goodput'
-  QUALIFY ROW_NUMBER() OVER (
-    PARTITION BY project, location, cluster, namespace, jobset_name, jobset_uid, end_time
-    ORDER BY imported_at DESC) = 1
-),
-periods AS (
-  SELECT *,
-    GREATEST(TIMESTAMP_SUB(end_time, INTERVAL 60 SECOND), IFNULL(LAG(end_time) OVER (
-      PARTITION BY project, location, cluster, namespace, jobset_name, jobset_uid ORDER BY end_time),
-      TIMESTAMP_SUB(end_time, INTERVAL 60 SECOND))) AS period_start
-  FROM points
-),
-weighted AS (
-  SELECT l.run_id, p.value,
-    TIMESTAMP_DIFF(LEAST(p.end_time, l.run_end), GREATEST(p.period_start, l.run_start), MICROSECOND) / 1e6
-      AS weight_s
-  FROM latest AS l
-  JOIN jobsets AS j ON j.run_id = l.run_id
-  JOIN periods AS p
-    ON p.cluster = j.cluster AND p.namespace = j.namespace AND p.jobset_name = j.jobset_name
-    AND (j.project IS NULL OR p.project = j.project)
-    AND (j.jobset_uid IS NULL OR p.jobset_uid IS NULL OR p.jobset_uid = j.jobset_uid)
-    AND p.end_time > l.run_start AND p.period_start < l.run_end
-  WHERE p.value IS NOT NULL
-),
-scheduling AS (
-  SELECT run_id, SAFE_DIVIDE(SUM(value * weight_s), SUM(weight_s)) AS goodput
-  FROM weighted
-  GROUP BY run_id
-),
-metrics AS (
-  SELECT DISTINCT run_id, attempt_id, metric_time, step, name, value
-  FROM ${dataset}.model_metrics
-  WHERE name IN ('MFU', 'TFLOPS') AND NOT IS_NAN(value) AND NOT IS_INF(value)
-),
-program AS (
-  SELECT run_id, AVG(IF(name = 'MFU', value, NULL)) AS mfu, AVG(IF(name = 'TFLOPS', value, NULL)) AS tflops
-  FROM metrics
-  GROUP BY run_id
-),
-factors AS (
-  SELECT
-    l.run_id, l.accelerator_type, l.chip_count, l.location, l.run_start, l.run_end, l.ended,
-    s.goodput AS scheduling,
-    l.goodput_pct / 100 AS runtime,
-    IFNULL(m.mfu, SAFE_DIVIDE(m.tflops, k.bf16_tflops_per_chip)) AS program,
-    CASE WHEN m.mfu IS NOT NULL THEN 'MFU'
-      WHEN SAFE_DIVIDE(m.tflops, k.bf16_tflops_per_chip) IS NOT NULL THEN 'TFLOPS' END AS program_from
-  FROM latest AS l
-  LEFT JOIN scheduling AS s ON s.run_id = l.run_id
-  LEFT JOIN program AS m ON m.run_id = l.run_id
-  LEFT JOIN ${dataset}.accelerator_peaks AS k ON k.accelerator_type = l.accelerator_type
-)
+-- metric values are left out, and a value recorded twice counts once. The view
+-- run_productivity_factors computes the factors (fleet_productivity weighs the same ones).
 SELECT
   run_id,
   accelerator_type,
@@ -83,13 +15,11 @@ SELECT
   run_start,
   run_end,
   ended,
-  ROUND(scheduling, 4) AS scheduling_goodput,
-  ROUND(runtime, 4) AS runtime_goodput,
-  ROUND(program, 4) AS program_goodput,
+  ROUND(scheduling_goodput, 4) AS scheduling_goodput,
+  ROUND(runtime_goodput, 4) AS runtime_goodput,
+  ROUND(program_goodput, 4) AS program_goodput,
   program_from,
-  ROUND(IF(COALESCE(scheduling, runtime, program) IS NULL, NULL,
-           IFNULL(scheduling, 1) * IFNULL(runtime, 1) * IFNULL(program, 1)), 4) AS ml_productivity_goodput,
-  NULLIF(RTRIM(CONCAT(IF(scheduling IS NULL, '', 'scheduling,'), IF(runtime IS NULL, '', 'runtime,'),
-                      IF(program IS NULL, '', 'program,')), ','), '') AS known_factors
-FROM factors
+  ROUND(ml_productivity_goodput, 4) AS ml_productivity_goodput,
+  known_factors
+FROM ${dataset}.run_productivity_factors
 ORDER BY run_id

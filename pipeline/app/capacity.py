@@ -19,7 +19,10 @@ The file is checked whole before anything is written: a line that cannot be read
 ends before it starts, or two spans of one accelerator type and location that overlap (they would
 count the same chips twice) refuse the import, each line with its reason. Importing a file again
 appends its spans again; the saved query counts each span (accelerator type, location, start and
-end) once, as last imported, so a corrected chip count replaces the old one.
+end) once, as last imported, so a corrected chip count replaces the old one. A span that overlaps
+one already in the table (of the DuckDB file, of the BigQuery dataset) without being the same span
+would count the same chips twice as well, and refuses the import the same way: to correct a span's
+chips, import it again with the same start and end; to extend it, import the time after its end.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import datetime
 import io
 import itertools
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
 
 from goodput_schemas.limits import MAX_CHIP_COUNT, text_problem
 from pipeline.app.checks import OneLineParser, UsageError
@@ -44,11 +47,18 @@ CAPACITY = "capacity"
 COLUMNS = ("accelerator_type", "location", "start_time", "end_time", "chips")
 #: Problems listed when a file is refused; the rest are counted.
 MAX_PROBLEMS_SHOWN = 20
+#: What makes a span the same span: an import of it again replaces it.
+SPAN_KEY = ("accelerator_type", "location", "start_time", "end_time")
+#: The spans already in the table, each once (a BigQuery query, or DuckDB's).
+_IMPORTED_SQL = "SELECT DISTINCT accelerator_type, location, start_time, end_time FROM capacity"
 
 
-def read_spans(text: str, imported_at: datetime.datetime) -> tuple[list[Row], list[str]]:
+def read_spans(text: str, imported_at: datetime.datetime,
+               imported: Iterable[tuple[str, Row]] = ()) -> tuple[list[Row], list[str]]:
     """The ``capacity`` rows of a CSV file's text, and what is wrong with it, one line each
-    (nothing is to be imported unless that list is empty)."""
+    (nothing is to be imported unless that list is empty). ``imported`` holds the spans already in
+    the table, each with where it is (a file or dataset): a span of the file may be one of them
+    again, but may not overlap one."""
     reader = csv.DictReader(io.StringIO(text))
     missing = [column for column in COLUMNS if column not in (reader.fieldnames or ())]
     if missing:
@@ -64,7 +74,7 @@ def read_spans(text: str, imported_at: datetime.datetime) -> tuple[list[Row], li
         elif row is not None:
             rows.append(row)
             lines.append(line)
-    problems += _overlaps(rows, lines)
+    problems += _overlaps(rows, lines) + _overlaps_imported(rows, lines, imported)
     return rows, problems
 
 
@@ -109,6 +119,86 @@ def _overlaps(rows: Sequence[Row], lines: Sequence[int]) -> list[str]:
     return problems
 
 
+def _overlaps_imported(rows: Sequence[Row], lines: Sequence[int],
+                       imported: Iterable[tuple[str, Row]]) -> list[str]:
+    """Each span of the file that overlaps one already imported of its accelerator type and location,
+    other than itself (an import of the same span again replaces it)."""
+    spans: dict[tuple[object, ...], list[tuple[str, Row]]] = {}
+    for where, span in imported:
+        spans.setdefault((span["accelerator_type"], span["location"]), []).append((where, span))
+    problems = []
+    for row, line in zip(rows, lines, strict=True):
+        for where, span in spans.get((row["accelerator_type"], row["location"]), []):
+            same = all(row[column] == span[column] for column in SPAN_KEY)
+            if not same and row["start_time"] < span["end_time"] and span["start_time"] < row["end_time"]:
+                problems.append(
+                    f"line {line}: its span overlaps the one imported to {where} before, from "
+                    f"{_time(span['start_time'])} to {_time(span['end_time'])} ({row['accelerator_type']} "
+                    f"in {row['location'] or 'no location'}): the same chips would count twice; to "
+                    "correct that span, import it with the same start and end")
+    return problems
+
+
+def _time(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def imported_spans(args: argparse.Namespace) -> list[tuple[str, Row]]:
+    """The spans already in the ``capacity`` table of each output, each with where it is: none
+    where the file, the dataset or the table does not exist yet. Reading BigQuery may raise
+    ``google.api_core.exceptions.GoogleAPIError``."""
+    spans = []
+    if args.duckdb:
+        spans += [(args.duckdb, span) for span in _duckdb_spans(args.duckdb)]
+    if args.bigquery_dataset:
+        spans += [(args.bigquery_dataset, span)
+                  for span in _bigquery_spans(args.bigquery_dataset, args.bigquery_endpoint)]
+    return spans
+
+
+def _duckdb_spans(path: str) -> list[Row]:
+    import os
+
+    import duckdb
+
+    from pipeline.app.checks import read_only
+
+    if not os.path.lexists(path):
+        return []
+    with read_only(path) as connection:
+        try:
+            found = connection.execute(_IMPORTED_SQL).fetchall()
+        except duckdb.CatalogException:  # a file an older version wrote, or none of ours yet
+            return []
+    return [_span_row(row) for row in found]
+
+
+def _bigquery_spans(dataset: str, endpoint: str | None) -> list[Row]:
+    from google.api_core.exceptions import NotFound
+    from google.cloud import bigquery
+
+    from goodput_schemas import parse_dataset
+    from pipeline.sinks.bigquery import make_client
+
+    project, name = parse_dataset(dataset)
+    client = make_client(project, endpoint)
+    try:
+        found = client.query_and_wait(
+            _IMPORTED_SQL, job_config=bigquery.QueryJobConfig(default_dataset=f"{project}.{name}"))
+        return [_span_row(tuple(row)) for row in found]
+    except NotFound:  # no dataset or table yet: --bigquery_create_tables makes them
+        return []
+
+
+def _span_row(values: Sequence[Any]) -> Row:
+    """A span read from a table, its times aware (DuckDB's are naive, in UTC; BigQuery's aware)."""
+    row: Row = dict(zip(SPAN_KEY, values, strict=True))
+    for column in ("start_time", "end_time"):
+        if row[column].tzinfo is None:
+            row[column] = row[column].replace(tzinfo=datetime.timezone.utc)
+    return row
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The arguments of ``goodput import capacity``, on ``parser`` if given."""
     parser = parser or OneLineParser(prog="goodput import capacity")
@@ -123,9 +213,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "  goodput import capacity --csv capacity.csv --duckdb goodput.duckdb\n"
         "  goodput query capacity_goodput --duckdb goodput.duckdb\n\n"
         "The file is checked whole first: a line that cannot be read, or spans of one accelerator\n"
-        "type and location that overlap, refuse it, each with its line. Importing a span again\n"
-        "(same type, location, start and end) replaces it in the query. Exit status: 0 if the\n"
-        "spans were imported, 1 if the file was refused or a write failed, 2 for a usage error.")
+        "type and location that overlap, in the file or with one imported before, refuse it, each\n"
+        "with its line. Importing a span again (same type, location, start and end) replaces it in\n"
+        "the query: correct a span's chips so; extend a span by importing the time after its end.\n"
+        "Exit status: 0 if the spans were imported, 1 if the file was refused or a read or write\n"
+        "failed, 2 for a usage error.")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--csv", required=True, metavar="FILE",
                         help="the capacity spans ('-': standard input)")
@@ -151,7 +243,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
     except UsageError as error:
         print(f"goodput import capacity: {error}", file=sys.stderr)
         return 2
-    rows, problems = read_spans(text, datetime.datetime.now(datetime.timezone.utc))
+    from google.api_core import exceptions
+
+    from pipeline.app.outputs import first_line
+
+    try:
+        imported = imported_spans(args)
+    except UsageError as error:
+        print(f"goodput import capacity: {error}", file=sys.stderr)
+        return 2
+    except exceptions.GoogleAPIError as error:
+        print(f"goodput import capacity: reading the spans imported to {args.bigquery_dataset} failed: "
+              f"{first_line(error)}; nothing was imported", file=sys.stderr)
+        return 1
+    rows, problems = read_spans(text, datetime.datetime.now(datetime.timezone.utc), imported)
     if problems:
         for problem in problems[:MAX_PROBLEMS_SHOWN]:
             print(f"goodput import capacity: {args.csv}: {problem}", file=sys.stderr)

@@ -19,12 +19,15 @@ deduplicates it for a minute. Rows are kept in memory for assertions.
 Queries are served as the client's ``query_and_wait`` makes them: ``jobs.query``, then, for a
 result of more than one page, ``jobs.get`` and ``jobs.getQueryResults`` with page tokens. A query
 is GoogleSQL, one SELECT, with named parameters (scalars and arrays); it runs on DuckDB over the
-tables' rows after sqlglot transpiles it (``pipeline.app.fleet_sql``), every table named with its
+tables' rows after sqlglot transpiles it (``pipeline.sinks.duckdb_sql``), every table named with its
 dataset (or the request's default dataset). Rows come back in the API's form (every value a
 string, timestamps as microseconds when the client asks for ``useInt64Timestamp``), at most
-``maxResults`` rows and about 10 MB per page. A table that does not exist, an unknown parameter
-or SQL that does not parse is refused as BigQuery refuses it (404 ``notFound``, 400
-``invalidQuery``).
+``maxResults`` rows and about 10 MB per page. A table may be a view (``view.query``, GoogleSQL, as
+Terraform and ``--bigquery_create_tables`` make the views of ``goodput_schemas/views/``): its query
+is checked when it is created as a query is (every table it reads must exist), a query reads it
+as the subquery it stands for, and rows go only to tables. A table that does not exist, an
+unknown parameter or SQL that does not parse is refused as BigQuery refuses it (404 ``notFound``,
+400 ``invalidQuery``).
 
 Faults are injected through the store: ``fail_next(n, status, reason)`` fails the next n
 insertAll requests as a whole (503 ``backendError``, 429 ``rateLimitExceeded``, 403
@@ -218,13 +221,16 @@ class BigQueryStore:
     def create_table(self, project: str, dataset: str, resource: dict[str, Any]) -> dict[str, Any]:
         self.get_dataset(project, dataset)
         table = resource.get("tableReference", {}).get("tableId", "")
+        view = resource.get("view")
         fields = resource.get("schema", {}).get("fields", [])
         unknown = [f.get("type") for f in fields if f.get("type") not in _CONVERT]
-        if not fields or unknown:
+        if view is None and (not fields or unknown):
             raise ApiError(HTTPStatus.BAD_REQUEST, "invalid",
                            f"Table {table} needs a schema of known types (got {unknown or 'none'}).")
         if not re.fullmatch(r"[\w-]{1,1024}", table):
             raise ApiError(HTTPStatus.BAD_REQUEST, "invalid", f"Invalid table ID \"{table}\".")
+        if view is not None:
+            self._check_view(project, view)
         for field in fields:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,299}", str(field.get("name"))):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "invalid",
@@ -238,9 +244,19 @@ class BigQueryStore:
                                f"Already Exists: Table {project}:{dataset}.{table}")
             stored = {**resource, "id": f"{project}:{dataset}.{table}", "kind": "bigquery#table",
                       "tableReference": {"projectId": project, "datasetId": dataset, "tableId": table},
-                      "type": "TABLE"}
+                      "type": "TABLE" if view is None else "VIEW"}
             self._tables[key], self._rows[key], self._seen[key] = stored, [], {}
             return stored
+
+    def _check_view(self, project: str, view: Any) -> None:
+        """A view's definition, refused as a query is refused when it is not one this stand-in runs
+        (the API takes a view's query as legacy SQL unless told otherwise)."""
+        if not isinstance(view, dict) or not isinstance(view.get("query"), str):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "invalid", "A view needs its query (view.query).")
+        if view.get("useLegacySql", True) is not False:
+            raise _invalid_query("The BigQuery emulator's views are GoogleSQL only "
+                                 "(view.useLegacySql: false).")
+        self._queries.translate_view(view["query"], project)
 
     def get_table(self, project: str, dataset: str, table: str) -> dict[str, Any]:
         with self._lock:
@@ -263,6 +279,9 @@ class BigQueryStore:
             if key not in self._tables:
                 raise ApiError(HTTPStatus.NOT_FOUND, "notFound",
                                f"Not found: Table {project}:{dataset}.{table}")
+            if self._tables[key]["type"] == "VIEW":
+                raise ApiError(HTTPStatus.BAD_REQUEST, "invalid",
+                               f"{project}:{dataset}.{table} is a view: rows are inserted into tables only.")
             rows = request.get("rows") or []
             if len(rows) > MAX_ROWS:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "invalid", "too many rows present in the request, "
@@ -411,13 +430,32 @@ class _Queries:
                            f"The BigQuery emulator does not return values of type {duckdb_type}.")
         return kind
 
+    def translate_view(self, sql: str, project: str) -> None:
+        """Checks a view's query as a query's is checked: it parses, and every table it reads
+        exists; a view reads no default dataset."""
+        self._translate(sql, project, (project, None), [])
+
     def _translate(self, sql: str, project: str, default: tuple[str, str | None],
                    parameters: list[dict[str, Any]]) -> tuple[str, list[tuple[str, str, str]]]:
         """The query as DuckDB SQL over this database's tables, and the tables it reads."""
-        import sqlglot
         from sqlglot import exp
 
-        from pipeline.app.fleet_sql import tree_to_duckdb
+        from pipeline.sinks.duckdb_sql import tree_to_duckdb
+
+        tree = self._parse(sql)
+        values = {given.get("name"): given for given in parameters}
+        for parameter in list(tree.find_all(exp.Parameter)):
+            if parameter.name not in values:
+                raise _invalid_query(f"Query parameter '{parameter.name}' not found")
+            parameter.replace(_literal(values[parameter.name]))
+        tables = self._resolve(tree, project, default)
+        return tree_to_duckdb(tree), tables
+
+    @staticmethod
+    def _parse(sql: str) -> Any:
+        """One SELECT statement in BigQuery's dialect, parsed; refused as BigQuery refuses it."""
+        import sqlglot
+        from sqlglot import exp
 
         try:
             statements = [tree for tree in sqlglot.parse(sql, read="bigquery") if tree is not None]
@@ -426,15 +464,17 @@ class _Queries:
         if len(statements) != 1 or not isinstance(statements[0], exp.Query):
             raise ApiError(HTTPStatus.NOT_IMPLEMENTED, "notImplemented",
                            "The BigQuery emulator runs one SELECT statement per query.")
-        tree = statements[0]
-        values = {given.get("name"): given for given in parameters}
-        for parameter in list(tree.find_all(exp.Parameter)):
-            if parameter.name not in values:
-                raise _invalid_query(f"Query parameter '{parameter.name}' not found")
-            parameter.replace(_literal(values[parameter.name]))
+        return statements[0]
+
+    def _resolve(self, tree: Any, project: str,
+                 default: tuple[str, str | None]) -> list[tuple[str, str, str]]:
+        """Names each table ``tree`` reads as this database does, and puts each view it reads in
+        its place as the subquery it stands for; the tables read, through views too."""
+        from sqlglot import exp
+
         common = {cte.alias for cte in tree.find_all(exp.CTE)}
         tables = []
-        for node in tree.find_all(exp.Table):
+        for node in list(tree.find_all(exp.Table)):
             if not node.db and node.name in common:
                 continue
             dataset = node.db or default[1]
@@ -442,12 +482,18 @@ class _Queries:
                 raise _invalid_query(f'Table "{node.name}" must be qualified with a dataset '
                                      "(e.g. dataset.table).")
             key = (node.catalog or (default[0] if not node.db else project), dataset, node.name)
-            self._store.get_table(*key)  # notFound as BigQuery says it
+            stored = self._store.get_table(*key)  # notFound as BigQuery says it
+            if stored["type"] == "VIEW":  # a view reads no default dataset
+                view = self._parse(stored["view"]["query"])
+                tables += self._resolve(view, key[0], (key[0], None))
+                alias = node.args.get("alias") or exp.TableAlias(this=exp.to_identifier(node.name))
+                node.replace(exp.Subquery(this=view, alias=alias))
+                continue
             tables.append(key)
             node.set("catalog", None)
             node.set("db", None)
             node.set("this", exp.to_identifier(".".join(key), quoted=True))
-        return tree_to_duckdb(tree), tables
+        return tables
 
     def _copy_new_rows(self, tables: list[tuple[str, str, str]]) -> None:
         """Gives each table of ``tables`` the rows inserted since a query last read it."""

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from goodput_schemas import SEEDED_TABLES, table_names, table_options, table_schema
+from goodput_schemas import SEEDED_TABLES, table_names, table_options, table_schema, views
 from pipeline.core.events import DeadLetter
 from pipeline.core.rows import DEAD_LETTER, Row, dead_letter_row
 from pipeline.core.sanitize import clean_row
@@ -53,10 +53,11 @@ def make_client(project: str, endpoint: str | None = None) -> Any:
 
 
 def create_tables(client: Any, project: str, dataset: str) -> None:
-    """Creates the dataset and every output table that does not exist yet, as Terraform does:
-    schemas from ``goodput_schemas/tables/``, day partitioning and clustering from ``table_options``; a
-    new table of ``SEEDED_TABLES`` (``accelerator_prices``, ``accelerator_peaks``) is seeded from its
-    CSV file in ``goodput_schemas/``."""
+    """Creates the dataset and every output table and view that does not exist yet, as Terraform
+    does: schemas from ``goodput_schemas/tables/``, day partitioning and clustering from
+    ``table_options``; a new table of ``SEEDED_TABLES`` (``accelerator_prices``,
+    ``accelerator_peaks``) is seeded from its CSV file in ``goodput_schemas/``; then the views of
+    ``goodput_schemas/views/`` (the saved queries read some), once the tables they read exist."""
     from google.api_core.exceptions import NotFound
     from google.cloud import bigquery
 
@@ -77,6 +78,16 @@ def create_tables(client: Any, project: str, dataset: str) -> None:
         client.create_table(table)
         if name in SEEDED_TABLES:
             _seed(client, reference, name)
+    for name, query in views(f"`{project}.{dataset}`").items():
+        reference = f"{project}.{dataset}.{name}"
+        try:
+            client.get_table(reference)
+            continue
+        except NotFound:
+            pass
+        view = bigquery.Table(reference)
+        view.view_query = query
+        client.create_table(view)
 
 
 def _seed(client: Any, reference: str, name: str) -> None:

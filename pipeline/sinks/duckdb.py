@@ -1,9 +1,11 @@
 """Writes output rows to a DuckDB file, in tables made from the JSON schemas in goodput_schemas/tables/.
 
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
-in BigQuery: a later snapshot is a new row, and "latest" is a view. The tables the fleet SQL joins
-for costs and peaks, ``accelerator_prices`` and ``accelerator_peaks``, are seeded from their CSV
-files in ``goodput_schemas/`` while empty.
+in BigQuery: a later snapshot is a new row, and "latest" is a view. The views are those of
+``goodput_schemas/views/``, BigQuery SQL transpiled with BigQuery's meaning
+(``pipeline.sinks.duckdb_sql``). The tables the fleet SQL joins for costs and peaks,
+``accelerator_prices`` and ``accelerator_peaks``, are seeded from their CSV files in
+``goodput_schemas/`` while empty.
 Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQuery
 (``pipeline.core.sanitize``), so both hold the same values.
 """
@@ -149,8 +151,12 @@ class DuckDBSink:
                 if (name, column) in missing:
                     self._connection.execute(f'ALTER TABLE "{name}" ADD COLUMN "{column}" {kind}')
         self._seed()
+        # The views are BigQuery SQL, as Terraform creates them; DuckDB gets them transpiled with
+        # BigQuery's meaning (sqlglot is imported here, when a file needs its views, not on every open).
+        from pipeline.sinks.duckdb_sql import view_to_duckdb
+
         for name, query in views("main").items():
-            self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {query}')
+            self._connection.execute(f'CREATE OR REPLACE VIEW "{name}" AS {view_to_duckdb(query)}')
 
     def _seed(self) -> None:
         """Fills each empty table of ``SEEDED_TABLES`` (prices, peaks) from its CSV file in

@@ -19,7 +19,8 @@ import duckdb
 import pytest
 from google.api_core import exceptions
 
-from goodput_schemas import parse_dataset, table_names, table_options
+from goodput_schemas import parse_dataset, table_names, table_options, views
+from pipeline.app.cli import main
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client
 from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents
@@ -165,6 +166,57 @@ def test_queries_take_parameters_and_come_back_in_pages_as_from_bigquery(client,
             ("SELECT * FROM events", exceptions.BadRequest, "must be qualified with a dataset")]:
         with pytest.raises(error, match=message):
             client.query_and_wait(sql)
+
+
+def test_views_are_created_as_terraform_creates_them_and_read_as_their_query(client, emulator):
+    """create_tables makes every view of goodput_schemas/views/; a query reads one as the subquery
+    it stands for (its dataset its own, whatever the query's default); a view is refused rows, and a
+    view of a table that does not exist is refused."""
+    from google.cloud import bigquery
+
+    for name in views(DATASET):
+        assert client.get_table(f"{PROJECT}.{DATASET}.{name}").table_type == "VIEW"
+    snapshots = [{"run_id": "r", "snapshot_time": (T + datetime.timedelta(minutes=i)).isoformat(),
+                  "window_s": 0, "window_start": T.isoformat(),
+                  "window_end": (T + datetime.timedelta(minutes=i)).isoformat(), "goodput_pct": 10.0 * i,
+                  "productive_time_s": 0.0, "total_time_s": 60.0 * i, "disruptions": 0,
+                  "max_productive_step": 0, "productive_chip_s": 0.0, "total_chip_s": 0.0, "chip_count": 8,
+                  "ended": False} for i in (1, 2)]
+    assert not client.insert_rows_json(f"{PROJECT}.{DATASET}.goodput_snapshots", snapshots)
+    [(goodput,)] = client.query_and_wait(
+        "SELECT l.goodput_pct FROM latest_goodput AS l WHERE l.window_s = 0",
+        job_config=bigquery.QueryJobConfig(default_dataset=f"{PROJECT}.{DATASET}"))
+    assert goodput == 20.0
+    [(runtime,)] = client.query_and_wait(
+        f"SELECT runtime_goodput FROM `{PROJECT}.{DATASET}.run_productivity_factors`")
+    assert runtime == pytest.approx(0.2)
+    with pytest.raises(exceptions.BadRequest, match="is a view"):
+        client.insert_rows_json(f"{PROJECT}.{DATASET}.latest_goodput", [{"run_id": "r"}])
+    view = bigquery.Table(f"{PROJECT}.{DATASET}.later")
+    view.view_query = f"SELECT * FROM `{PROJECT}.{DATASET}.nothing`"
+    with pytest.raises(exceptions.NotFound, match="Not found: Table"):
+        client.create_table(view)
+
+
+def test_a_capacity_import_overlapping_one_in_the_dataset_writes_nothing(client, emulator, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]):
+    """goodput import capacity reads the spans already in the dataset: one overlapping them is
+    refused, naming them, and the table keeps what it held; the same span again is imported."""
+    csv = tmp_path / "capacity.csv"
+    command = ["import", "capacity", "--csv", str(csv), "--bigquery_dataset", f"{PROJECT}:{DATASET}",
+               "--bigquery_endpoint", emulator.endpoint]
+    header = "accelerator_type,location,start_time,end_time,chips\n"
+    csv.write_text(header + "v5p,us-a,2026-11-01T00:00:00Z,2026-11-03T00:00:00Z,8\n")
+    assert main(command) == 0
+    csv.write_text(header + "v5p,us-a,2026-11-02T00:00:00Z,2026-11-04T00:00:00Z,8\n")
+    capsys.readouterr()
+    assert main(command) == 1
+    assert (f"line 2: its span overlaps the one imported to {PROJECT}:{DATASET} before, from "
+            "2026-11-01T00:00:00Z to 2026-11-03T00:00:00Z (v5p in us-a)") in capsys.readouterr().err
+    assert [row["chips"] for row in emulator.store.rows(PROJECT, DATASET, "capacity")] == [8]
+    csv.write_text(header + "v5p,us-a,2026-11-01T00:00:00Z,2026-11-03T00:00:00Z,16\n")
+    assert main(command) == 0
+    assert [row["chips"] for row in emulator.store.rows(PROJECT, DATASET, "capacity")] == [8, 16]
 
 
 def test_writer_routes_rejected_rows_to_dead_letter(client, emulator):

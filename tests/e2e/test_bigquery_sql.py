@@ -1,5 +1,6 @@
 """The saved queries and the views are BigQuery SQL: Google's ZetaSQL analyzer, BigQuery's SQL front
-end, resolves each one, its dataset filled in, against the output tables' schemas, offline.
+end, resolves each one, its dataset filled in, against the output tables' schemas, offline. A saved
+query may read a view: the analyzer finds each view as a table of the columns its query gives.
 
 The analyzer enables every released ZetaSQL feature (BigQuery's are among them; a feature BigQuery
 lacks would pass here) in the external product mode, BigQuery's: its type names, no INT32 or
@@ -58,6 +59,12 @@ def table(name: str, schema: list[dict[str, Any]]) -> SimpleTable:
     return SimpleTable(name=name, column=[SimpleColumn(name=f["name"], type=column_type(f)) for f in schema])
 
 
+def view_table(analyzer: Analyzer, name: str, sql: str) -> SimpleTable:
+    """A view as the table its query gives, resolved by ``analyzer``: its columns' names and types."""
+    columns = analyzer.analyze_statement(sql).output_column_list
+    return SimpleTable(name=name, column=[SimpleColumn(name=c.name, type=c.column.type) for c in columns])
+
+
 def make_analyzer(tables: list[SimpleTable]) -> Analyzer:
     """An analyzer that finds ``tables`` in the dataset ``PROJECT.DATASET`` and nowhere else.
 
@@ -89,9 +96,13 @@ def analyzer() -> Iterator[Analyzer]:
     cache directory) only the first run on a machine pays it."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(wasm_client, "Config", _CachingConfig)
-        analyzer = make_analyzer([table(name, table_schema(name)) for name in table_names()])
+        tables = [table(name, table_schema(name)) for name in table_names()]
+        analyzer = make_analyzer(tables)
         analyzer.analyze_statement("SELECT 1")  # loads the WebAssembly while the patch holds
-    yield analyzer
+    # The views read only tables (Terraform creates them all at once, in no order): one analyzer
+    # over the tables resolves them, and the next finds them beside the tables.
+    yield make_analyzer(tables + [view_table(analyzer, name, sql)
+                                  for name, sql in views(QUOTED_DATASET).items()])
 
 
 @pytest.mark.parametrize("name", sorted(saved_queries(QUOTED_DATASET)))

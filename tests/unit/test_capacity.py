@@ -1,5 +1,5 @@
 """``goodput import capacity``: a CSV of capacity spans read whole and checked before anything is
-written, into the ``capacity`` table of a DuckDB file."""
+written, against itself and the spans imported before, into the ``capacity`` table of a DuckDB file."""
 
 from __future__ import annotations
 
@@ -64,6 +64,25 @@ def test_overlapping_spans_of_one_type_and_location_are_refused():
                      "twice"]
 
 
+def imported(type_: str, location: str | None, start: datetime.datetime,
+             end: datetime.datetime) -> tuple[str, dict[str, object]]:
+    return "f.duckdb", {"accelerator_type": type_, "location": location, "start_time": start, "end_time": end}
+
+
+def test_a_span_overlapping_one_imported_before_is_refused_unless_it_is_that_span():
+    """A span imported before may be imported again (its chips corrected), and others may touch it
+    or be of another type or location; one that overlaps it is named with it."""
+    before = [imported("v5p", "us-a", NOV_1, NOV_2), imported("h100", None, NOV_1, NOV_2)]
+    found = read_spans(HEADER + "v5p,us-a,2026-11-01,2026-11-02,16\n"
+                                "v5p,us-a,2026-11-02,2026-11-03,8\n"
+                                "v5p,us-b,2026-11-01T12:00Z,2026-11-02,8\n"
+                                "v5e,us-a,2026-11-01T12:00Z,2026-11-02,8\n"
+                                "h100,,2026-11-01T23:00Z,2026-11-02T01:00Z,4\n", IMPORTED, before)[1]
+    assert found == ["line 6: its span overlaps the one imported to f.duckdb before, from "
+                     "2026-11-01T00:00:00Z to 2026-11-02T00:00:00Z (h100 in no location): the same chips "
+                     "would count twice; to correct that span, import it with the same start and end"]
+
+
 def test_a_header_without_the_columns_is_refused():
     """The header must name every column."""
     assert read_spans("type,start,end,chips\nv5p,2026-11-01,2026-11-02,8\n", IMPORTED)[1] == [
@@ -96,6 +115,35 @@ def test_a_file_with_a_bad_line_imports_nothing(tmp_path: Path, capsys: pytest.C
     assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(database)]) == 1
     assert "line 3: end_time 2026-11-02 is not after start_time 2026-11-03" in capsys.readouterr().err
     assert not database.exists()
+
+
+def test_an_import_overlapping_a_span_imported_before_writes_nothing(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]):
+    """A second file whose span overlaps one the first imported (the same chips counted twice) is
+    refused whole: the table keeps only the first file's spans."""
+    database = tmp_path / "f.duckdb"
+    first, second = tmp_path / "first.csv", tmp_path / "second.csv"
+    first.write_text(HEADER + "v5p,us-a,2026-11-01,2026-11-03,8\n")
+    second.write_text(HEADER + "h100,us-a,2026-11-01,2026-11-02,4\nv5p,us-a,2026-11-02,2026-11-04,8\n")
+    assert main(["import", "capacity", "--csv", str(first), "--duckdb", str(database)]) == 0
+    capsys.readouterr()
+    assert main(["import", "capacity", "--csv", str(second), "--duckdb", str(database)]) == 1
+    err = capsys.readouterr().err
+    assert (f"line 3: its span overlaps the one imported to {database} before, from 2026-11-01T00:00:00Z to "
+            "2026-11-03T00:00:00Z (v5p in us-a): the same chips would count twice") in err
+    assert err.endswith("nothing was imported: fix the file and import it again\n")
+    assert capacity_rows(database) == [("v5p", "us-a", 8)]
+
+
+def test_a_span_imported_again_or_extended_after_its_end_is_imported(tmp_path: Path):
+    """The same span again (its chips corrected) and the time after its end are not overlaps."""
+    database = tmp_path / "f.duckdb"
+    csv = tmp_path / "capacity.csv"
+    for text in ("v5p,us-a,2026-11-01,2026-11-03,8\n", "v5p,us-a,2026-11-01,2026-11-03,16\n",
+                 "v5p,us-a,2026-11-03,2026-11-05,16\n"):
+        csv.write_text(HEADER + text)
+        assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(database)], io.StringIO()) == 0
+    assert capacity_rows(database) == [("v5p", "us-a", 8), ("v5p", "us-a", 16), ("v5p", "us-a", 16)]
 
 
 @pytest.mark.parametrize(("arguments", "problem"), [

@@ -11,10 +11,11 @@ from typing import Any
 import duckdb
 import pytest
 
-from goodput_schemas import saved_queries
+from goodput_schemas import saved_queries, views
 from pipeline.app.cli import main
-from pipeline.app.fleet_sql import run_saved, to_duckdb
+from pipeline.app.fleet_sql import run_saved
 from pipeline.sinks.duckdb import DuckDBSink
+from pipeline.sinks.duckdb_sql import to_duckdb
 
 UTC = datetime.timezone.utc
 
@@ -109,6 +110,19 @@ def test_timestamp_diff_counts_whole_units_as_bigquery_does():
                         "TIMESTAMP_DIFF(TIMESTAMP '2026-11-01 10:59:00', "
                         "TIMESTAMP '2026-11-01 12:01:00', HOUR) AS back")
         assert connection.execute(sql).fetchone() == (0, -1)
+
+
+def test_every_view_is_made_from_its_bigquery_sql_with_bigquerys_meaning(tmp_path: Path):
+    """The sink makes each view of goodput_schemas/views/ in a new file from its BigQuery SQL
+    transpiled (DuckDB has neither TIMESTAMP_SUB nor SAFE_DIVIDE), and each reads."""
+    sink = DuckDBSink(tmp_path / "f.duckdb")
+    made = dict(sink.query("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"))
+    assert set(made) == set(views("main"))
+    assert "TIMESTAMP_SUB" in views("main")["run_productivity_factors"]
+    assert "TIMESTAMP_SUB" not in made["run_productivity_factors"].upper()
+    for name in made:
+        assert sink.query(f'SELECT count(*) FROM "{name}"') == [(0,)]
+    sink.close()
 
 
 def test_fleet_goodput_by_day(fleet):

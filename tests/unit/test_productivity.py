@@ -78,6 +78,24 @@ def test_a_factor_with_nothing_to_go_on_is_null(tmp_path: Path):
         "nothing": (None, None, None, None, None, None)}
 
 
+def test_a_file_written_before_the_factors_view_still_gives_both_queries(tmp_path: Path):
+    """A file without the view run_productivity_factors (an older version's), opened read-only,
+    gives run_productivity and fleet_productivity the rows a file with it gives."""
+    sink = DuckDBSink(tmp_path / "f.duckdb")
+    sink.write("goodput_snapshots", [snapshot("a", "v6e", 50.0, 600), snapshot("b", "v5p", 80.0, 7200)])
+    sink.write("model_metrics", [metric("a", "MFU", 0.4, 10)])
+    sink.close()
+    expected = {}
+    with duckdb.connect(str(tmp_path / "f.duckdb")) as connection:
+        for name in ("run_productivity", "fleet_productivity"):
+            expected[name] = run_saved(name, connection)
+        connection.execute("DROP VIEW run_productivity_factors")
+    with duckdb.connect(str(tmp_path / "f.duckdb"), read_only=True) as connection:
+        for name in ("run_productivity", "fleet_productivity", "run_productivity"):
+            assert run_saved(name, connection) == expected[name]
+    assert len(expected["run_productivity"][1]) == 2
+
+
 def run_row(run_id: str, mpg: float | None, ended: bool = False, end_hours_ago: float = 0.0,
             location: str | None = "us-east5-a") -> dict[str, Any]:
     return {"run_id": run_id, "accelerator_type": "v5p", "location": location, "ended": ended,

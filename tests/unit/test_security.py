@@ -29,7 +29,7 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
     "pipeline/sinks/duckdb.py": {
         "name": "a table or view name from goodput_schemas/",
         "', '.join(columns)": "column definitions from goodput_schemas/",
-        "query": "a view's SQL from goodput_schemas/views/",
+        "view_to_duckdb(query)": "a view's SQL from goodput_schemas/views/, transpiled",
         "table": "an output table name (a key of its schemas)",
         "names": "column names of the table's schema",
         "column": "a column name of a table's schema",
@@ -41,9 +41,15 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
     "pipeline/emulators/bigquery.py": {
         "name": "a table's ids, checked when the table was created, its quotes doubled",
         "columns": "the table's field names, checked when it was created, and types mapped"},
-    "pipeline/app/fleet_sql.py": {"later": "a part of a saved query of goodput_schemas/sql/, re-rendered",
-                              "earlier": "a part of a saved query of goodput_schemas/sql/, re-rendered",
-                              "_UNIT_US[unit]": "an integer constant"},
+    "pipeline/sinks/duckdb_sql.py": {
+        "later": "a part of a saved query or view of goodput_schemas/, or of a query the BigQuery "
+                 "stand-in was sent, re-rendered",
+        "earlier": "a part of a saved query or view of goodput_schemas/, or of a query the BigQuery "
+                   "stand-in was sent, re-rendered",
+        "_UNIT_US[unit]": "an integer constant"},
+    "pipeline/app/fleet_sql.py": {"view": "a view name from goodput_schemas/views/",
+                                  "view_to_duckdb(query)": "a view's SQL from goodput_schemas/views/, "
+                                                           "transpiled"},
     "ml_goodput_measurement/src/goodput.py": {
         "_RUN_OF_NAME.format(**self._tables)":
             "table references: names from _TABLES, project and dataset matched by _DATASET",
