@@ -1,7 +1,8 @@
 # Identity: one service account for the training jobs' emitters (publish to the events topic and
 # nothing else) and one for the pipeline (read its subscription, append rows to the tables it
 # writes, write metrics, run as a Dataflow worker, keep Dataflow's files in its scratch bucket,
-# pull its image); the image builder's account is in images.tf.
+# pull its image, and read GKE's metrics if it imports them); the image builder's account is in
+# images.tf, the productivity job's and its trigger's in productivity.tf.
 # No primitive roles, no admin roles, no keys. Each binding and why it is needed is listed in the
 # cross-check that fails on any other (tests/support/terraform.py, IAM_ALLOWED).
 
@@ -48,6 +49,18 @@ resource "google_project_iam_member" "pipeline" {
 
   project = var.project_id
   role    = each.value
+  member  = google_service_account.pipeline.member
+}
+
+# GKE's JobSet metrics (var.gke_metrics_project): the stream lists their time series in the
+# clusters' project, often another team's. monitoring.timeSeries.list comes in no predefined role
+# narrower than roles/monitoring.viewer (read-only: no writes, no alerting changes), and a custom
+# role would have to be made in that project.
+resource "google_project_iam_member" "pipeline_gke_metrics" {
+  count = var.gke_metrics_project == null ? 0 : 1
+
+  project = var.gke_metrics_project
+  role    = "roles/monitoring.viewer"
   member  = google_service_account.pipeline.member
 }
 
@@ -98,11 +111,12 @@ resource "google_bigquery_table_iam_member" "pipeline" {
 # A stream launched anew (a job drained and launched again) restores each run it does not hold
 # from two queries of that run's rows in events and goodput_snapshots (pipeline/beam/restore.py):
 # a query job in the project (roles/bigquery.jobUser, above) that reads those two tables' rows.
+# The productivity job reads what its queries read with the same role (productivity.tf).
 resource "google_project_iam_custom_role" "table_reader" {
   project     = var.project_id
   role_id     = "${replace(var.name, "-", "_")}_table_reader"
   title       = "Fleet goodput run history reader"
-  description = "Reads a table's rows in queries: a run's history, when a stream restores the run."
+  description = "Reads a table's rows in queries: a run's history, when a stream restores the run; what ML Productivity Goodput is computed from."
   permissions = ["bigquery.tables.getData"]
 
   depends_on = [google_project_service.apis]

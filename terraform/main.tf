@@ -1,6 +1,6 @@
 # The fleet goodput pipeline on Google Cloud: Pub/Sub in, Dataflow, BigQuery and Cloud Monitoring
-# out. Resources are split by service: pubsub.tf, bigquery.tf, images.tf, network.tf, dataflow.tf,
-# iam.tf, kms.tf, monitoring.tf.
+# out, and ML Productivity Goodput written on a schedule. Resources are split by service: pubsub.tf,
+# bigquery.tf, images.tf, network.tf, dataflow.tf, iam.tf, kms.tf, monitoring.tf, productivity.tf.
 #
 # No provider blocks: every resource names its project (and region), so the module deploys the
 # same as a root module (`terraform apply` here) or called from another configuration, whose
@@ -20,12 +20,14 @@ locals {
     "bigquery.googleapis.com",
     "cloudbuild.googleapis.com",           # builds the image (images.tf)
     "cloudresourcemanager.googleapis.com", # project IAM grants, the project's number
+    "cloudscheduler.googleapis.com",       # starts the productivity job (productivity.tf)
     "compute.googleapis.com",              # the workers' network and VMs
     "dataflow.googleapis.com",
     "iam.googleapis.com",     # service accounts and the custom role
     "logging.googleapis.com", # the build's and the workers' logs
     "monitoring.googleapis.com",
     "pubsub.googleapis.com",
+    "run.googleapis.com", # the productivity job
     "storage.googleapis.com",
   ])
 }

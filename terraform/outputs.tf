@@ -43,6 +43,11 @@ output "job_id" {
   value       = one(google_dataflow_flex_template_job.pipeline[*].job_id)
 }
 
+output "productivity_job" {
+  description = "The Cloud Run job that writes ML Productivity Goodput on productivity_schedule (null when that is null, or with no image); gcloud run jobs execute runs it at once."
+  value       = one(google_cloud_run_v2_job.productivity[*].name)
+}
+
 output "dashboard" {
   description = "The Cloud Monitoring dashboard's id."
   value       = google_monitoring_dashboard.fleet.id

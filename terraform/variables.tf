@@ -185,6 +185,41 @@ variable "monitoring_min_interval_s" {
   }
 }
 
+variable "gke_metrics_project" {
+  description = "Project of the GKE clusters whose JobSet metrics (kubernetes.io/jobset/...) the stream imports from Cloud Monitoring into the jobset_metrics table: ML Productivity Goodput's scheduling factor. Null: none imported. The pipeline's service account gets roles/monitoring.viewer there (the deployer must be allowed to grant it); turning the import on or off adds or removes steps of the running job (see the runbook)."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.gke_metrics_project == null || can(regex("^([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.gke_metrics_project))
+    error_message = "gke_metrics_project must be a Google Cloud project id, e.g. my-gke-project."
+  }
+}
+
+variable "gke_metrics_interval_s" {
+  description = "With gke_metrics_project: seconds between two imports of GKE's metrics, each reading the last 2 hours (GKE samples each minute and writes a point up to an hour late)."
+  type        = number
+  default     = 300
+
+  validation {
+    condition     = var.gke_metrics_interval_s >= 60 && var.gke_metrics_interval_s <= 3600
+    error_message = "gke_metrics_interval_s must be between 60 (GKE samples each minute) and 3600 (each read takes the last 2 hours, and a point may come an hour late)."
+  }
+}
+
+# -- ML Productivity Goodput --------------------------------------------------------------------
+
+variable "productivity_schedule" {
+  description = "When ML Productivity Goodput (goodput productivity: each run's, and the fleet's per accelerator type) is written to Cloud Monitoring, as a unix-cron schedule in UTC, e.g. \"0 * * * *\": a Cloud Run job on the pipeline's image, started by Cloud Scheduler (productivity.tf). Hourly by default: the dashboard's MPG charts have nothing else to draw from, and since GKE's points come up to an hour late, running more often adds little; each run queries the tables MPG is computed from (on-demand BigQuery bills the bytes read). Null: no job, and no MPG in Cloud Monitoring. Like the Dataflow job, it needs an image (container_image or build_image)."
+  type        = string
+  default     = "0 * * * *"
+
+  validation {
+    condition     = var.productivity_schedule == null || can(regex("^\\S+( \\S+){4}$", var.productivity_schedule))
+    error_message = "productivity_schedule must be a unix-cron schedule of five fields (minute hour day-of-month month day-of-week), e.g. \"0 * * * *\", or null."
+  }
+}
+
 # -- Alerts -------------------------------------------------------------------------------------
 
 variable "notification_channels" {

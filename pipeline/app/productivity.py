@@ -12,6 +12,9 @@ after each import, e.g. hourly::
     goodput import gke-metrics --project P --bigquery_dataset P:goodput
     goodput productivity --project P --bigquery_dataset P:goodput
 
+A deployment of ``terraform/`` runs it on ``productivity_schedule`` (hourly by default), in a Cloud
+Run job that Cloud Scheduler starts, while the stream imports GKE's points (``gke_metrics_project``).
+
 It writes, on the ``generic_task`` resource as the pipeline's other custom metrics:
 
 * ``custom.googleapis.com/fleet_goodput/ml_productivity_goodput_pct``: each run's MPG in percent

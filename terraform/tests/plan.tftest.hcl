@@ -156,3 +156,98 @@ run "the_pipeline_appends_rows_and_keeps_its_files_apart" {
     error_message = "Dataflow's staging and temporary files go to the scratch bucket, apart from the template spec."
   }
 }
+
+run "gke_metrics_are_imported_only_from_a_project_given" {
+  command = plan
+
+  variables {
+    container_image     = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+    gke_metrics_project = "goodput-gke"
+  }
+
+  assert {
+    condition     = google_dataflow_flex_template_job.pipeline[0].parameters["gke_metrics_project"] == "goodput-gke" && google_dataflow_flex_template_job.pipeline[0].parameters["gke_metrics_interval_s"] == "300"
+    error_message = "The stream imports GKE's metrics of the project given, every 300 s by default."
+  }
+
+  assert {
+    condition     = google_project_iam_member.pipeline_gke_metrics[0].project == "goodput-gke" && google_project_iam_member.pipeline_gke_metrics[0].role == "roles/monitoring.viewer"
+    error_message = "The pipeline may read time series in the GKE project, and nothing more there."
+  }
+}
+
+run "by_default_no_gke_metrics_are_imported" {
+  command = plan
+
+  variables {
+    container_image = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+  }
+
+  assert {
+    condition     = length(google_project_iam_member.pipeline_gke_metrics) == 0 && length([for name in keys(google_dataflow_flex_template_job.pipeline[0].parameters) : name if startswith(name, "gke_")]) == 0
+    error_message = "No gke_metrics_project: no import, no grant."
+  }
+}
+
+run "gke_metrics_need_a_project_id_and_an_interval_within_the_lookback" {
+  command = plan
+
+  variables {
+    gke_metrics_project    = "Not a project"
+    gke_metrics_interval_s = 7200
+  }
+
+  expect_failures = [var.gke_metrics_project, var.gke_metrics_interval_s]
+}
+
+run "productivity_is_written_hourly_by_a_job_on_the_pipelines_image" {
+  command = plan
+
+  variables {
+    container_image = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+  }
+
+  assert {
+    condition     = google_cloud_run_v2_job.productivity[0].template[0].template[0].containers[0].image == var.container_image && join(" ", google_cloud_run_v2_job.productivity[0].template[0].template[0].containers[0].args) == "productivity --project=goodput-test --bigquery_dataset=goodput-test:fleet_goodput --location=us-central1"
+    error_message = "The job runs goodput productivity in the pipeline's image, on the module's dataset."
+  }
+
+  assert {
+    condition     = google_cloud_scheduler_job.productivity[0].schedule == "0 * * * *" && google_cloud_scheduler_job.productivity[0].http_target[0].uri == "https://run.googleapis.com/v2/projects/goodput-test/locations/us-central1/jobs/fleet-goodput-productivity:run"
+    error_message = "Cloud Scheduler starts the job at the top of each hour."
+  }
+
+  assert {
+    condition     = google_cloud_run_v2_job_iam_member.productivity_trigger[0].role == "roles/run.invoker" && google_cloud_run_v2_job_iam_member.productivity_trigger[0].name == google_cloud_run_v2_job.productivity[0].name
+    error_message = "The scheduler's account may start this job, on the job alone."
+  }
+
+  assert {
+    condition     = contains(keys(google_bigquery_table_iam_member.productivity_reader), "jobset_metrics") && !contains(keys(google_bigquery_table_iam_member.productivity_reader), "events")
+    error_message = "The job reads what MPG is computed from (GKE's metrics among them), not the raw events."
+  }
+}
+
+run "a_null_schedule_writes_no_productivity" {
+  command = plan
+
+  variables {
+    container_image       = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
+    productivity_schedule = null
+  }
+
+  assert {
+    condition     = length(google_cloud_run_v2_job.productivity) == 0 && length(google_cloud_scheduler_job.productivity) == 0 && length(google_service_account.productivity) == 0 && length(google_bigquery_table_iam_member.productivity_reader) == 0
+    error_message = "No schedule: no job, no trigger, no account, no grants."
+  }
+}
+
+run "a_schedule_is_unix_cron" {
+  command = plan
+
+  variables {
+    productivity_schedule = "every 1 hours"
+  }
+
+  expect_failures = [var.productivity_schedule]
+}

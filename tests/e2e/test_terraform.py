@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from goodput_schemas import views
 from pipeline.app.alerts import ANOMALY_POLICIES
 from support import REPO
 from support import terraform as checks
@@ -28,6 +29,7 @@ CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
 IMAGE = "us-docker.pkg.dev/goodput-test/images/fleet-goodput:1"
 KEY = "projects/keys/locations/us-central1/keyRings/goodput/cryptoKeys/goodput"
 TRAINERS = "serviceAccount:goodput-test.svc.id.goog[training/trainer]"
+GKE_PROJECT = "goodput-gke"
 TERRAFORM = shutil.which("terraform")
 
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
@@ -183,6 +185,58 @@ def test_with_a_customer_key_every_service_agent_may_use_it(module: Path):
     assert identities == {f"{api}.googleapis.com" for api in ("artifactregistry", "dataflow", "pubsub")}
 
 
+def test_with_a_gke_project_the_stream_imports_its_metrics_and_may_only_read_them(module: Path):
+    """gke_metrics_project turns on the stream's import of GKE's metrics and lets the pipeline's
+    account read time series in that project, and only there; without it, neither."""
+    planned = plan(module, f"-var=gke_metrics_project={GKE_PROJECT}", "-var=gke_metrics_interval_s=120")
+    assert checks.check_plan(planned, graph(module)) == []
+    job = next(checks.resources(planned, "google_dataflow_flex_template_job"))["values"]
+    assert {k: v for k, v in job["parameters"].items() if k.startswith("gke_")} == {
+        "gke_metrics_project": GKE_PROJECT, "gke_metrics_interval_s": "120"}
+    elsewhere = [(role, target) for grant, role, target in checks.iam_grants(planned)
+                 if grant["values"].get("project") == GKE_PROJECT]
+    assert elsewhere == [("roles/monitoring.viewer", "var.gke_metrics_project")]
+
+    default = plan(module)
+    job = next(checks.resources(default, "google_dataflow_flex_template_job"))["values"]
+    assert not [name for name in job["parameters"] if name.startswith("gke_")]
+    assert not [target for _, _, target in checks.iam_grants(default) if target == "var.gke_metrics_project"]
+
+
+def test_by_default_a_job_on_the_pipelines_image_writes_productivity_hourly(module: Path):
+    """Cloud Scheduler starts the productivity job at the top of each hour, as an account that may
+    only start it; the job's account reads what MPG's saved queries read (check_productivity reads
+    its command and arguments)."""
+    planned = plan(module)
+    assert checks.check_plan(planned, graph(module)) == []
+    (scheduler,) = (r["values"] for r in checks.resources(planned, "google_cloud_scheduler_job"))
+    assert (scheduler["schedule"], scheduler["time_zone"]) == ("0 * * * *", "Etc/UTC")
+    (job,) = (r["values"] for r in checks.resources(planned, "google_cloud_run_v2_job"))
+    assert scheduler["http_target"][0]["uri"].endswith(f"/jobs/{job['name']}:run")
+    read = {r["values"]["table_id"] for r in checks.resources(planned, "google_bigquery_table_iam_member")
+            if r["name"].startswith("productivity")}
+    assert read == checks.PRODUCTIVITY_READS and {"goodput_snapshots", "jobset_metrics"} <= read
+    (invoker,) = (r["values"] for r in checks.resources(planned, "google_cloud_run_v2_job_iam_member"))
+    assert (invoker["role"], invoker["name"]) == ("roles/run.invoker", job["name"])
+
+
+def no_schedule(module: Path) -> str:
+    """The ``-var-file`` argument that turns the schedule off (``-var`` takes no null), its file
+    beside the module rather than in it, where checkov would read it."""
+    var_file = module.parent / "no_schedule.tfvars"
+    var_file.write_text("productivity_schedule = null\n")
+    return f"-var-file={var_file}"
+
+
+@pytest.mark.parametrize("off", ["no image", "no schedule"])
+def test_without_an_image_or_a_schedule_there_is_no_productivity_job(module: Path, off: str):
+    variables = (["-var=build_image=false"] if off == "no image"
+                 else [f"-var=container_image={IMAGE}", no_schedule(module)])
+    planned = plan_with(module, *variables)
+    assert checks.check_plan(planned) == []
+    assert not [r["address"] for r in checks.resources(planned) if r["name"].startswith("productivity")]
+
+
 def test_checkov_finds_nothing_and_every_skip_is_justified(module: Path):
     assert checkov(module) == []
     for path in module.glob("*.tf"):
@@ -217,6 +271,8 @@ MISTAKE_PROBLEMS = {
     "missing_api_override.tf": "API iam.googleapis.com is used but not enabled",
     "provider_block.tf": "provider google is configured in the module",
     "unnamed_project_override.tf": "google_pubsub_topic.dead_letter: does not name its project",
+    "productivity_args_override.tf": "goodput productivity refuses",
+    "gke_viewer_here_override.tf": "roles/monitoring.viewer on the whole project is broader than",
 }
 
 
@@ -259,9 +315,11 @@ def test_data_roles_broader_than_the_pipeline_needs_fail_the_iam_check(tmp_path:
 
 def test_every_allowed_grant_is_made_and_has_a_reason(module: Path):
     """The IAM allow-list is exact: each (role, resource) in it is granted by the module (with
-    training jobs allowed to act as the emitter), and each has a one-line reason."""
+    training jobs allowed to act as the emitter and GKE's metrics imported), and each has a
+    one-line reason."""
     granted = {(role, target) for _, role, target in checks.iam_grants(
-        plan_with(module, f'-var=emitter_members=["{TRAINERS}"]', f"-var=kms_key_name={KEY}"))}
+        plan_with(module, f'-var=emitter_members=["{TRAINERS}"]', f"-var=kms_key_name={KEY}",
+                  f"-var=gke_metrics_project={GKE_PROJECT}"))}
     assert set(checks.IAM_ALLOWED) == granted
     for reason in checks.IAM_ALLOWED.values():
         assert reason and "\n" not in reason
@@ -421,6 +479,8 @@ IN_PLACE = {
     "machine_type": "n2-standard-4", "num_workers": "2", "max_workers": "20", "public_worker_ips": "true",
     "subnetwork_cidr": "10.64.0.0/19",  # an expansion: a range that does not hold the old one replaces
     "snapshot_interval_s": "60", "rolling_windows_s": "[60, 600]", "monitoring_min_interval_s": "30",
+    "gke_metrics_project": GKE_PROJECT, "gke_metrics_interval_s": "600",  # the import's steps added
+    "productivity_schedule": "30 */2 * * *",
     "notification_channels": '["projects/goodput-test/notificationChannels/1"]',
     "goodput_threshold_pct": "70",
     "goodput_window_s": "600", "step_deviation_threshold_s": "2", "stall_after_s": "900",
@@ -431,7 +491,16 @@ REGIONAL = {"google_artifact_registry_repository.images",
             "google_artifact_registry_repository_iam_member.builder",
             "google_artifact_registry_repository_iam_member.pipeline", "google_compute_subnetwork.workers[0]",
             "google_dataflow_flex_template_job.pipeline[0]", "google_storage_bucket.dataflow",
-            "google_storage_bucket.scratch", "terraform_data.autoscaling[0]", "terraform_data.image[0]"}
+            "google_storage_bucket.scratch", "terraform_data.autoscaling[0]", "terraform_data.image[0]",
+            "google_cloud_run_v2_job.productivity[0]", "google_cloud_scheduler_job.productivity[0]",
+            "google_cloud_run_v2_job_iam_member.productivity_trigger[0]"}
+#: The views of goodput_schemas/views/, and what the productivity job reads of the tables and views.
+VIEWS = frozenset(views("dataset"))
+PRODUCTIVITY_READERS = {
+    *(f'google_bigquery_table_iam_member.productivity_reader["{table}"]'
+      for table in checks.PRODUCTIVITY_READS - VIEWS),
+    *(f'google_bigquery_table_iam_member.productivity_view_reader["{view}"]'
+      for view in checks.PRODUCTIVITY_READS & VIEWS)}
 DATASET = {"google_bigquery_dataset.goodput", 'google_bigquery_job.seed["accelerator_prices"]',
            'google_bigquery_job.seed["accelerator_peaks"]'}
 #: What each change that cannot be made in place replaces.
@@ -445,8 +514,7 @@ REPLACES = {
         *(f'google_bigquery_table_iam_member.pipeline_reader["{table}"]' for table in checks.READ_TABLES),
         *(f'google_bigquery_table.tables["{table}"]' for table in ("accelerator_prices", "accelerator_peaks",
                                                                     "capacity")),
-        *(f'google_bigquery_table.views["{view}.sql"]' for view in (
-            "latest_anomalies", "latest_badput", "latest_goodput", "latest_jobset_metrics"))},
+        *(f'google_bigquery_table.views["{view}.sql"]' for view in VIEWS), *PRODUCTIVITY_READERS},
     # A new repository is empty: the image is built into it again.
     f"kms_key_name={KEY}": {"google_artifact_registry_repository.images", "terraform_data.image[0]",
                             "google_artifact_registry_repository_iam_member.builder",
@@ -513,6 +581,17 @@ def test_your_own_subnetwork_updates_the_job_in_place_and_retires_the_module_net
     assert replaced == set() and "google_dataflow_flex_template_job.pipeline[0]" in updated
     assert removed == {"google_compute_network.workers[0]", "google_compute_subnetwork.workers[0]",
                        "google_compute_firewall.workers[0]"}
+
+
+def test_turning_the_schedule_off_removes_the_productivity_job_its_trigger_and_their_rights(applied):
+    replaced, updated, removed = replacements(applied[0], no_schedule(applied[0]))
+    assert replaced == set() and updated == set()
+    assert removed == PRODUCTIVITY_READERS | {
+        "google_cloud_run_v2_job.productivity[0]", "google_cloud_scheduler_job.productivity[0]",
+        "google_cloud_run_v2_job_iam_member.productivity_trigger[0]",
+        "google_service_account.productivity[0]", "google_service_account.productivity_trigger[0]",
+        'google_project_iam_member.productivity["roles/bigquery.jobUser"]',
+        'google_project_iam_member.productivity["roles/monitoring.metricWriter"]'}
 
 
 @pytest.mark.parametrize("change", REPLACES)

@@ -1,10 +1,11 @@
 """Cross-checks of a Terraform plan (``terraform show -json``) against the rest of the project and
 against Google's APIs: the tables and views are the ones in ``goodput_schemas/``, the topic schema is
 the event schema, every metric a dashboard or alert uses is one the pipeline writes (with labels it
-sets), the Dataflow job's parameters are pipeline options of its template, IAM is least privilege,
-the planned values are valid messages of the services' own API types (enum values included), and
-the module deploys into a brand-new project (every resource waits for its API, names its project,
-grants service agents only once they exist, and private workers have a subnetwork).
+sets), the Dataflow job's parameters are pipeline options of its template, the productivity job
+runs a command the image has with arguments it takes, IAM is least privilege, the planned values
+are valid messages of the services' own API types (enum values included), and the module deploys
+into a brand-new project (every resource waits for its API, names its project, grants service
+agents only once they exist, and private workers have a subnetwork).
 
 Each check returns the problems it found, as sentences; none means it passed.
 """
@@ -13,14 +14,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import tomllib
 from google.cloud import bigquery, dataflow_v1beta3, monitoring_dashboard_v1, monitoring_v3
 from google.protobuf import descriptor, json_format, message
 from google.pubsub_v1 import types as pubsub_types
 
-from goodput_schemas import EVENT_PROTO, table_names, table_options, table_schema, views
+from goodput_schemas import EVENT_PROTO, saved_queries, table_names, table_options, table_schema, views
+from pipeline.app import productivity
+from pipeline.app.checks import UsageError
+from pipeline.app.outputs import check_dataset
 from pipeline.beam.options import GoodputOptions
 from pipeline.core import rows
 from pipeline.sinks.monitoring import METRICS, OPTIONAL_LABEL, resource_of
@@ -61,12 +66,20 @@ IAM_ALLOWED: dict[tuple[str, str], str] = {
     ("roles/dataflow.worker", "project"):
         "the job's workers run as the pipeline's account (granted on projects only)",
     ("roles/monitoring.metricWriter", "project"):
-        "the pipeline writes time series, which belong to the project",
+        "the pipeline and goodput productivity write time series, which belong to the project",
     ("roles/bigquery.jobUser", "project"):
-        "a stream launched anew restores runs with query jobs, which belong to the project",
+        "a stream launched anew restores runs, goodput productivity reads MPG, with query jobs, "
+        "which belong to the project",
     (TABLE_READER, "google_bigquery_table.tables"):
-        "a restore reads a run's rows of events and goodput_snapshots, no other table (see "
-        "CUSTOM_ROLES and READ_TABLES)",
+        "a restore reads a run's rows of events and goodput_snapshots, goodput productivity the "
+        "tables MPG's queries read; no other table (see CUSTOM_ROLES and READERS)",
+    (TABLE_READER, "google_bigquery_table.views"):
+        "goodput productivity queries a view, and a query of a view needs its rows too (see READERS)",
+    ("roles/monitoring.viewer", "var.gke_metrics_project"):
+        "the stream lists GKE's JobSet time series in the clusters' project; no narrower predefined "
+        "role has monitoring.timeSeries.list",
+    ("roles/run.invoker", "google_cloud_run_v2_job.productivity"):
+        "Cloud Scheduler's account starts the productivity job's executions (run.jobs.run), no other",
     (TABLE_APPENDER, "google_bigquery_table.tables"):
         "streaming inserts into each table the pipeline writes, and no more (see CUSTOM_ROLES)",
     ("roles/bigquery.metadataViewer", "google_bigquery_dataset.goodput"):
@@ -95,6 +108,33 @@ CUSTOM_ROLES: dict[str, frozenset[str]] = {
 }
 #: The tables the pipeline may read: a restore's (pipeline.sinks.raw_events.BigQueryEvents).
 READ_TABLES = frozenset({"events", "goodput_snapshots"})
+_DATASET_MARK = "`DATASET`"
+_NAMED = re.compile(re.escape(_DATASET_MARK) + r"\.(\w+)")
+
+
+def query_reads(queries: Iterable[str]) -> frozenset[str]:
+    """The tables and views the saved ``queries`` read, and those the views read, all the way
+    down: a query of a view reads the view's tables with the querier's rights."""
+    saved, view_sql = saved_queries(_DATASET_MARK), views(_DATASET_MARK)
+    todo = [name for query in queries for name in _NAMED.findall(saved[query])]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += _NAMED.findall(view_sql.get(name, ""))
+    return frozenset(seen)
+
+
+#: What the productivity job may read: what goodput productivity's saved queries read.
+PRODUCTIVITY_READS = query_reads((productivity.RUN_QUERY, productivity.FLEET_QUERY))
+PIPELINE_ACCOUNT = "google_service_account.pipeline"
+PRODUCTIVITY_ACCOUNT = "google_service_account.productivity"
+#: The tables (and views) each account may read rows of, with what reads them.
+READERS = {PIPELINE_ACCOUNT: (READ_TABLES, "a restore reads"),
+           PRODUCTIVITY_ACCOUNT: (PRODUCTIVITY_READS, "MPG's saved queries read")}
+#: Variables naming a project other than the deployment's, which a resource may be in.
+OTHER_PROJECTS = {"var.gke_metrics_project": "the stream reads GKE's metrics in the clusters' project"}
 #: The argument of each kind of IAM grant that names what it is granted on.
 _IAM_SCOPE = {
     "google_pubsub_topic_iam_member": "topic",
@@ -105,6 +145,7 @@ _IAM_SCOPE = {
     "google_service_account_iam_member": "service_account_id",
     "google_artifact_registry_repository_iam_member": "repository",
     "google_kms_crypto_key_iam_member": "crypto_key_id",
+    "google_cloud_run_v2_job_iam_member": "name",
 }
 #: Grants allowed only with an IAM condition: the grant's address and a text its condition's
 #: expression must hold (the one folder of the bucket it may read).
@@ -318,6 +359,54 @@ def check_dataflow(plan: Plan) -> list[str]:
     return problems
 
 
+# -- ML Productivity Goodput --------------------------------------------------------------------
+
+#: The console scripts the image installs (dataflow/Dockerfile installs the project's package).
+SCRIPTS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def check_productivity(plan: Plan) -> list[str]:
+    """The productivity job runs ``goodput productivity`` (a console script of the image) with
+    arguments the command takes, for the module's project and dataset, in the Dataflow job's image;
+    Cloud Scheduler starts that job through the Cloud Run Admin API with an OAuth token (Google's
+    APIs take access tokens, not the ID tokens a Cloud Run service's own URL takes)."""
+    problems = []
+    project = plan["variables"]["project_id"]["value"]
+    dataset = f"{project}:{plan['variables']['dataset_id']['value']}"
+    images = {job["values"]["sdk_container_image"]
+              for job in resources(plan, "google_dataflow_flex_template_job")}
+    runs = set()
+    for job in resources(plan, "google_cloud_run_v2_job"):
+        values, address = job["values"], job["address"]
+        runs.add(f"https://run.googleapis.com/v2/projects/{project}/locations/{values['location']}"
+                 f"/jobs/{values['name']}:run")
+        (container,) = values["template"][0]["template"][0]["containers"]
+        command, args = container.get("command") or [], container.get("args") or []
+        if len(command) != 1 or SCRIPTS.get(command[0]) != "pipeline.app.cli:main":
+            problems.append(f"{address}: runs {command}, not the goodput command the image installs")
+        if args[:1] != ["productivity"]:
+            problems.append(f"{address}: runs goodput {args[:1]}, not goodput productivity")
+        try:
+            parsed = productivity.build_parser().parse_args(args[1:])
+            check_dataset(parsed)
+        except (SystemExit, UsageError):
+            problems.append(f"{address}: goodput productivity refuses {args[1:]}")
+            continue
+        if (parsed.project, parsed.bigquery_dataset) != (project, dataset):
+            problems.append(f"{address}: writes to {parsed.project} from {parsed.bigquery_dataset}, not to "
+                            f"{project} from {dataset}")
+        if images and container["image"] not in images:
+            problems.append(f"{address}: runs {container['image']}, not the pipeline's {sorted(images)}")
+    for scheduler in resources(plan, "google_cloud_scheduler_job"):
+        (target,) = scheduler["values"].get("http_target") or [{}]
+        uri = target.get("uri", "")
+        if uri not in runs:
+            problems.append(f"{scheduler['address']}: calls {uri!r}, not the jobs.run of a job of the module")
+        if not target.get("oauth_token") or target.get("oidc_token"):
+            problems.append(f"{scheduler['address']}: calls the Cloud Run Admin API without an OAuth token")
+    return problems
+
+
 # -- IAM ----------------------------------------------------------------------------------------
 
 def _referenced_resource(expression: dict[str, Any]) -> str | None:
@@ -331,7 +420,8 @@ def _referenced_resource(expression: dict[str, Any]) -> str | None:
 
 def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
     """(planned resource, role, what it is granted on) of every IAM grant. A role known only at
-    apply (a custom role's name) is named by the resource it refers to."""
+    apply (a custom role's name) is named by the resource it refers to; a grant on a project other
+    than the deployment's, by the variable naming that project."""
     configuration = {resource["address"]: resource.get("expressions", {}) for resource in configured(plan)}
     for resource in resources(plan):
         type_ = resource["type"]
@@ -340,7 +430,8 @@ def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
         expressions = configuration.get(re.sub(r"\[.*\]$", "", resource["address"]), {})
         role = resource["values"].get("role") or _referenced_resource(expressions.get("role", {})) or "?"
         if type_.startswith("google_project_iam"):
-            target = "project"
+            project = _referenced_resource(expressions.get("project", {}))
+            target = project if project in OTHER_PROJECTS else "project"
         else:
             target = _referenced_resource(expressions.get(_IAM_SCOPE.get(type_, ""), {})) or type_
         yield resource, role, target
@@ -349,9 +440,9 @@ def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
 def check_iam(plan: Plan) -> list[str]:
     """Every grant is one of ``IAM_ALLOWED``, so none is broader than the module needs (and none
     is a primitive role or a service's admin role); every custom role has at most its
-    ``CUSTOM_ROLES`` permissions; the pipeline may append to every table it writes and read the
-    tables a restore reads (``READ_TABLES``), no others; no keys; the emitter may only publish to
-    the events topic."""
+    ``CUSTOM_ROLES`` permissions; the pipeline may append to every table it writes; each account
+    may read the rows its queries read (``READERS``), no others; no keys; the emitter may only
+    publish to the events topic, the productivity trigger only start the productivity job."""
     problems = []
     for resource in resources(plan):
         if resource["type"] == "google_service_account_key":
@@ -362,14 +453,17 @@ def check_iam(plan: Plan) -> list[str]:
             if extra:
                 problems.append(f"{resource['address']}: permissions {sorted(extra)} are broader than "
                                 f"the module needs (CUSTOM_ROLES)")
+    grantees = {resource["address"]: _referenced_resource(resource.get("expressions", {}).get("member", {}))
+                for resource in configured(plan)}
     appended: set[str] = set()
-    read: set[str] = set()
+    read: dict[str | None, set[str]] = {}
     for resource, role, target in iam_grants(plan):
         address = resource["address"]
         if role == TABLE_APPENDER:
             appended.add(resource["values"].get("table_id", ""))
         if role == TABLE_READER:
-            read.add(resource["values"].get("table_id", ""))
+            table = resource["values"].get("table_id", "")
+            read.setdefault(grantees.get(_address(resource)), set()).add(table)
         if role in PRIMITIVE_ROLES or role.endswith(".admin"):
             problems.append(f"{address}: over-broad role {role}")
         elif (role, target) not in IAM_ALLOWED:
@@ -386,8 +480,14 @@ def check_iam(plan: Plan) -> list[str]:
                  for table in sorted(set(PIPELINE_TABLES) - appended)]
     problems += [f"the pipeline may append to table {table}, which it never writes"
                  for table in sorted(appended - set(PIPELINE_TABLES))]
-    if read != READ_TABLES:
-        problems.append(f"the pipeline may read tables {sorted(read)}; a restore reads {sorted(READ_TABLES)}")
+    expected = {PIPELINE_ACCOUNT: READERS[PIPELINE_ACCOUNT]}
+    if any(resources(plan, "google_cloud_run_v2_job")):  # the productivity job, and its account
+        expected[PRODUCTIVITY_ACCOUNT] = READERS[PRODUCTIVITY_ACCOUNT]
+    for account in sorted(set(read) | set(expected), key=str):
+        tables, what = expected.get(account, (frozenset(), "nothing it runs reads any"))
+        if read.get(account, set()) != tables:
+            problems.append(f"{account} may read tables {sorted(read.get(account, ()))}; {what}"
+                            + (f" {sorted(tables)}" if tables else ""))
     for resource in configured(plan):
         expressions = resource.get("expressions", {})
         members = expressions.get("member", {}).get("references", [])
@@ -397,6 +497,13 @@ def check_iam(plan: Plan) -> list[str]:
             if (resource["type"], role) != ("google_pubsub_topic_iam_member", "roles/pubsub.publisher") \
                     or "google_pubsub_topic.events" not in target:
                 problems.append(f"{resource['address']}: the emitter may only publish to the events topic")
+        if "google_service_account.productivity_trigger" in members:
+            target = expressions.get("name", {}).get("references", [])
+            role = expressions.get("role", {}).get("constant_value")
+            if (resource["type"], role) != ("google_cloud_run_v2_job_iam_member", "roles/run.invoker") \
+                    or "google_cloud_run_v2_job.productivity" not in target:
+                problems.append(f"{resource['address']}: the productivity trigger may only start the "
+                                "productivity job")
     return problems
 
 
@@ -501,6 +608,8 @@ def _bigquery_table_problems(values: dict[str, Any]) -> list[str]:
 RESOURCE_APIS = {
     "google_artifact_registry_": "artifactregistry.googleapis.com",
     "google_bigquery_": "bigquery.googleapis.com",
+    "google_cloud_run_": "run.googleapis.com",
+    "google_cloud_scheduler_": "cloudscheduler.googleapis.com",
     "google_compute_": "compute.googleapis.com",
     "google_dataflow_": "dataflow.googleapis.com",
     "google_monitoring_": "monitoring.googleapis.com",
@@ -560,11 +669,14 @@ def _address(resource: dict[str, Any]) -> str:
 def check_new_project(plan: Plan, graph: Graph) -> list[str]:
     """What a project where only billing is set up needs: the APIs are enabled by the module and
     every resource waits for the enablement (a race or a 403 otherwise); every resource names its
-    project (the module has no provider blocks of its own); service agents are granted only
-    after something makes sure they exist; private workers have a subnetwork."""
+    project (the module has no provider blocks of its own), the deployment's unless it is one of
+    ``OTHER_PROJECTS``; service agents are granted only after something makes sure they exist;
+    private workers have a subnetwork."""
     problems = []
     project = plan["variables"]["project_id"]["value"]
     planned = list(_all_resources(plan))
+    projects = {resource["address"]: _referenced_resource(resource.get("expressions", {}).get("project", {}))
+                for resource in configured(plan)}
     enabled = {r["values"]["service"] for r in planned if r["type"] == "google_project_service"}
     builds = any(r["type"] == "terraform_data" and r["name"] == "image" for r in planned)
     enabled_needed = {BUILD_API} if builds else set()
@@ -578,7 +690,8 @@ def check_new_project(plan: Plan, graph: Graph) -> list[str]:
             problems.append(f"{resource['address']}: does not wait for the APIs to be enabled "
                             f"({API_ENABLEMENT})")
         unknown = _unknown_after(plan, resource["address"])
-        if ("project" in values or "project" in unknown) and values.get("project") != project:
+        named = values.get("project") == project or projects.get(_address(resource)) in OTHER_PROJECTS
+        if ("project" in values or "project" in unknown) and not named:
             problems.append(f"{resource['address']}: does not name its project (a module's provider "
                             "settings are its caller's)")
         agent = _SERVICE_AGENT.search(values.get("member") or "") if "_iam_" in type_ else None
@@ -632,7 +745,8 @@ def _unknown_after(plan: Plan, address: str) -> dict[str, Any]:
     return {}
 
 
-CHECKS = (check_tables, check_topic_schema, check_monitoring, check_dataflow, check_iam, check_api_types)
+CHECKS = (check_tables, check_topic_schema, check_monitoring, check_dataflow, check_productivity, check_iam,
+          check_api_types)
 
 
 def check_plan(plan: Plan, graph: Graph | None = None) -> list[str]:
