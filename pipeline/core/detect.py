@@ -37,11 +37,14 @@ as long from counting more than one a little slower, so a second sum watches the
 at least ``FAR`` (25 %) slower than the baseline, a share ``p`` of the baseline's block (``(far + 1) /
 (steps + 2)``, never 0) and at least half of the steps of a slowdown of ``FAR`` or more. Each step
 adds its log-likelihood ratio of the two, ``log(0.5 / p)`` if far and ``log(0.5 / (1 - p))`` if not,
-to ``F = max(0, F + ...)``: a sum of likelihood ratios passes ``L = 20`` less than once in e^20 clean
-steps, whatever the noise's shape. A slowdown is also found when ``F > L`` once ``FLOOR_S`` have
-passed since ``F`` last left 0 (its onset): a step 2 to 6 times longer now and then is no slowdown,
-several in a row are, and found in a few steps at any step time (at 20 s, a slowdown of 50 % or
-more lasting five minutes is a dozen steps or fewer: ``S`` alone would take about as many).
+to ``F = max(0, F + ...)``. Such a sum of likelihood ratios passes ``L`` less than once in e^L clean
+steps (independent ones, far as often as in the block), so ``L = log(ARL_S / baseline)``: about once
+in ``ARL_S`` (10^8 s, three years) of a clean run's steps, whatever its step time. (``S`` keeps e^20
+steps at any step time: its bound is an approximation.) A slowdown is also found when ``F > L``
+once ``FLOOR_S`` have passed since ``F`` last left 0 (its onset): a step 2 to 6 times longer now
+and then is no slowdown, several in a row are, found in a few steps at any step time (at 20 s, a
+slowdown of 50 % or more lasting five minutes is ten steps or fewer: ``S`` alone would need about
+as many).
 
 A slowdown ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at the step where
 ``D`` last left 0, or at its attempt's end.
