@@ -74,8 +74,8 @@ _US = 1_000_000
 FLOOR_S = 60.0
 #: How much slower than the baseline a step is far, and the share of far steps in a large slowdown.
 FAR, FAR_SHARE = 0.25, 0.5
-#: How long a clean run steps, on average, before either sum passes its limit: the false alarms a
-#: run may have are per hour, whatever its step time.
+#: How long a clean run steps, at least on average, before the far steps' sum passes its limit:
+#: the false alarms a run may have are per hour, whatever its step time.
 ARL_S = 1e8
 
 
