@@ -520,11 +520,12 @@ class HostScorer:
 
 
 def _tilt(increments: list[float]) -> float:
-    """The theta > 0 at which mean(exp(theta x)) over ``increments`` (of negative mean) is 1; inf
-    if none is positive."""
+    """The theta > 0 at which mean(exp(theta x)) over ``increments`` is 1; inf if there is none:
+    none is positive, or their mean is not negative (a block that drifts up by itself, a slowdown
+    begun in it: the limit's other terms hold it, rather than one without end)."""
     values = np.array(increments)
     top = float(values.max())
-    if top <= 0:
+    if top <= 0 or float(values.mean()) >= 0:
         return math.inf
     shifted = values - top
 

@@ -55,6 +55,15 @@ def test_a_slowdown_is_found_within_two_minutes_and_ends_where_it_ended(fraction
     assert ended.lost_s == pytest.approx((end - onset) / S * fraction / (1 + fraction), rel=0.15)
 
 
+def test_a_slowdown_that_begins_within_the_first_baseline_is_found_and_ends():
+    """1 s steps half as slow again from 200 s in, before the first baseline's 300 s are over: its
+    block drifts up by itself, and the sums' limit stays finite."""
+    times = step_times(800, 1.0, slow=(200, 600, 0.5))
+    found, ended = detect(times)
+    assert found.kind == ended.kind == SLOWDOWN and ended.ended_us is not None
+    assert found.detected_us - T0 < 600 * S and abs(ended.ended_us - T0 - 600 * S) <= 60 * S
+
+
 def test_a_two_percent_slowdown_is_below_what_is_looked_for_unless_asked():
     times = step_times(3_000, 1.0, slow=(600, 1800, 0.02))
     assert [c.kind for c in detect(times)] == []
