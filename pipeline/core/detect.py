@@ -267,8 +267,12 @@ class Detector:
         x = max(-self._clip, min(self._clip, math.log(duration / self._median)))
         counted = min(duration, self._threshold)  # a hang is a hang's loss
         if self._open is None:
-            self._sum_step(start, counted, x - self._k)
-            self._far_step(start, counted, duration > self._median * (1 + FAR))
+            self._sum, self._onset, self._since = _summed(
+                (self._sum, self._onset, self._since), start, counted, x - self._k)
+            far_add, near_add = self._far_adds
+            self._far_sum, self._far_onset, self._far_since = _summed(
+                (self._far_sum, self._far_onset, self._far_since), start, counted,
+                far_add if duration > self._median * (1 + FAR) else near_add)
             found = None
             if self._sum > self._limit:
                 assert self._onset is not None
@@ -284,7 +288,8 @@ class Detector:
         else:
             total, count = self._through
             self._through = (total + counted, count + 1)
-            self._sum_step(start, counted, self._k - x)
+            self._sum, self._onset, self._since = _summed(
+                (self._sum, self._onset, self._since), start, counted, self._k - x)
             if self._sum > self._limit:
                 assert self._onset is not None
                 total, count = self._through[0] - self._since[0], self._through[1] - self._since[1]
@@ -296,31 +301,6 @@ class Detector:
                 self._rebase()
             else:
                 self._block = []
-
-    def _sum_step(self, start: int, duration: float, increment: float) -> None:
-        """Adds ``increment`` to the running sum, noting where it leaves 0 and what it summed."""
-        if self._sum == 0.0:
-            if increment <= 0:
-                return
-            self._onset, self._since = start, (0.0, 0)
-        self._sum = max(0.0, self._sum + increment)
-        total, count = self._since
-        self._since = (total + duration, count + 1)
-        if self._sum == 0.0:
-            self._onset = None
-
-    def _far_step(self, start: int, duration: float, far: bool) -> None:
-        """Adds a step to the far steps' sum, noting its onset and what it summed."""
-        increment = self._far_adds[0] if far else self._far_adds[1]
-        if self._far_sum == 0.0:
-            if increment <= 0:
-                return
-            self._far_onset, self._far_since = start, (0.0, 0)
-        self._far_sum = max(0.0, self._far_sum + increment)
-        total, count = self._far_since
-        self._far_since = (total + duration, count + 1)
-        if self._far_sum == 0.0:
-            self._far_onset = None
 
     def _rebase(self) -> None:
         """Takes the baseline from the block of durations, and starts a new block."""
@@ -517,6 +497,21 @@ class HostScorer:
         if streak.found is not None:
             self.changes.append(streak.row(host, changed_us, ended_us))
         del self._streaks[host]
+
+
+_Sum = tuple[float, int | None, tuple[float, int]]
+
+
+def _summed(state: _Sum, start: int, duration: float, increment: float) -> _Sum:
+    """A running sum (its value, where it last left 0, and the durations' sum and count since then)
+    after a step that started at ``start`` adds ``increment`` to it."""
+    value, onset, since = state
+    if value == 0.0:
+        if increment <= 0:
+            return state
+        onset, since = start, (0.0, 0)
+    value = max(0.0, value + increment)
+    return value, (onset if value > 0.0 else None), (since[0] + duration, since[1] + 1)
 
 
 def _tilt(increments: list[float]) -> float:

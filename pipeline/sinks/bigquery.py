@@ -61,14 +61,18 @@ def create_tables(client: Any, project: str, dataset: str) -> None:
     from google.api_core.exceptions import NotFound
     from google.cloud import bigquery
 
+    def exists(reference: str) -> bool:
+        try:
+            client.get_table(reference)
+            return True
+        except NotFound:
+            return False
+
     client.create_dataset(bigquery.Dataset(f"{project}.{dataset}"), exists_ok=True)
     for name in table_names():
         reference = f"{project}.{dataset}.{name}"
-        try:
-            client.get_table(reference)
+        if exists(reference):
             continue
-        except NotFound:
-            pass
         table = bigquery.Table(reference, schema=[
             bigquery.SchemaField.from_api_repr(field) for field in table_schema(name)])
         options = table_options(name)
@@ -80,11 +84,8 @@ def create_tables(client: Any, project: str, dataset: str) -> None:
             _seed(client, reference, name)
     for name, query in views(f"`{project}.{dataset}`").items():
         reference = f"{project}.{dataset}.{name}"
-        try:
-            client.get_table(reference)
+        if exists(reference):
             continue
-        except NotFound:
-            pass
         view = bigquery.Table(reference)
         view.view_query = query
         client.create_table(view)

@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import grpc
 import pytest
 from google.api_core import exceptions
 from google.cloud import monitoring_v3
-from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from pipeline.app.cli import main
@@ -28,6 +26,7 @@ from pipeline.app.gke import METRICS
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MAX_PAGE_SIZE, MetricStore, MonitoringEmulator
 from pipeline.emulators.pubsub import PubSubEmulator
+from pipeline.sinks.monitoring import make_client
 from support import REPO
 from support.gke import DOUBLE, GAUGE, PROJECT, jobset_series, stamp
 
@@ -68,9 +67,9 @@ def emulator(store: MetricStore) -> Iterator[MonitoringEmulator]:
 
 @pytest.fixture
 def client(emulator: MonitoringEmulator) -> Iterator[Any]:
-    channel = grpc.insecure_channel(emulator.host)
-    yield monitoring_v3.MetricServiceClient(transport=MetricServiceGrpcTransport(channel=channel))
-    channel.close()
+    client = make_client(emulator.host)  # the pipeline's own, as its writer and importer make it
+    yield client
+    client.transport.close()
 
 
 def listed(client: Any, query: str, start: float = NOW - 3600, end: float = NOW, **request: Any) -> list[Any]:

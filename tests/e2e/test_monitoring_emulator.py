@@ -14,10 +14,9 @@ import pytest
 from google.api import metric_pb2
 from google.api_core import exceptions
 from google.cloud import monitoring_v3
-from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
 
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
-from pipeline.sinks.monitoring import _refused_indexes
+from pipeline.sinks.monitoring import _refused_indexes, make_client
 
 PROJECT = "projects/local"
 CUSTOM = "custom.googleapis.com/test/value"
@@ -52,9 +51,9 @@ def emulator(clock: Clock) -> Iterator[MonitoringEmulator]:
 
 @pytest.fixture
 def client(emulator: MonitoringEmulator) -> Iterator[Any]:
-    channel = grpc.insecure_channel(emulator.host)
-    yield monitoring_v3.MetricServiceClient(transport=MetricServiceGrpcTransport(channel=channel))
-    channel.close()
+    client = make_client(emulator.host)  # the pipeline's own, as its writer and importer make it
+    yield client
+    client.transport.close()
 
 
 def stamp(seconds: float) -> datetime.datetime:
