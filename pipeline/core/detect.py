@@ -21,16 +21,18 @@ least 1 %), and its mean step time with steps as long as a hang left out, which 
 ``baseline_s`` and count lost time against (a run's normal checkpoint and eval steps are part of
 its mean, not a loss).
 
-**Slowdown.** A one-sided CUSUM of each consecutive step's log duration against the baseline:
-``S = max(0, S + x - k)``, ``x = log(duration / baseline)`` clipped to ``[-c, c]`` so that a lone
+**Slowdown.** A one-sided CUSUM of each consecutive step's log duration against the baseline: ``S =
+max(0, S + x - k)``, ``x = log(duration / baseline)`` clipped to ``[-c, c]`` so that a lone
 checkpoint, eval or data-loading step adds at most ``c - k``, with ``k = log(1 + min_slowdown /
-2)``, halfway to the smallest slowdown looked for. It is found when ``S > h``, ``h = max(4c,
-10 noise² / k, k * steps in FLOOR_S)``: ``4c`` so that no three outliers in a row suffice,
-``10 noise² / k`` to hold the false alarms on a noise of that spread to one in about e^20 steps
-(more for heavy tails and consecutive steps that go together: see ``_rebase``), and what the
+2)``, halfway to the smallest slowdown looked for, and ``c = max(4 noise, 2k)``: on a quiet run, no
+step counts for more than a step of the smallest slowdown does (``2k``, about ``log(1 +
+min_slowdown)``), so a lone outlier adds no more than such a step does. It is found when ``S > h``,
+``h = max(4c, 10 noise² / k, k * steps in FLOOR_S)``: ``4c`` so that no three outliers in a row
+suffice, ``10 noise² / k`` to hold the false alarms on a noise of that spread to one in about e^20
+steps (more for heavy tails and consecutive steps that go together: see ``_rebase``), and what the
 smallest slowdown adds in about a minute, so that short steps a little slower for seconds are no
-slowdown (it delays only steps under a few seconds, by at most a minute). Its onset is where
-``S`` last left 0.
+slowdown (it delays only steps under a few seconds, by at most a minute). Its onset is where ``S``
+last left 0.
 
 **Large slowdowns.** The clip that keeps a lone outlier from counting much also keeps a step twice
 as long from counting more than one a little slower, so a second sum watches the far steps: those
@@ -77,6 +79,8 @@ FAR, FAR_SHARE = 0.25, 0.5
 #: How long a clean run steps, at least on average, before the far steps' sum passes its limit:
 #: the false alarms a run may have are per hour, whatever its step time.
 ARL_S = 1e8
+#: The steps by which the lag-1 autocorrelation of a block's steps is shrunk toward 0 (``_rebase``).
+SHRINK_STEPS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,14 +312,19 @@ class Detector:
         center = math.log(self._median)
         logs = [math.log(value) - center for value in self._block]  # the sums' x, before the clip
         noise = max(0.01, 1.4826 * statistics.median(abs(value) for value in logs))
-        self._clip = max(4 * noise, 3 * self._k)
+        self._clip = max(4 * noise, 2 * self._k)
         clipped = [max(-self._clip, min(self._clip, value)) for value in logs]
         # Consecutive steps' times go together (a busy host, a slow input shard): a sum of n of
         # them spreads as n independent ones would if their variance were (1 + r) / (1 - r) times
-        # larger, r the block's lag-1 autocorrelation.
+        # larger, r the block's lag-1 autocorrelation. Estimated from a block's m steps, r is off
+        # by about 1 / sqrt(m), and the high estimates rule the limit: from the first block's 32
+        # steps, r came out above 0.5 (more than tripling the limit) in one run in five of the
+        # benchmark's at 20 s steps, where a slowdown of 10 % lasting 5 minutes is 15 steps. So r
+        # is shrunk by m / (m + SHRINK_STEPS): halved for the first block, by a ninth for a later one.
         power = math.fsum(value * value for value in clipped)
         lagged = math.fsum(a * b for a, b in itertools.pairwise(clipped))
         r = min(0.8, max(0.0, lagged / power)) if power > 0 else 0.0
+        r *= len(clipped) / (len(clipped) + SHRINK_STEPS)
         inflation = (1 + r) / (1 - r)
         # A sum with increments x - k passes h about once in e^(theta h) steps, theta the root
         # of mean(exp(theta (x - k))) = 1 over the block's increments: heavy tails, clipped,
