@@ -31,8 +31,11 @@ min_slowdown)``), so a lone outlier adds no more than such a step does. It is fo
 suffice, ``10 noise² / k`` to hold the false alarms on a noise of that spread to one in about e^20
 steps (more for heavy tails and consecutive steps that go together: see ``_rebase``), and what the
 smallest slowdown adds in about a minute, so that short steps a little slower for seconds are no
-slowdown (it delays only steps under a few seconds, by at most a minute). Its onset is where ``S``
-last left 0.
+slowdown (it delays only steps under a few seconds, by at most a minute). And not before ``S`` has
+counted ``SPELL_STEPS`` (12) steps since its onset, where ``S`` last left 0: a few steps somewhat
+slower that go back to normal (a host busy for a few minutes, at 20 s steps) are no regression. 12
+steps are 4 minutes at 20 s steps (where 30 steps of latency are allowed), 48 s at 4 s steps, and
+less than the minute above at shorter ones.
 
 **Large slowdowns.** The clip that keeps a lone outlier from counting much also keeps a step twice
 as long from counting more than one a little slower, so a second sum watches the far steps: those
@@ -74,6 +77,8 @@ ANOMALY_KINDS = (SLOWDOWN, HANG, STRAGGLER)
 _US = 1_000_000
 #: The least time, in the baseline's steps, the sum must take to find the smallest slowdown.
 FLOOR_S = 60.0
+#: The least steps the sum must have counted since its onset to find a slowdown.
+SPELL_STEPS = 12
 #: How much slower than the baseline a step is far, and the share of far steps in a large slowdown.
 FAR, FAR_SHARE = 0.25, 0.5
 #: How long a clean run steps, at least on average, before the far steps' sum passes its limit:
@@ -278,7 +283,7 @@ class Detector:
                 (self._far_sum, self._far_onset, self._far_since), start, counted,
                 far_add if duration > self._median * (1 + FAR) else near_add)
             found = None
-            if self._sum > self._limit:
+            if self._sum > self._limit and self._since[1] >= SPELL_STEPS:
                 assert self._onset is not None
                 found = self._onset, self._since
             elif (self._far_sum > self._far_limit and self._far_onset is not None

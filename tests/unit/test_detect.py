@@ -82,6 +82,20 @@ def test_short_steps_slower_for_seconds_are_no_slowdown_but_for_minutes_are_foun
     assert 10 * S <= found.detected_us - onset <= 120 * S and ended.ended_us is not None
 
 
+@pytest.mark.parametrize("seed", [0, 8])
+def test_long_steps_somewhat_slower_for_three_minutes_are_no_slowdown_but_for_five_are_found(seed):
+    """At 20 s steps, 9 steps 15 % slower (a host busy for three minutes) add as much to the sum
+    as its limit on these runs: the sum must also have counted 12 steps. 15 steps 10 % slower
+    are found within 30 steps."""
+    onset_s = 3600.0
+    assert detect(step_times(400, 20.0, noise=0.02, seed=seed, slow=(onset_s, onset_s + 180, 0.15))) == []
+    times = step_times(400, 20.0, noise=0.02, seed=seed, slow=(onset_s, onset_s + 300, 0.10))
+    found = [c for c in detect(times) if c.ended_us is None]
+    onset = next(t for t in times if t - T0 >= onset_s * S)
+    assert [c.kind for c in found] == [SLOWDOWN]
+    assert abs(found[0].started_us - onset) <= 60 * S and found[0].detected_us - onset <= 600 * S
+
+
 @pytest.mark.parametrize("fraction", [0.5, 1.0])
 def test_long_steps_much_slower_for_five_minutes_are_found_before_the_slowdown_ends(fraction):
     """At 20 s steps, five minutes are 7 to 10 steps this slow. On noise of 3 % whose consecutive
