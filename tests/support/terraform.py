@@ -147,6 +147,16 @@ _IAM_SCOPE = {
     "google_kms_crypto_key_iam_member": "crypto_key_id",
     "google_cloud_run_v2_job_iam_member": "name",
 }
+#: Accounts that may be granted one role on one resource and nothing else: (the grant's type, the
+#: role, the resource, the problem otherwise).
+SOLE_GRANTS = {
+    "google_service_account.emitter": ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+                                       "google_pubsub_topic.events",
+                                       "the emitter may only publish to the events topic"),
+    "google_service_account.productivity_trigger": (
+        "google_cloud_run_v2_job_iam_member", "roles/run.invoker", "google_cloud_run_v2_job.productivity",
+        "the productivity trigger may only start the productivity job"),
+}
 #: Grants allowed only with an IAM condition: the grant's address and a text its condition's
 #: expression must hold (the one folder of the bucket it may read).
 IAM_CONDITIONS = {
@@ -418,6 +428,12 @@ def _referenced_resource(expression: dict[str, Any]) -> str | None:
     return None
 
 
+def _referenced_by(plan: Plan, argument: str) -> dict[str, str | None]:
+    """What each configured resource's ``argument`` refers to (``_referenced_resource``), by address."""
+    return {resource["address"]: _referenced_resource(resource.get("expressions", {}).get(argument, {}))
+            for resource in configured(plan)}
+
+
 def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
     """(planned resource, role, what it is granted on) of every IAM grant. A role known only at
     apply (a custom role's name) is named by the resource it refers to; a grant on a project other
@@ -453,8 +469,7 @@ def check_iam(plan: Plan) -> list[str]:
             if extra:
                 problems.append(f"{resource['address']}: permissions {sorted(extra)} are broader than "
                                 f"the module needs (CUSTOM_ROLES)")
-    grantees = {resource["address"]: _referenced_resource(resource.get("expressions", {}).get("member", {}))
-                for resource in configured(plan)}
+    grantees = _referenced_by(plan, "member")
     appended: set[str] = set()
     read: dict[str | None, set[str]] = {}
     for resource, role, target in iam_grants(plan):
@@ -491,19 +506,13 @@ def check_iam(plan: Plan) -> list[str]:
     for resource in configured(plan):
         expressions = resource.get("expressions", {})
         members = expressions.get("member", {}).get("references", [])
-        if "google_service_account.emitter" in members:
-            target = expressions.get("topic", {}).get("references", [])
-            role = expressions.get("role", {}).get("constant_value")
-            if (resource["type"], role) != ("google_pubsub_topic_iam_member", "roles/pubsub.publisher") \
-                    or "google_pubsub_topic.events" not in target:
-                problems.append(f"{resource['address']}: the emitter may only publish to the events topic")
-        if "google_service_account.productivity_trigger" in members:
-            target = expressions.get("name", {}).get("references", [])
-            role = expressions.get("role", {}).get("constant_value")
-            if (resource["type"], role) != ("google_cloud_run_v2_job_iam_member", "roles/run.invoker") \
-                    or "google_cloud_run_v2_job.productivity" not in target:
-                problems.append(f"{resource['address']}: the productivity trigger may only start the "
-                                "productivity job")
+        for account, (type_, role, target, what) in SOLE_GRANTS.items():
+            if account not in members:
+                continue
+            granted_on = expressions.get(_IAM_SCOPE.get(resource["type"], ""), {}).get("references", [])
+            if ((resource["type"], expressions.get("role", {}).get("constant_value")) != (type_, role)
+                    or target not in granted_on):
+                problems.append(f"{resource['address']}: {what}")
     return problems
 
 
@@ -675,8 +684,7 @@ def check_new_project(plan: Plan, graph: Graph) -> list[str]:
     problems = []
     project = plan["variables"]["project_id"]["value"]
     planned = list(_all_resources(plan))
-    projects = {resource["address"]: _referenced_resource(resource.get("expressions", {}).get("project", {}))
-                for resource in configured(plan)}
+    projects = _referenced_by(plan, "project")
     enabled = {r["values"]["service"] for r in planned if r["type"] == "google_project_service"}
     builds = any(r["type"] == "terraform_data" and r["name"] == "image" for r in planned)
     enabled_needed = {BUILD_API} if builds else set()
