@@ -40,6 +40,14 @@ thread's state sampler keeps the scoped state it made for the step's first bundl
 bundle's metrics container, and every later bundle's counters go to that container, already
 committed. ``count_every_bundle`` (which ``install`` calls) gives each bundle a sampler of its own.
 
+And the runner may deliver a timer twice: it looks for due timers in the keys' committed state
+after every bundle, and a timer whose firing waits behind other bundles of its step is found
+and fired again, since its state keeps it until that firing commits. A callback that re-sets
+its timer for a time already past (a silent run's next snapshot, after a busy minute) is then
+called over and over, and each call makes another. ``deliver_timers_once`` (which ``install``
+calls) delivers a firing only if its timer is still set for that time, as a runner that fires
+each timer once would.
+
 And when a bundle fails for good the runner tells only ``wait_until_finish``, which then waits for
 its worker threads and may never return: ``failure`` looks for the failure instead, so that the
 launcher stops and says so rather than serve a dead pipeline.
@@ -90,6 +98,7 @@ def install() -> bool:
         return False
     setattr(evaluator, "_read_from_pubsub", read)  # noqa: B010 -- a private method, replaced
     count_every_bundle()
+    deliver_timers_once()
     direct_bundles.install()
     for event in (_STOPPING, _STOPPED, _OUTAGE):  # a new stream in this process
         event.clear()
@@ -111,6 +120,26 @@ def count_every_bundle() -> None:
 
     call_counted.counts_every_bundle = True  # type: ignore[attr-defined]
     TransformExecutor.call = call_counted  # type: ignore[method-assign]
+
+
+def deliver_timers_once() -> None:
+    """Makes the DirectRunner deliver a timer firing only while its timer is set for the time it
+    fired for (see the module docstring): a firing that another delivered, or whose timer was
+    set again for another time since, is dropped. Idempotent."""
+    from apache_beam.runners.direct.transform_evaluator import _TransformEvaluator
+
+    deliver = _TransformEvaluator.process_timer_wrapper
+    if getattr(deliver, "delivers_once", False):
+        return
+
+    def deliver_once(evaluator: Any, firing: Any) -> None:
+        state = evaluator._step_context.get_keyed_state(firing.encoded_key)
+        timers = state.timers.get(firing.window, {})
+        if timers.get((firing.name, firing.time_domain, firing.dynamic_timer_tag)) == firing.timestamp:
+            deliver(evaluator, firing)
+
+    deliver_once.delivers_once = True  # type: ignore[attr-defined]
+    _TransformEvaluator.process_timer_wrapper = deliver_once  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

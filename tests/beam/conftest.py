@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.beam import direct_bundles
+from pipeline.beam import direct_runner
 from support.beam import replay
 
 
 @pytest.fixture(scope="session", autouse=True)
 def direct_runner_as_the_stream_runs_it() -> None:
-    """The DirectRunner with its per-bundle costs cut, as the launcher runs a local stream: every
-    test of this tier runs on the same runner (the patches are for the whole process)."""
-    assert direct_bundles.install()
+    """The DirectRunner fitted as the launcher runs a local stream (its per-bundle costs cut,
+    timers delivered once): every test of this tier runs on the same runner (the patches are for
+    the whole process)."""
+    assert direct_runner.install()
 
 
 @pytest.fixture(scope="session")
