@@ -314,10 +314,12 @@ class TrackRunDoFn(beam.DoFn):
             snapshot_due.write(due)
             self.bytes_written.inc(_TIME_BYTES)
 
-    # The processing-time timers know when they fire without a clock: when they were set for.
+    # The processing-time timers know when they fire without a clock: when they were set for. A
+    # firing of a timer that was set again for another time since (SNAPSHOT_DUE, SILENCE_DUE) is
+    # not the pending one, and does nothing (see ``_fired_for``).
 
     @on_timer(SNAPSHOT_TIMER)
-    def on_snapshot(self, run_id: Any = beam.DoFn.KeyParam,
+    def on_snapshot(self, run_id: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
                     run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                     run_info: Any = beam.DoFn.StateParam(RUN_INFO),
@@ -326,7 +328,7 @@ class TrackRunDoFn(beam.DoFn):
                     reported: Any = beam.DoFn.StateParam(REPORTED),
                     reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
         yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
-                                        snapshot_due, Reported(reported, reported_rows))
+                                        snapshot_due, Reported(reported, reported_rows), fired)
 
     @on_timer(FINAL_TIMER)
     def on_final(self, run_id: Any = beam.DoFn.KeyParam,
@@ -339,10 +341,10 @@ class TrackRunDoFn(beam.DoFn):
                  reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
         yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
                                         snapshot_due, Reported(reported, reported_rows),
-                                        round(self.clock() * _US))
+                                        at_us=round(self.clock() * _US))
 
     @on_timer(SILENCE_TIMER)
-    def on_silence(self, run_id: Any = beam.DoFn.KeyParam,
+    def on_silence(self, run_id: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
                    run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                    run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                    run_info: Any = beam.DoFn.StateParam(RUN_INFO),
@@ -352,11 +354,13 @@ class TrackRunDoFn(beam.DoFn):
                    reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
                    silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[Any]:
         arrived_us, due = arrived.read(), silence_due.read()
+        if due is None:  # set by a job without SILENCE_DUE (then updated), or reported already
+            due = fired.micros
+        elif not _fired_for(fired, due):
+            return
         silence_due.clear()
-        if due is None and arrived_us is not None:  # set by a job without SILENCE_DUE, then updated
-            due = arrived_us + round(self.silence_s * _US)
         stored = StoredRun(self, run_id, run_state, run_log, run_info)
-        if arrived_us is not None and due is not None and (state := stored.load()) is not None:
+        if arrived_us is not None and (state := stored.load()) is not None:
             stored.compact(state)
             if not _ended(state):
                 interval_us = round(self.snapshot_interval_s * _US)
@@ -386,12 +390,15 @@ class TrackRunDoFn(beam.DoFn):
                 cell.clear()
 
     def _report_pending(self, stored: StoredRun, arrived: Any, snapshot_due: Any, reported: Reported,
-                        at_us: int | None = None) -> Iterator[Any]:
-        """The snapshot an interval timer is pending for, if one is: as of ``at_us``, or of
-        when it is due. The run's state is compacted first if its log is due for it."""
+                        fired: Timestamp | None = None, at_us: int | None = None) -> Iterator[Any]:
+        """The snapshot an interval timer is pending for, if one is (and the timer that
+        ``fired``, if given, is the pending one): as of ``at_us``, or of when it is due. The
+        run's state is compacted first if its log is due for it."""
         arrived_us, due = arrived.read(), snapshot_due.read()
+        if due is None or (fired is not None and not _fired_for(fired, due)):
+            return
         snapshot_due.clear()
-        if arrived_us is not None and due is not None and (state := stored.load()) is not None:
+        if arrived_us is not None and (state := stored.load()) is not None:
             stored.compact(state)
             yield from self._snapshot(state, reported, arrived_us, due if at_us is None else at_us)
 
@@ -460,6 +467,12 @@ class Reported:
         data = json.dumps(sorted(keys, key=repr)).encode()
         self.rows.write(data)
         return len(data)
+
+
+def _fired_for(fired: Timestamp, due_us: int) -> bool:
+    """Whether a timer that fired at ``fired`` is the one set for ``due_us``: runners keep a
+    timer's time to the millisecond (Dataflow), or as it was set (the DirectRunner)."""
+    return fired.micros // 1000 == due_us // 1000
 
 
 def _ended(state: engine.RunState) -> bool:

@@ -18,6 +18,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.test_stream import TestStream as Stream
 from apache_beam.testing.util import assert_that
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
 
 from goodput_schemas.wire import encode_batch
 from pipeline.beam import direct_runner, live
@@ -383,6 +385,74 @@ def test_a_state_stored_whole_by_an_earlier_version_is_read_then_logged():
     again = live.StoredRun(fn, "run", whole, log, info).load()
     assert again is not state and again is not None
     assert again.snapshot(latest_time(batches), WINDOWS) == engine_snapshot(batches, latest_time(batches))
+
+
+class Timer:
+    """A timer's interface over memory: the times it was set for, in microseconds."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+
+    def set(self, timestamp: Timestamp) -> None:
+        self.times.append(timestamp.micros)
+
+
+class Tracked:
+    """One run's cells and timers, and the tracker's methods called on them as a runner would."""
+
+    def __init__(self, now: list[float]) -> None:
+        self.fn = live.TrackRunDoFn(WINDOWS, 30.0, 300.0, 600.0, clock=lambda: now[0],
+                                    detection=NO_EARLY_HANG)
+        self.fn.setup()
+        self.whole, self.log, self.info = Cell(), Bag(), Cell()
+        self.arrived, self.snapshot_due, self.silence_due = Cell(), Cell(), Cell()
+        self.reported, self.reported_rows = Cell(), Cell()
+        self.silence_timer = Timer()
+
+    def message(self, batch: Batch) -> list[Snapshot]:
+        return _snapshots(self.fn.process(
+            ("run", batch), GlobalWindow(), self.whole, self.log, self.info, self.arrived,
+            self.snapshot_due, self.silence_due, self.reported, self.reported_rows, Timer(),
+            self.silence_timer, Timer(), Timer()))
+
+    def snapshot_fires(self, at_us: int) -> list[Snapshot]:
+        return _snapshots(self.fn.on_snapshot(
+            "run", Timestamp(micros=at_us), self.whole, self.log, self.info, self.arrived,
+            self.snapshot_due, self.reported, self.reported_rows))
+
+    def silence_fires(self, at_us: int) -> list[Snapshot]:
+        return _snapshots(self.fn.on_silence(
+            "run", Timestamp(micros=at_us), self.whole, self.log, self.info, self.arrived,
+            self.silence_due, self.reported, self.reported_rows, self.silence_timer))
+
+
+def _snapshots(outputs: Any) -> list[Snapshot]:
+    return [output for output in outputs if isinstance(output, Snapshot)]
+
+
+def test_a_timer_firing_that_is_not_the_pending_one_reports_nothing():
+    """A runner may deliver a timer's firing twice, or the firing of a timer set again since
+    (Beam's DirectRunner did, under a backlog, and a silent run was then reported over and over):
+    only the pending timer's firing reports, known to the millisecond (Dataflow keeps a timer's
+    time to the millisecond). A silence firing with no pending time on record (a job updated from
+    a version that kept none) reports at its own time."""
+    batches = run_batches(end=False)
+    now = [0.0]
+    run = Tracked(now)
+    run.message(batches[0])
+    now[0] = 10.000_457  # the second message: silence due at 310.000457 s, the snapshot still at 30 s
+    run.message(batches[1])
+    assert run.snapshot_due.read() == 30 * S and run.silence_timer.times[-1] == 310 * S + 457
+    assert len(run.snapshot_fires(30 * S)) == 1
+    assert run.snapshot_fires(30 * S) == []  # delivered twice
+    assert run.silence_fires(300 * S) == []  # set again since, for 310 s
+    [silent] = run.silence_fires(310 * S)  # its time to the millisecond
+    assert silent.as_of_us == latest_time(batches[:2]) + 300 * S
+    assert run.silence_due.read() == 340 * S + 457  # the next, an interval on
+    assert run.silence_fires(310 * S) == []  # delivered twice
+    run.silence_due.clear()  # kept by no version before
+    [unrecorded] = run.silence_fires(400 * S)
+    assert unrecorded.as_of_us == latest_time(batches[:2]) + round((400 - 10.000_457) * S)
 
 
 #: The processing time the stream's clock says: set by ``Arrive`` as messages come.
