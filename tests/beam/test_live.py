@@ -453,6 +453,10 @@ def test_a_timer_firing_that_is_not_the_pending_one_reports_nothing():
     run.silence_due.clear()  # kept by no version before
     [unrecorded] = run.silence_fires(400 * S)
     assert unrecorded.as_of_us == latest_time(batches[:2]) + round((400 - 10.000_457) * S)
+    now[0] = 500.0
+    run.message(batches[2])  # the next interval snapshot: at 510 s
+    assert run.snapshot_fires(30 * S) == []  # the one of 30 s, delivered again late
+    assert len(run.snapshot_fires(510 * S)) == 1
 
 
 #: The processing time the stream's clock says: set by ``Arrive`` as messages come.
