@@ -24,7 +24,9 @@ and stops the pipeline once the pending interval snapshots are due (``next_snaps
 
 A run's first message may come with the run's history (``pipeline.beam.restore.Restored``): the
 run was in the raw events table before this pipeline held it. Its state is then the history and
-the message, and its snapshot times go on from the last one in the table.
+the message, and its snapshot times go on from the last one in the table. A run restored with
+no message (events in the table that no snapshot there counts) is reported as if its last
+message had just arrived.
 
 An exception in the engine (a bug) stays with the run and the message it failed on: the message
 goes to the ``dead_letter`` output whole, with the error, and the run goes on without it; a
@@ -277,7 +279,7 @@ class TrackRunDoFn(beam.DoFn):
             was_ended = _ended(state)
             conflicts: list[DeadLetter] = []
             late = state.hosts.late
-            added = state.add_batch(batch, conflicts)
+            added = state.add_batch(batch, conflicts) if batch is not None else 0
             if state.hosts.late > late:
                 self.late_host_summaries.inc(state.hosts.late - late)
         except Exception as error:  # noqa: BLE001 -- a bug for one message must not stop the fleet
@@ -296,7 +298,7 @@ class TrackRunDoFn(beam.DoFn):
             reported.write(restore.reported_us)  # its snapshot times go on from the table's
         if restored:  # its history and the message, written whole
             stored.write_whole(state)
-        else:
+        elif batch is not None:
             stored.append(batch, state)
         arrived.write(now_us)
         silence_at = now_us + round(min(self.silence_s, state.hang_threshold_s(self.detection)) * _US)

@@ -30,6 +30,8 @@ EVENTS_PER_MESSAGE = 1000
 COLUMNS = "run_id, attempt_id, seq, epoch_us(event_time), kind, step, body"
 BIGQUERY_COLUMNS = "run_id, attempt_id, seq, UNIX_MICROS(event_time), kind, step, body"
 _FETCH_ROWS = 10_000
+#: How far back in event time a stream that starts looks for runs it left unreported.
+UNREPORTED_WITHIN_S = 7 * 86_400
 #: (run_id, attempt_id) -> (the run id the job gave, its workload uid), for attempts of a workload.
 Workloads = Mapping[tuple[str, str], tuple[str, str]]
 #: The attempts of a workload, as ``run_metadata`` records them.
@@ -96,6 +98,12 @@ class EventsTables(abc.ABC):
         """The run's messages in ``events`` (none for a run it does not hold), and the time of its
         latest snapshot in ``goodput_snapshots`` (microseconds), if it has one."""
 
+    @abc.abstractmethod
+    def unreported_runs(self, since_us: int) -> list[str]:
+        """The runs with an event dated from ``since_us`` on whose latest event is later than
+        their latest snapshot, or that have no snapshot: events a stream wrote to ``events`` and
+        stopped before it reported (a snapshot is dated at or after the events it counts)."""
+
 
 class DuckDBEvents(EventsTables):
     """The tables of a DuckDB file that this process may be writing too: read whole, under the
@@ -123,6 +131,21 @@ class DuckDBEvents(EventsTables):
                                        "WHERE run_id = ?", [run_id])
         return list(messages(rows, self.source)), reported if isinstance(reported, int) else None
 
+    def unreported_runs(self, since_us: int) -> list[str]:
+        from pipeline.sinks.duckdb import opened
+
+        if not Path(self.path).is_file():
+            return []
+        with opened(self.path) as sink:
+            rows = sink.query(
+                "SELECT e.run_id FROM (SELECT run_id, max(event_time) AS latest FROM events "
+                "WHERE event_time >= make_timestamp(?::BIGINT) GROUP BY run_id) AS e "
+                "LEFT JOIN (SELECT run_id, max(snapshot_time) AS reported FROM goodput_snapshots "
+                "WHERE snapshot_time >= make_timestamp(?::BIGINT) GROUP BY run_id) AS g "
+                "ON g.run_id = e.run_id WHERE g.reported IS NULL OR e.latest > g.reported ORDER BY e.run_id",
+                [since_us, since_us])
+        return [str(run_id) for run_id, in rows]
+
 
 class BigQueryEvents(EventsTables):
     """The tables of a BigQuery dataset. Listing every run would scan the ``run_id`` column of the
@@ -147,12 +170,24 @@ class BigQueryEvents(EventsTables):
     def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
         dataset = f"{self.project}.{self.dataset}"
         rows = self._query(f"SELECT {BIGQUERY_COLUMNS} FROM `{dataset}.events` WHERE run_id = @run_id "
-                           "ORDER BY attempt_id, seq", run_id)
+                           "ORDER BY attempt_id, seq", run_id=run_id)
         [(reported,)] = self._query(f"SELECT UNIX_MICROS(MAX(snapshot_time)) "
-                                    f"FROM `{dataset}.goodput_snapshots` WHERE run_id = @run_id", run_id)
+                                    f"FROM `{dataset}.goodput_snapshots` WHERE run_id = @run_id",
+                                    run_id=run_id)
         return list(messages(rows, self.source)), reported
 
-    def _query(self, sql: str, run_id: str) -> list[tuple[Any, ...]]:
+    def unreported_runs(self, since_us: int) -> list[str]:
+        dataset = f"{self.project}.{self.dataset}"
+        rows = self._query(
+            f"SELECT e.run_id FROM (SELECT run_id, MAX(event_time) AS latest FROM `{dataset}.events` "
+            "WHERE event_time >= TIMESTAMP_MICROS(@since_us) GROUP BY run_id) AS e "
+            f"LEFT JOIN (SELECT run_id, MAX(snapshot_time) AS reported FROM `{dataset}.goodput_snapshots` "
+            "WHERE snapshot_time >= TIMESTAMP_MICROS(@since_us) GROUP BY run_id) AS g ON g.run_id = e.run_id "
+            "WHERE g.reported IS NULL OR e.latest > g.reported ORDER BY e.run_id", since_us=since_us)
+        return [str(run_id) for run_id, in rows]
+
+    def _query(self, sql: str, **parameters: str | int) -> list[tuple[Any, ...]]:
+        """The rows of ``sql``, its ``@`` parameters given by name (a str, or an int)."""
         from google.cloud import bigquery
         from google.cloud.bigquery.retry import DEFAULT_JOB_RETRY, DEFAULT_RETRY
 
@@ -161,7 +196,8 @@ class BigQueryEvents(EventsTables):
         if self._client is None:
             self._client = make_client(self.project, self.endpoint)
         config = bigquery.QueryJobConfig(query_parameters=[
-            bigquery.ScalarQueryParameter("run_id", "STRING", run_id)])
+            bigquery.ScalarQueryParameter(name, "STRING" if isinstance(value, str) else "INT64", value)
+            for name, value in parameters.items()])
         rows = self._client.query_and_wait(
             sql, job_config=config, api_timeout=self.timeout_s, wait_timeout=self.timeout_s,
             retry=DEFAULT_RETRY.with_timeout(self.timeout_s),

@@ -23,6 +23,7 @@ TEMPLATE = REPO / "dataflow"
 # transform name mapping (README "Deploy", runbook).
 STEP_NAMES = [
     "ReadPubSub", "WithSource", "ParseEvents", "ParseEvents/Validate", "RestoreRuns",
+    "RestoreRuns/Start", "RestoreRuns/UnreportedRuns", "RestoreRuns/WithUnreported",
     "RestoreRuns/RestoreRun", "TrackRuns", "TrackRuns/TrackRun",
     "SnapshotRows", "SnapshotRows/Rows", "InputRows", "DeadLetters", "DeadLetterRows", "DeadLetterRows/Rows",
     "AllRows", "WriteToBigQuery", "WriteToBigQuery/InsertPerBundle", "WriteToMonitoring",

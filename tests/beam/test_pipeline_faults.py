@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
@@ -160,6 +161,29 @@ def test_a_restarted_stream_restores_a_workloads_run_under_the_id_its_messages_d
     assert list(never_stopped) == ["llama~3f2a9c1e"]
     assert final_rows(tmp_path / "restarted.duckdb") == never_stopped
     assert final_rows(tmp_path / "forgetful.duckdb")["llama~3f2a9c1e"][2] < never_stopped["llama~3f2a9c1e"][2]
+
+
+def test_a_stream_restores_at_its_start_the_runs_whose_latest_events_no_snapshot_counts(
+        clean_lines, tmp_path):
+    """A stream that stopped before it reported its last messages (a local stop that gave up, a
+    cancelled job) left two runs' events ahead of their snapshots: one with no snapshot, one whose
+    latest snapshot is older than its latest event. Started again on the file, a stream reports
+    both at once, with no message from them, with the numbers of a stream that never stopped;
+    the runs that were reported wait for their next message, as before."""
+    before = replay(clean_lines, tmp_path / "before")
+    unreported = sorted(FLEET)[:2]
+    with duckdb.connect(str(before)) as connection:
+        connection.execute("DELETE FROM goodput_snapshots WHERE run_id = ?", [unreported[0]])
+        connection.execute("UPDATE goodput_snapshots SET snapshot_time = (SELECT min(event_time) FROM events "
+                           "WHERE run_id = ?) WHERE run_id = ?", [unreported[1], unreported[1]])
+        [(latest_us,)] = connection.execute("SELECT epoch_us(max(event_time)) FROM events").fetchall()
+    tables = DuckDBEvents(str(before))
+    assert tables.unreported_runs(0) == unreported
+    assert tables.unreported_runs(latest_us + 1) == []  # none of its events that recent
+    stream([], tmp_path / "restarted.duckdb", restore_from=tables)
+    stream(keyed(clean_lines), tmp_path / "never-stopped.duckdb")
+    never_stopped = final_rows(tmp_path / "never-stopped.duckdb")
+    assert final_rows(tmp_path / "restarted.duckdb") == {run: never_stopped[run] for run in unreported}
 
 
 def test_a_run_whose_history_cannot_be_read_goes_on_from_its_message(clean_lines, tmp_path, caplog):

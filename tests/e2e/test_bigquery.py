@@ -291,6 +291,18 @@ def test_batch_replay_writes_the_same_rows_to_bigquery_and_duckdb(tmp_path: Path
         (remote_messages, remote_at), (local_messages, local_at) = (w.run_history(run_id) for w in warehouses)
         assert [m for _, m in remote_messages] == [m for _, m in local_messages]
         assert remote_at == local_at and (remote_at is None) == (run_id == "no-such-run")
+    # Every run is reported; then events of a run that no snapshot counts (a stream stopped before
+    # it reported them): both warehouses name it, and only it, to a stream that starts.
+    assert [w.unreported_runs(0) for w in warehouses] == [[], []]
+    late = {"run_id": "late-run", "attempt_id": "a", "seq": 0, "event_time": "2026-11-01T08:00:00Z",
+            "kind": "step_start", "step": 0, "body": json.dumps({"step": 0})}
+    emulator.store.insert_all(PROJECT, DATASET, "events", {"rows": [{"json": late}]})
+    with duckdb.connect(str(database)) as connection:
+        connection.execute("INSERT INTO events VALUES ('late-run', 'a', 0, TIMESTAMP '2026-11-01 08:00:00', "
+                           "'step_start', 0, ?)", [late["body"]])
+    since = round(datetime.datetime(2026, 11, 1, 8, tzinfo=UTC).timestamp() * 1e6)
+    assert [w.unreported_runs(0) for w in warehouses] == [["late-run"], ["late-run"]]
+    assert [w.unreported_runs(since + 1) for w in warehouses] == [[], []]
 
 
 def comparable(row: dict[str, Any]) -> str:

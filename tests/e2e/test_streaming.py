@@ -145,6 +145,35 @@ def test_stream_and_batch_agree(tmp_path: Path, emulator: PubSubEmulator):
         assert series and series[-1] == pytest.approx(streamed[run_id][0], abs=1e-9)
 
 
+def test_a_stream_started_again_reports_a_run_whose_last_events_no_snapshot_counts(
+        tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
+    """A stream read a run's last messages and stopped before it reported them (as a stop that
+    gave up waiting does; here the run's snapshots are deleted after a clean stop): the events
+    are in the file, ahead of every snapshot. A stream started again reports the run at once,
+    though it sends nothing more: its latest snapshot shows every step and the end."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
+    live = tmp_path / "live.duckdb"
+    stream = start_stream(emulator.host, live, 1)
+    with GoodputRecorder("run-quiet", logging_enabled=True, destination=TOPIC,
+                         settings=make_settings()) as recorder:  # on the real clock: recent events
+        recorder.record_job_start_time()
+        for step in range(20):
+            recorder.record_step_start_time(step)
+        recorder.record_job_end_time()
+    wait_until_read(emulator.broker, 60)
+    stop_stream(stream)
+    assert latest_cumulative(live)["run-quiet"][-2:] == (True, 19)
+    with duckdb.connect(str(live)) as connection:
+        connection.execute("DELETE FROM goodput_snapshots WHERE run_id = 'run-quiet'")
+    assert "run-quiet" not in latest_cumulative(live)
+    stream = start_stream(emulator.host, live, 1)  # no message: it asks the file at its start
+    deadline = time.monotonic() + 30
+    while "run-quiet" not in latest_cumulative(live) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop_stream(stream)
+    assert latest_cumulative(live)["run-quiet"][-2:] == (True, 19)
+
+
 def test_a_stream_launched_anew_restores_its_runs_from_bigquery(
         tmp_path: Path, emulator: PubSubEmulator, monkeypatch, make_settings):
     """A stream that writes only to BigQuery is stopped mid-run, and a new one starts with no
