@@ -323,8 +323,8 @@ class Detector:
         # them spreads as n independent ones would if their variance were (1 + r) / (1 - r) times
         # larger, r the block's lag-1 autocorrelation. Estimated from a block's m steps, r is off
         # by about 1 / sqrt(m), and the high estimates rule the limit: from the first block's 32
-        # steps, r came out above 0.5 (more than tripling the limit) in one run in five of the
-        # benchmark's at 20 s steps, where a slowdown of 10 % lasting 5 minutes is 15 steps. So r
+        # steps, r came out above 0.5 (more than tripling the limit) in 13 of the benchmark's 60
+        # runs at 20 s steps, where a slowdown of 10 % lasting 5 minutes is 15 steps. So r
         # is shrunk by m / (m + SHRINK_STEPS): halved for the first block, by a ninth for a later one.
         power = math.fsum(value * value for value in clipped)
         lagged = math.fsum(a * b for a, b in itertools.pairwise(clipped))

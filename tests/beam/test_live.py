@@ -409,8 +409,8 @@ class Tracked:
         self.reported, self.reported_rows = Cell(), Cell()
         self.silence_timer = Timer()
 
-    def message(self, batch: Batch) -> list[Snapshot]:
-        return _snapshots(self.fn.process(
+    def message(self, batch: Batch) -> None:
+        list(self.fn.process(
             ("run", batch), GlobalWindow(), self.whole, self.log, self.info, self.arrived,
             self.snapshot_due, self.silence_due, self.reported, self.reported_rows, Timer(),
             self.silence_timer, Timer(), Timer()))
