@@ -36,6 +36,7 @@ import dataclasses
 import datetime
 import gc
 import json
+import math
 import sys
 import tempfile
 import threading
@@ -46,6 +47,9 @@ from typing import Any
 
 FEATURES = 32
 CHECKPOINT_EVERY = 10
+#: SGD's learning rate: at the demo's 0.01 the widest size diverges within 20 steps, and a
+#: recorder would be timed recording non-finite losses, which a converging run never records.
+LEARNING_RATE = 0.001
 #: Untimed blocks (one on, one off) after the compile, per size.
 WARMUP_PAIRS = 1
 #: The background thread of each recorder, by name.
@@ -188,7 +192,7 @@ class _Model:
             p, v = state
             loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
             v = jax.tree_util.tree_map(lambda vi, g: 0.9 * vi + g, v, grads)
-            p = jax.tree_util.tree_map(lambda pi, vi: pi - 0.01 * vi, p, v)
+            p = jax.tree_util.tree_map(lambda pi, vi: pi - LEARNING_RATE * vi, p, v)
             return (p, v), loss
 
         rng = np.random.default_rng(seed)
@@ -244,6 +248,8 @@ def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: i
         loss.block_until_ready()
         value = float(loss)
         step_s = clock() - step_started
+        if not math.isfinite(value):
+            raise RuntimeError(f"step {step}: the loss is {value}: the model diverged")
         spent = cpu()
         plan.step_end(step, value, step_s)
         hook_cpu += cpu() - spent
