@@ -14,13 +14,16 @@ REFERENCE := $(REFERENCE_VENV)/.installed-stamp
 # The HTML report is tested in Debian's chromium, driven by playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
+# The tests of the emitter's recorder, worker and transports: what make test runs twice.
+PURE_PYTHON_TESTS := tests/unit/test_emitter*.py tests/unit/test_delivery.py tests/unit/test_compat.py
+
 .PHONY: install demo check test lint typecheck bench soak clean $(REFERENCE_VENV)
 
 install: $(STAMP)
 
 # The four distributions of this repository (see the README), editable; never the reference, which
 # shares ml_goodput_measurement's import path (older checkouts installed it here).
-$(STAMP): pyproject.toml emitter/pyproject.toml goodput_schemas/pyproject.toml ml_goodput_measurement/pyproject.toml
+$(STAMP): pyproject.toml emitter/pyproject.toml emitter/setup.py emitter/_lane.c goodput_schemas/pyproject.toml ml_goodput_measurement/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip uninstall --quiet --yes ml-goodput-measurement
@@ -60,8 +63,11 @@ check: lint typecheck $(REFERENCE)
 
 # Everything, tests/e2e too (stand-ins, subprocesses, the browser, Terraform, installs, the soak):
 # what CI runs. One worker per core, each test file whole on one worker (its module fixtures once).
+# Then the emitter's unit tests again on its Python fast path (emitter/lane.py), which runs where
+# emitter/_lane.c is not built.
 test: lint typecheck $(CHECKOV) $(CHROMIUM) $(REFERENCE)
 	$(PY) -m pytest -n auto --dist loadfile
+	GOODPUT_EMITTER_PURE_PYTHON=1 $(PY) -m pytest -n auto --dist loadfile $(PURE_PYTHON_TESTS)
 
 bench: $(STAMP) $(REFERENCE)
 	$(PY) -m benchmarks

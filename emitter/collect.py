@@ -57,7 +57,8 @@ Derived = list[tuple[int, str, dict[str, Any]]]
 
 class AttemptCollector:
     """Called by the worker's thread with each batch of an attempt's own events before it sends
-    them: completes the job start's workload and returns the configs events to record.
+    them: completes the job start's workload and returns the configs events to record, or None
+    once it has recorded all it will.
 
     Args:
         workload: The recorder's workload, or None where it looks for none.
@@ -75,9 +76,9 @@ class AttemptCollector:
         self._started = False
         self._system_pending = False
 
-    def __call__(self, batch: list[Record]) -> Derived:
+    def __call__(self, batch: list[Record]) -> Derived | None:
         if self._started and not self._system_pending:
-            return []
+            return None  # done: the worker stops asking
         if self._started:
             return self._look_again(batch)
         start = next((record for record in batch if record[2] == "job_start"), None)

@@ -51,6 +51,7 @@ from emitter import testing
 from emitter.collect import AttemptCollector
 from emitter.configs import fit_configs
 from emitter.discovery import DiscoveredTransport
+from emitter.lane import FastPath
 from emitter.settings import EmitterSettings, destination_from_env
 from emitter.spool import Spool
 from emitter.transports import Transport, transport_for
@@ -181,20 +182,26 @@ def _metric_name(name: object) -> str:
     return name
 
 
+def _guarded_as(name: str) -> Callable[[_Method], _Method]:
+    """Makes a method of the recorder never raise: what the public method ``name`` cannot record
+    is logged (once per method) and counted, unless the recorder is strict."""
+
+    def guard(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def guarded(self: GoodputRecorder, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
+                return self._invalid_call(name, error)
+
+        return guarded  # type: ignore[return-value]
+
+    return guard
+
+
 def _guarded(method: _Method) -> _Method:
-    """Makes a public method of the recorder never raise: what it cannot record is logged (once
-    per method) and counted, unless the recorder is strict. (The calls made every step catch
-    in their own body instead: this wrapper costs more than they do.)"""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def guarded(self: GoodputRecorder, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
-            return self._invalid_call(name, error)
-
-    return guarded  # type: ignore[return-value]
+    """``_guarded_as`` the method's own name."""
+    return _guarded_as(method.__name__)(method)
 
 
 def _text(value: object, name: str, free_form: bool = False) -> str:
@@ -225,7 +232,7 @@ def _metric(value: object, name: str) -> float | str:
     return json_double(_number(value, name))
 
 
-class GoodputRecorder:
+class GoodputRecorder(FastPath):
     """Records the goodput events of one attempt of a training run.
 
     Example::
@@ -306,9 +313,9 @@ class GoodputRecorder:
     ) -> None:
         self._strict = bool(strict)
         self._worker: BatchWorker | None = None
-        # The worker's ``put`` while recording, None when disabled or closed: the calls made
-        # every step go straight to it when they are given no time (``_record`` does the rest).
-        self._put: Callable[[int, str, Any], None] | None = None
+        # The per-step calls record into the worker's lane themselves (``emitter.lane``) while
+        # recording on the real clock; None when disabled or closed, or on an injected clock.
+        self._lane = None
         self._closed = False
         self._close_lock = threading.RLock()  # a signal handler may close while close() runs
         self._explicit_time = False
@@ -364,7 +371,7 @@ class GoodputRecorder:
         self._retired: list[_Retired] = []
         self._closed_stats = EmitterStats()  # of earlier attempts closed and forgotten
         self._worker = self._new_worker()
-        self._put = self._worker.put
+        self._open_lane()
         if capture is not None:
             capture.attach(self)
         atexit.register(self._exit_hook)
@@ -447,6 +454,11 @@ class GoodputRecorder:
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def _open_lane(self) -> None:
+        """Lets the per-step calls record into the current attempt's lane themselves: on the real
+        clock only, which they read."""
+        self._lane = self._worker.lane if self._worker is not None and self._now_ns is time.time_ns else None
+
     def _new_worker(self) -> BatchWorker:
         """A worker for a new attempt of the run, with an attempt id of its own."""
         self.attempt_id = uuid.uuid4().hex
@@ -475,7 +487,7 @@ class GoodputRecorder:
         self._retired = [retired for retired in self._retired if retired not in done]
         self._retired.append(_Retired(self._worker, self.settings.close_timeout_s))
         self._worker = self._new_worker()
-        self._put = self._worker.put
+        self._open_lane()
 
     def _record(self, kind: str, when: object, name: str, body: dict[str, Any],
                 clock_hint: bool = True) -> None:
@@ -540,21 +552,14 @@ class GoodputRecorder:
         self._record("job_end", end_time, "end_time", body)
         self._in_job = False
 
-    def record_step_start_time(self, step: int, start_time: datetime.datetime | None = None) -> None:
-        """Records the start of training step ``step``."""
-        # The calls made every step skip ``_record`` when they can, and queue a compact body
-        # (``wire.event_body``): each call, lookup and object less is time the training loop
-        # gets back (its caches are cold by then).
-        try:
-            put = self._put
-            if put is not None and start_time is None and type(step) is int and 0 <= step <= MAX_COUNT:
-                put(self._now_ns() // 1000, "step_start", step)
-            elif self._worker is not None:
-                if type(step) is not int or not 0 <= step <= MAX_COUNT:
-                    step = _count(step, "step")
-                self._record("step_start", start_time, "start_time", {"step": step})
-        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
-            self._invalid_call("record_step_start_time", error)
+    # record_step_start_time, record_data_loading_start_time, record_data_loading_end_time and
+    # record_model_metrics are the base class's (``emitter.lane``): a plain call records there,
+    # every other one here.
+
+    @_guarded_as("record_step_start_time")
+    def _slow_step_start(self, step: Any, start_time: Any = None) -> None:
+        if self._worker is not None:
+            self._record("step_start", start_time, "start_time", {"step": _count(step, "step")})
 
     @_guarded
     def record_tpu_init_start_time(self, start_time: datetime.datetime | None = None) -> None:
@@ -584,27 +589,15 @@ class GoodputRecorder:
         if self._worker is not None:
             self._record("training_prep_end", end_time, "end_time", {})
 
-    def record_data_loading_start_time(self, start_time: datetime.datetime | None = None) -> None:
-        """Records the start of a data-loading span."""
-        try:
-            put = self._put
-            if put is not None and start_time is None:
-                put(self._now_ns() // 1000, "data_loading_start", {})
-            elif self._worker is not None:
-                self._record("data_loading_start", start_time, "start_time", {})
-        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
-            self._invalid_call("record_data_loading_start_time", error)
+    @_guarded_as("record_data_loading_start_time")
+    def _slow_data_loading_start(self, start_time: Any = None) -> None:
+        if self._worker is not None:
+            self._record("data_loading_start", start_time, "start_time", {})
 
-    def record_data_loading_end_time(self, end_time: datetime.datetime | None = None) -> None:
-        """Records the end of a data-loading span."""
-        try:
-            put = self._put
-            if put is not None and end_time is None:
-                put(self._now_ns() // 1000, "data_loading_end", {})
-            elif self._worker is not None:
-                self._record("data_loading_end", end_time, "end_time", {})
-        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
-            self._invalid_call("record_data_loading_end_time", error)
+    @_guarded_as("record_data_loading_end_time")
+    def _slow_data_loading_end(self, end_time: Any = None) -> None:
+        if self._worker is not None:
+            self._record("data_loading_end", end_time, "end_time", {})
 
     @_guarded
     def record_custom_badput_event_start_time(
@@ -729,47 +722,18 @@ class GoodputRecorder:
         if self._worker is not None:
             self._record("heartbeat", time_, "time_", {})
 
-    def record_model_metrics(
-        self,
-        step: int,
-        *,
-        loss: float | None = None,
-        step_time_s: float | None = None,
-        tokens_per_s: float | None = None,
-        samples_per_s: float | None = None,
-        mfu: float | None = None,
-        tflops_per_device: float | None = None,
-        time_: datetime.datetime | None = None,
-    ) -> None:
-        """Records the model metrics of one step; metrics left as ``None`` were not measured.
-
-        A non-finite loss (a diverged run) is recorded as it is.
-        """
-        try:
-            put = self._put
-            # Plain floats and no time, as a loop records them every step: the compact body.
-            if (put is not None and time_ is None and type(step) is int and 0 <= step <= MAX_COUNT
-                    and (loss is None or type(loss) is float)
-                    and (step_time_s is None or type(step_time_s) is float)
-                    and (tokens_per_s is None or type(tokens_per_s) is float)
-                    and (samples_per_s is None or type(samples_per_s) is float)
-                    and (mfu is None or type(mfu) is float)
-                    and (tflops_per_device is None or type(tflops_per_device) is float)):
-                put(self._now_ns() // 1000, "model_metrics",
-                    (step, loss, step_time_s, tokens_per_s, samples_per_s, mfu, tflops_per_device))
-                return
-            if self._worker is None:
-                return
-            if type(step) is not int or not 0 <= step <= MAX_COUNT:
-                step = _count(step, "step")
-            body: dict[str, Any] = {"step": step}
-            metrics = (loss, step_time_s, tokens_per_s, samples_per_s, mfu, tflops_per_device)
-            for name, value in zip(MODEL_METRICS, metrics, strict=True):
-                if value is not None:
-                    body[name] = _metric(value, name)
-            self._record("model_metrics", time_, "time_", body)
-        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
-            self._invalid_call("record_model_metrics", error)
+    @_guarded_as("record_model_metrics")
+    def _slow_model_metrics(self, step: Any, *, loss: Any = None, step_time_s: Any = None,
+                            tokens_per_s: Any = None, samples_per_s: Any = None, mfu: Any = None,
+                            tflops_per_device: Any = None, time_: Any = None) -> None:
+        if self._worker is None:
+            return
+        body: dict[str, Any] = {"step": _count(step, "step")}
+        metrics = (loss, step_time_s, tokens_per_s, samples_per_s, mfu, tflops_per_device)
+        for name, value in zip(MODEL_METRICS, metrics, strict=True):
+            if value is not None:
+                body[name] = _metric(value, name)
+        self._record("model_metrics", time_, "time_", body)
 
     @_guarded
     def record_configs(self, configs: Mapping[str, Any], time_: datetime.datetime | None = None) -> None:
@@ -930,7 +894,7 @@ class GoodputRecorder:
             if self._closed or self._worker is None:
                 return True
             self._closed = True
-            self._put = None
+            self._lane = None
         atexit.unregister(self._exit_hook)
         if isinstance(self._transport.inner, DiscoveredTransport):
             limit = self._transport.inner.delivery_time(limit)  # nowhere: to the spool at once
@@ -964,6 +928,7 @@ class GoodputRecorder:
         if self._workload is not None:
             self._workload.after_fork()
         self._worker.after_fork(self.attempt_id, self._now_ns(), self._collector())
+        self._open_lane()
         self._in_job = self._job_started = False
 
 

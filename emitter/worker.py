@@ -1,10 +1,13 @@
 """The batching worker: a bounded in-memory queue drained by one background thread.
 
-``put`` is what every ``record_*`` call ends in: it numbers the event, appends it to a deque and
-returns; it never waits for the thread and never raises. It runs in the training loop, so while
-the queue has room it takes no lock (a deque's append is atomic) and does nothing else; the
-thread wakes for a full batch, for a flush or close, and otherwise once every ``max_latency_s``.
-When the queue is full it appends the event to the on-disk spool instead, and keeps doing so
+Every ``record_*`` call ends in the worker's ``lane`` (``emitter.lane``): the per-step calls go
+there themselves, the others through ``put``. The lane numbers the event and queues it; it never
+waits for the thread and never raises. It runs in the training loop, so while memory has room it
+takes no lock and does nothing else but, once a batch is queued, wake the thread; the thread
+moves the lane's events to its own queue (holding the lock) whenever it looks at the queue, and
+keeps the lane's ``room`` at what is left in memory. The thread wakes otherwise for a flush or
+close, and once every ``max_latency_s``. A call that finds no room takes the lock: when the
+queue is full the event goes to the on-disk spool instead, and events keep doing so
 until the thread has drained the spool, so events stay in order and nothing is lost while the
 spool has room. When the spool refuses events too (a full or read-only disk), the queue keeps
 the newest events and drops the oldest, counted; the next event that overflows tries the spool
@@ -13,7 +16,7 @@ it stays in memory until it is sent, and is the last event the worker gives up.
 
 A signal handler may call into the emitter while the code it interrupted holds the lock (a
 SIGTERM handler that records the job's end and closes the recorder): the lock is re-entrant,
-every wait releases it, and sequence numbers are drawn from an atomic counter, so the handler
+every wait releases it, and sequence numbers are drawn in one atomic step, so the handler
 neither deadlocks nor gives its event the number of the one it interrupted. (Its event may be
 queued before the interrupted one, whose number is lower: the pipeline orders an attempt's
 events by number.)
@@ -36,8 +39,8 @@ hurries batching, retries or heartbeats.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
-import itertools
 import logging
 import threading
 import time
@@ -45,21 +48,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from emitter.lane import Lane
 from emitter.settings import EmitterSettings
 from emitter.spool import Spool
 from emitter.transports import MessageRefused, Transport
-from goodput_schemas.limits import MAX_MESSAGE_BYTES
+from goodput_schemas.limits import MAX_COUNT, MAX_MESSAGE_BYTES
 from goodput_schemas.wire import Message, Record, encode_batches
 
 _LOG = logging.getLogger("emitter")
 
 #: The recorder's hook: given a batch of the attempt's own events about to be sent, the events
-#: to record because of it, as (time_us, kind, body).
-Derive = Callable[[list[Record]], list[tuple[int, str, Any]]]
+#: to record because of it, as (time_us, kind, body), or None once it will record nothing more
+#: for the attempt (the worker stops asking).
+Derive = Callable[[list[Record]], list[tuple[int, str, Any]] | None]
 
 #: Kinds never spilled nor dropped to make room: an attempt's start carries its metadata (chips,
 #: accelerator, run group), without which the pipeline cannot weigh or place the attempt.
 PROTECTED_KINDS = frozenset({"job_start"})
+
+#: Slots of a lane at most: two batches, so that the callers go on while the thread takes one,
+#: up to this (a larger batch fills from several moves).
+MAX_LANE_SLOTS = 4096
 
 #: Room left in a message for what a destination adds to its data (Pub/Sub's topic, attributes
 #: and ordering key count against its 10 MB request limit).
@@ -145,24 +154,23 @@ class BatchWorker:
         self._init_runtime_state()
 
     def _init_runtime_state(self) -> None:
-        # Re-entrant, and no plain Lock or Event on the caller's side: see the module docstring.
+        # Re-entrant, and no plain Lock or Event that the caller's side waits on: see the module
+        # docstring.
         self._lock = threading.RLock()
+        # Held while no wake is pending: a wake releases it (callers never wait on it), the
+        # thread's wait takes it again. (It costs the thread's wait less than a Condition.)
+        self._wakeup = threading.Lock()
+        self._wakeup.acquire()
+        #: Where the recorder's calls queue events: see the module docstring.
+        self.lane = Lane(min(2 * self._batch, MAX_LANE_SLOTS), MAX_COUNT, self._wakeup.release)
         self._queue: collections.deque[Record] = collections.deque()
-        self._seqs = itertools.count()
         self._spilling = False
-        self._taken = 0  # numbers below this went to events taken off the queue, or spilled
         self._finished = 0  # own events sent or dropped; flush waits on it
         self._finished_changed = threading.Condition(self._lock)
-        self._wakeup = threading.Condition(self._lock)
-        self._wake_pending = False
         self._closing = threading.Event()
         self._inflight: list[Record] = []  # a batch taken from the queue, being sent
         # (lowest seq of a batch, numbers drawn once the events derived from it were queued)
         self._derived: list[tuple[int, int]] = []
-        # ``put`` appends without the lock while the queue is shorter than this: the room left in
-        # memory, less one so that the event that fills a batch takes the lock and wakes the
-        # thread, and 0 while spilling. The thread keeps it so, holding the lock.
-        self._room = 0
         self._update_room()
         self._force = False  # send a partial batch now (flush, close)
         self._seen_seq = 0
@@ -176,44 +184,51 @@ class BatchWorker:
 
     def put(self, time_us: int, kind: str, body: Any) -> None:
         """Queues one event; O(1), never blocks on I/O of the transport, never raises."""
-        queue = self._queue
-        if len(queue) < self._room:
-            # The number is drawn in one atomic step: a signal handler may run between any two.
-            queue.append((next(self._seqs), time_us, kind, body))
-        else:
+        if not self.lane.put(time_us, kind, body):
             self._put_with_lock(time_us, kind, body)
 
+    def _absorb(self) -> None:
+        """Moves the lane's events to the queue (holding the lock)."""
+        if len(self.lane):
+            self._queue.extend(self.lane.take())
+
     def _update_room(self) -> None:
-        """Sets ``_room`` from the queue's state (holding the lock)."""
-        self._room = 0 if self._spilling else min(self._capacity - len(self._inflight), self._batch - 1)
+        """Sets the lane's room from the queue's state (holding the lock): what is left in memory,
+        none while spilling; and has it wake the thread when the queue and the lane hold a batch."""
+        lane, queued = self.lane, len(self._queue)
+        lane.room = 0 if self._spilling else self._capacity - len(self._inflight) - queued
+        lane.wake_at = max(1, self._batch - queued)
+        if len(lane) >= lane.wake_at:
+            self._wake()
 
     def _put_with_lock(self, time_us: int, kind: str, body: Any) -> None:
-        """Queues or spills one event when the queue is full or events wait in the spool."""
+        """Queues or spills one event when the lane has no room or events wait in the spool."""
         with self._lock:
-            record = (next(self._seqs), time_us, kind, body)
-            self._taken = max(self._taken, record[0] + 1)
-            if not self._spilling or kind in PROTECTED_KINDS:
-                queued = len(self._queue)
-                if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
-                    self._queue.append(record)
-                    if queued + 1 >= self._batch:
-                        self._wake()
-                    return
-                self._spilling = True
+            self._absorb()
+            record = (self.lane.draw(), time_us, kind, body)
+            try:
+                if not self._spilling or kind in PROTECTED_KINDS:
+                    queued = len(self._queue)
+                    if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
+                        self._queue.append(record)
+                        if queued + 1 >= self._batch:
+                            self._wake()
+                        return
+                    self._spilling = True
+                self._spill(record)
+            finally:
                 self._update_room()
-            self._spill(record)
 
     def _recorded(self) -> int:
-        """How many numbers were drawn for events now queued or gone (holding the lock). A
-        signal handler's event may sit just before the one it interrupted: the last two
-        queued are looked at."""
-        return max([self._taken, *(record[0] + 1 for record in itertools.islice(
-            reversed(self._queue), 2))])
+        """How many numbers were drawn for events now queued or gone (holding the lock)."""
+        return self.lane.next_seq
 
     def _wake(self) -> None:
         """Wakes the thread (holding the lock)."""
-        self._wake_pending = True
-        self._wakeup.notify()
+        if self._wakeup.locked():
+            # A signal handler's wake may come between the check and the release.
+            with contextlib.suppress(RuntimeError):
+                self._wakeup.release()
 
     def _spill(self, record: Record) -> None:
         dropped_before = self._spool.dropped_events
@@ -299,7 +314,8 @@ class BatchWorker:
             self._lock.release()
         self._thread.join(max(0.0, min(deadline - time.monotonic(), 1.0)))
         with self._lock:
-            self._taken = self._recorded()
+            self.lane.room = 0
+            self._absorb()
             leftover = list(self._inflight) + list(self._queue)
             self._queue.clear()
             self._inflight = []
@@ -344,7 +360,7 @@ class BatchWorker:
                 dropped_refused=counts["dropped_refused"],
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
-                queued=len(self._queue) + len(self._inflight),
+                queued=len(self._queue) + len(self._inflight) + len(self.lane),
                 backlog_sent=counts["backlog_sent"],
                 backlog_dropped=counts["backlog_dropped"] + self._spool.dropped_backlog_events,
             )
@@ -371,30 +387,34 @@ class BatchWorker:
         self._send_backlog()
         latency = self._settings.max_latency_s
         while not self._closing.is_set():
-            with self._lock:
-                # Woken for a full batch, a flush or a close; else the latency has passed since
-                # the last wake, and whatever is queued is due.
-                woken = self._wake_pending or self._wakeup.wait(latency)
-                self._wake_pending = False
-            self._drain(partial=not woken)
-            self._maybe_heartbeat()
+            # Woken for a full batch, a flush or a close; else the latency has passed since the
+            # last wake, and whatever is queued is due.
+            woken = self._wakeup.acquire(timeout=latency)
+            if not self._drain(partial=not woken):
+                self._maybe_heartbeat()  # only an idle recorder needs one
 
-    def _drain(self, *, partial: bool) -> None:
+    def _drain(self, *, partial: bool) -> bool:
         """Sends the full batches queued now, and a partial one if ``partial`` or a flush asks
-        for everything. The queue goes first, then this attempt's spool."""
+        for everything. The queue goes first, then this attempt's spool. Returns whether it sent
+        anything."""
+        sent = False
         while not self._closing.is_set():
             segment = None
             with self._lock:
+                self._absorb()
                 queue = self._queue
                 queued = len(queue)
                 if self._inflight:
                     pass  # a batch whose sending an error interrupted: it goes first
                 elif queued >= self._batch or (queued and (partial or self._force)):
-                    self._inflight = [queue.popleft() for _ in range(min(self._batch, queued))]
-                    self._taken = max(self._taken, *(record[0] + 1 for record in self._inflight[-2:]))
+                    if queued <= self._batch:
+                        self._inflight = list(queue)
+                        queue.clear()
+                    else:
+                        self._inflight = [queue.popleft() for _ in range(self._batch)]
                     self._update_room()
                 elif queued:
-                    return  # a partial batch that is not due yet
+                    return sent  # a partial batch that is not due yet
                 elif self._spilling:
                     try:
                         self._spool.seal()
@@ -403,27 +423,30 @@ class BatchWorker:
                         self._log_once("spool-list", logging.ERROR,
                                        "goodput spool %s cannot be read (%s); retrying",
                                        self._spool.directory, error)
-                        return
+                        return sent
                     if not own:
                         self._spilling = False
                         self._update_room()
                         self._force = False
-                        return
+                        return sent
                     segment = own[0]
                 else:
                     self._force = False
-                    return
+                    return sent
             if segment is not None:
                 if not self._send_segment(segment, own=True):
-                    return
+                    return sent
+                sent = True
                 continue
             self._derive_from(self._inflight)
-            if self._deliver(self._run_id, self._attempt_id, self._workload_uid, self._inflight, own=True):
-                with self._lock:
-                    self._inflight = []
-                    self._update_room()
-            else:
-                return
+            if not self._deliver(self._run_id, self._attempt_id, self._workload_uid, self._inflight,
+                                 own=True):
+                return sent
+            sent = True
+            with self._lock:
+                self._inflight = []
+                self._update_room()
+        return sent
 
     def _derive_from(self, batch: list[Record]) -> None:
         """Queues the events the recorder's hook derives from a batch about to be sent."""
@@ -435,6 +458,9 @@ class BatchWorker:
             if "derive" not in self._logged:
                 self._logged.add("derive")
                 _LOG.exception("goodput emitter: collecting what an attempt's events imply failed")
+            return
+        if derived is None:  # it will derive nothing more from this attempt
+            self._derive = None
             return
         if derived:
             with self._lock:
@@ -480,7 +506,7 @@ class BatchWorker:
         """Sends one batch, as one message unless it is too large for one, retrying with
         backoff; False if closing interrupted the retries (a part sent already is sent again
         with the rest: the pipeline drops the repeated events)."""
-        refused = 0
+        refused = messages = 0
         for message in encode_batches(run_id, attempt_id, records, MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES,
                                       workload_uid):
             backoff = self._settings.retry_initial_backoff_s
@@ -490,12 +516,14 @@ class BatchWorker:
                                    for seq, *_ in records)
                     break
                 if self._closing.wait(backoff):
+                    with self._lock:
+                        self._counts["messages_sent"] += messages
                     return False
                 backoff = min(backoff * 2, self._settings.retry_max_backoff_s)
             else:
-                with self._lock:
-                    self._counts["messages_sent"] += 1
+                messages += 1
         with self._lock:
+            self._counts["messages_sent"] += messages
             if own:
                 self._counts["sent"] += len(records) - refused
                 self._counts["dropped"] += refused

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,11 @@ DISTRIBUTIONS = {"fleet-goodput-schemas": "goodput_schemas", "fleet-goodput-emit
                  "fleet-goodput-measurement": "ml_goodput_measurement", "fleet-goodput": "."}
 
 
-def run(*command: str | Path, cwd: Path, timeout: float = 600, env_destination: str | None = None) -> str:
-    env = None if env_destination is None else {**os.environ, "GOODPUT_DESTINATION": env_destination}
+def run(*command: str | Path, cwd: Path, timeout: float = 600, env_destination: str | None = None,
+        environment: dict[str, str] | None = None) -> str:
+    env = {**os.environ, **(environment or {})}
+    if env_destination is not None:
+        env["GOODPUT_DESTINATION"] = env_destination
     done = subprocess.run([str(part) for part in command], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, check=False, env=env)
     assert done.returncode == 0, f"{command}: {done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -33,9 +37,8 @@ def run(*command: str | Path, cwd: Path, timeout: float = 600, env_destination: 
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A wheel of each distribution, built from a copy of the files git knows, as from a fresh
-    clone (nothing built here before counts)."""
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the files git knows, as a fresh clone (nothing built here before counts)."""
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout: the files of a clone are not known")
     listed = run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO)
@@ -44,6 +47,12 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         if (REPO / name).is_file():
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, clone / name)
+    return clone
+
+
+@pytest.fixture(scope="module")
+def wheels(clone: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A wheel of each distribution, built from the clone."""
     out = tmp_path_factory.mktemp("wheels")
     run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out,
         *(clone / folder for folder in DISTRIBUTIONS.values()), cwd=clone)
@@ -63,20 +72,47 @@ def new_environment(path: Path, *, beside: Path | None = None) -> Path:
     return python
 
 
+def _record_a_job(python: Path, cwd: Path) -> str:
+    """Runs a job start and a plain step start through the installed emitter; what it prints: the
+    modules of the pipeline it finds (none, for a training image), whether the compiled fast path
+    is in use, and the events' kinds."""
+    events = cwd / "events.jsonl"
+    script = ("from emitter import GoodputRecorder, lane\n"
+              f"recorder = GoodputRecorder('run-1', logging_enabled=True, destination='file:{events}')\n"
+              "recorder.record_job_start_time()\n"
+              "recorder.record_step_start_time(0)\n"
+              "assert recorder.close()\n"
+              "import importlib.util, json\n"
+              "print([name for name in ('pipeline', 'apache_beam') if importlib.util.find_spec(name)],\n"
+              "      lane.COMPILED,\n"
+              f"      [kind for line in open({str(events)!r}) for event in json.loads(line)['events']\n"
+              "       for kind in event if kind not in ('seq', 'time_us')])\n")
+    return run(python, "-c", script, cwd=cwd).strip()
+
+
 def test_the_emitter_alone_imports_the_emitter_and_no_pipeline(wheels, tmp_path):
-    """The emitter and the contract install with their own dependencies; ``pipeline`` is not there."""
+    """The emitter and the contract install with their own dependencies, the emitter's compiled fast
+    path built; ``pipeline`` is not there."""
     python = new_environment(tmp_path / "venv")
     run(python, "-m", "pip", "install", "--quiet", wheels["fleet-goodput-emitter"],
         wheels["fleet-goodput-schemas"], cwd=tmp_path)
-    events = tmp_path / "events.jsonl"
-    script = ("from emitter import GoodputRecorder\n"
-              f"recorder = GoodputRecorder('run-1', logging_enabled=True, destination='file:{events}')\n"
-              "recorder.record_job_start_time()\n"
-              "assert recorder.close()\n"
-              "import importlib.util\n"
-              "print([name for name in ('pipeline', 'apache_beam') if importlib.util.find_spec(name)])\n")
-    assert run(python, "-c", script, cwd=tmp_path).strip() == "[]"
-    assert '"job_start"' in events.read_text()
+    assert _record_a_job(python, tmp_path) == "[] True ['job_start', 'step_start', 'configs', 'configs']"
+
+
+def test_the_emitter_builds_without_a_c_compiler_and_records_all_the_same(clone, wheels, tmp_path):
+    """Where the compiler fails, the emitter's wheel is built without its compiled fast path, and
+    the installed emitter records through the Python one."""
+    source, out = tmp_path / "emitter", tmp_path / "wheel"
+    shutil.copytree(clone / "emitter", source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, source,
+        cwd=tmp_path, environment={"CC": "false", "LDSHARED": "false"})
+    [wheel] = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as built:
+        assert "emitter/lane.py" in built.namelist()
+        assert not [name for name in built.namelist() if name.startswith("emitter/_lane")]
+    python = new_environment(tmp_path / "venv")
+    run(python, "-m", "pip", "install", "--quiet", wheel, wheels["fleet-goodput-schemas"], cwd=tmp_path)
+    assert _record_a_job(python, tmp_path) == "[] False ['job_start', 'step_start', 'configs', 'configs']"
 
 
 def test_training_code_written_for_the_reference_runs_unchanged(wheels, tmp_path):

@@ -1,0 +1,761 @@
+/* emitter._lane: the compiled fast path of the calls a training loop makes every step.
+
+A recorder's per-step calls (record_step_start_time, record_model_metrics and the data-loading
+span) run in the training loop, whose step has left the caches cold by the time they run: each
+object, page and function a call touches costs a memory access. Here such a call reads its
+arguments, stamps the time and writes fixed-size numbers into a slot of a preallocated ring: it
+creates no Python object and runs no bytecode. The worker's thread turns the ring's slots into
+records (emitter.worker) later, in one warm pass.
+
+Two types:
+
+- Lane: the front of a worker's queue. A ring of slots, each a per-step event's numbers or any
+  other event's (kind, body) objects, in the order recorded; the sequence numbers of the attempt,
+  drawn here, one at a time under the GIL (a signal handler runs only between bytecodes, never
+  inside these functions); the room the worker leaves for the callers (room), past which a call
+  takes the slow path; and when to wake the worker's thread for a full batch (wake, wake_at).
+- FastPath: the base class of GoodputRecorder. Its four per-step methods record into its lane
+  (_lane) when the call is plain (the step an int, the metrics floats or None, no explicit time)
+  and the lane has room; every other call, and every call while _lane is None (recording off,
+  closed, or an injected clock), goes to the recorder's Python method of the same signature
+  (_slow_step_start, ...), which checks, converts, counts and logs as the recorder does. A call
+  that does not fit the method's signature raises the TypeError Python raises for it.
+
+emitter/lane.py holds the same two types in Python, used where this module was not built: the
+two must stay alike, and the emitter's tests run against both. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+enum { SLOT_OBJECT, SLOT_STEP_START, SLOT_MODEL_METRICS, SLOT_DATA_LOADING_START, SLOT_DATA_LOADING_END };
+
+/* The model metrics of a model_metrics event, in the order of its compact body (wire.MODEL_METRICS). */
+#define N_METRICS 6
+static const char *const METRIC_NAMES[N_METRICS] = {
+    "loss", "step_time_s", "tokens_per_s", "samples_per_s", "mfu", "tflops_per_device"};
+
+typedef struct {
+    long long seq;
+    long long time_us;
+    unsigned char type;
+    unsigned char present; /* model metrics: bit i set if METRIC_NAMES[i] was given */
+    union {
+        struct {
+            long long step;
+            double values[N_METRICS];
+        } numbers;
+        struct {
+            PyObject *kind; /* owned */
+            PyObject *body; /* owned */
+        } object;
+    };
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t capacity;
+    Py_ssize_t count;
+    Py_ssize_t room;
+    Py_ssize_t wake_at;
+    PyObject *wake; /* called (no arguments) when count reaches wake_at; NULL: never */
+    long long next_seq;
+    long long max_count; /* the largest step the fast path takes (limits.MAX_COUNT) */
+    int taking;
+} Lane;
+
+typedef struct {
+    PyObject_HEAD
+    Lane *lane; /* NULL: every call takes the slow path */
+} FastPath;
+
+static PyTypeObject LaneType;
+
+/* Interned at import: kinds of records, names of parameters and of the slow methods. */
+static PyObject *KIND_STEP_START, *KIND_MODEL_METRICS, *KIND_DATA_LOADING_START, *KIND_DATA_LOADING_END;
+static PyObject *NAME_STEP, *NAME_START_TIME, *NAME_END_TIME, *NAME_TIME_;
+static PyObject *METRIC_NAME_OBJECTS[N_METRICS];
+static PyObject *SLOW_STEP_START, *SLOW_MODEL_METRICS, *SLOW_DATA_LOADING_START, *SLOW_DATA_LOADING_END;
+
+/* -- Lane ------------------------------------------------------------------------------------ */
+
+static void
+slot_clear(Slot *slot)
+{
+    if (slot->type == SLOT_OBJECT) {
+        Py_CLEAR(slot->object.kind);
+        Py_CLEAR(slot->object.body);
+    }
+}
+
+static PyObject *
+Lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"capacity", "max_count", "wake", NULL};
+    Py_ssize_t capacity;
+    long long max_count;
+    PyObject *wake = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nL|O:Lane", keywords, &capacity, &max_count, &wake)) {
+        return NULL;
+    }
+    if (wake != Py_None && !PyCallable_Check(wake)) {
+        PyErr_SetString(PyExc_TypeError, "Lane: wake must be callable or None");
+        return NULL;
+    }
+    if (capacity < 1 || max_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "Lane: capacity must be >= 1 and max_count >= 0");
+        return NULL;
+    }
+    Lane *self = (Lane *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->slots = PyMem_Calloc((size_t)capacity, sizeof(Slot));
+    if (self->slots == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->capacity = capacity;
+    self->max_count = max_count;
+    self->wake_at = PY_SSIZE_T_MAX;
+    self->wake = wake == Py_None ? NULL : Py_NewRef(wake);
+    return (PyObject *)self;
+}
+
+static int
+Lane_traverse(Lane *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->wake);
+    for (Py_ssize_t i = 0; i < self->count; i++) {
+        if (self->slots[i].type == SLOT_OBJECT) {
+            Py_VISIT(self->slots[i].object.kind);
+            Py_VISIT(self->slots[i].object.body);
+        }
+    }
+    return 0;
+}
+
+static int
+Lane_clear(Lane *self)
+{
+    /* Only the garbage collector breaking a cycle, or the lane's end, drops queued events. */
+    Py_ssize_t count = self->count;
+    self->count = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        slot_clear(&self->slots[i]);
+    }
+    Py_CLEAR(self->wake);
+    return 0;
+}
+
+static void
+Lane_dealloc(Lane *self)
+{
+    PyObject_GC_UnTrack(self);
+    Lane_clear(self);
+    PyMem_Free(self->slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The next free slot, numbered, if the callers have room; else NULL. The caller fills it, then
+   calls Lane_filled. */
+static inline Slot *
+Lane_claim(Lane *self)
+{
+    if (self->count >= self->room) {
+        return NULL;
+    }
+    Slot *slot = &self->slots[self->count++];
+    slot->seq = self->next_seq++;
+    return slot;
+}
+
+/* Wakes the worker's thread when the lane holds a batch. A failed wake (the thread woken
+   already) is nothing to report. */
+static inline void
+Lane_filled(Lane *self)
+{
+    if (self->count == self->wake_at && self->wake != NULL) {
+        PyObject *done = PyObject_CallNoArgs(self->wake);
+        if (done == NULL) {
+            PyErr_Clear();
+        }
+        Py_XDECREF(done);
+    }
+}
+
+PyDoc_STRVAR(Lane_put_doc,
+"put($self, time_us, kind, body, /)\n--\n\n"
+"Queues the event (time_us, kind, body) under the next sequence number if the callers have\n"
+"room; returns whether it did.");
+
+static PyObject *
+Lane_put(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "put() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long time_us = PyLong_AsLongLong(args[0]);
+    if (time_us == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Slot *slot = Lane_claim(self);
+    if (slot == NULL) {
+        Py_RETURN_FALSE;
+    }
+    slot->time_us = time_us;
+    slot->type = SLOT_OBJECT;
+    slot->object.kind = Py_NewRef(args[1]);
+    slot->object.body = Py_NewRef(args[2]);
+    Lane_filled(self);
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(Lane_draw_doc,
+"draw($self, /)\n--\n\n"
+"The next sequence number, for an event queued elsewhere (the worker's slow path).");
+
+static PyObject *
+Lane_draw(Lane *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(self->next_seq++);
+}
+
+/* The record (seq, time_us, kind, body) of a slot, as emitter.recorder queues it; NULL (no
+   memory) leaves the slot as it was. */
+static PyObject *
+slot_record(const Slot *slot)
+{
+    PyObject *kind, *body;
+    switch (slot->type) {
+    case SLOT_OBJECT:
+        kind = Py_NewRef(slot->object.kind);
+        body = Py_NewRef(slot->object.body);
+        break;
+    case SLOT_STEP_START:
+        kind = Py_NewRef(KIND_STEP_START);
+        body = PyLong_FromLongLong(slot->numbers.step);
+        break;
+    case SLOT_MODEL_METRICS:
+        kind = Py_NewRef(KIND_MODEL_METRICS);
+        body = PyTuple_New(1 + N_METRICS);
+        for (int i = 0; body != NULL && i <= N_METRICS; i++) {
+            PyObject *value = i == 0 ? PyLong_FromLongLong(slot->numbers.step)
+                : (slot->present & (1u << (i - 1))) ? PyFloat_FromDouble(slot->numbers.values[i - 1])
+                : Py_NewRef(Py_None);
+            if (value == NULL) {
+                Py_CLEAR(body);
+            } else {
+                PyTuple_SET_ITEM(body, i, value);
+            }
+        }
+        break;
+    default:
+        kind = Py_NewRef(slot->type == SLOT_DATA_LOADING_START ? KIND_DATA_LOADING_START
+                                                               : KIND_DATA_LOADING_END);
+        body = PyDict_New();
+    }
+    PyObject *seq = PyLong_FromLongLong(slot->seq);
+    PyObject *time_us = PyLong_FromLongLong(slot->time_us);
+    PyObject *record = NULL;
+    if (seq != NULL && time_us != NULL && body != NULL) {
+        record = PyTuple_Pack(4, seq, time_us, kind, body);
+    }
+    Py_XDECREF(seq);
+    Py_XDECREF(time_us);
+    Py_DECREF(kind);
+    Py_XDECREF(body);
+    return record;
+}
+
+PyDoc_STRVAR(Lane_take_doc,
+"take($self, /)\n--\n\n"
+"Empties the lane: its events as records (seq, time_us, kind, body), in the order queued.");
+
+static PyObject *
+Lane_take(Lane *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *records = PyList_New(0);
+    if (records == NULL || self->taking) {
+        return records;  /* a take within a take (a finalizer its allocations ran): the outer takes all */
+    }
+    self->taking = 1;
+    Py_ssize_t taken = 0;
+    /* count is read again each time: what a finalizer queues meanwhile is taken too. */
+    while (taken < self->count) {
+        PyObject *record = slot_record(&self->slots[taken]);
+        if (record == NULL || PyList_Append(records, record) < 0) {
+            Py_XDECREF(record);
+            break;  /* no memory: the rest stay queued */
+        }
+        Py_DECREF(record);
+        slot_clear(&self->slots[taken]);
+        taken++;
+    }
+    memmove(self->slots, self->slots + taken, (size_t)(self->count - taken) * sizeof(Slot));
+    self->count -= taken;
+    self->taking = 0;
+    if (PyErr_Occurred()) {
+        if (taken == 0) {
+            Py_DECREF(records);
+            return NULL;
+        }
+        PyErr_Clear();  /* what was taken is returned; the next take tries the rest again */
+    }
+    return records;
+}
+
+static Py_ssize_t
+Lane_length(Lane *self)
+{
+    return self->count;
+}
+
+static PyObject *
+Lane_get_room(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->room);
+}
+
+static int
+Lane_set_room(Lane *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "room cannot be deleted");
+        return -1;
+    }
+    Py_ssize_t room = PyLong_AsSsize_t(value);
+    if (room == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    self->room = room < 0 ? 0 : room > self->capacity ? self->capacity : room;
+    return 0;
+}
+
+static PyObject *
+Lane_get_wake_at(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->wake_at);
+}
+
+static int
+Lane_set_wake_at(Lane *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "wake_at cannot be deleted");
+        return -1;
+    }
+    Py_ssize_t wake_at = PyLong_AsSsize_t(value);
+    if (wake_at == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    self->wake_at = wake_at;
+    return 0;
+}
+
+static PyObject *
+Lane_get_next_seq(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->next_seq);
+}
+
+static PyObject *
+Lane_get_capacity(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->capacity);
+}
+
+static PyMethodDef Lane_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))Lane_put, METH_FASTCALL, Lane_put_doc},
+    {"draw", (PyCFunction)Lane_draw, METH_NOARGS, Lane_draw_doc},
+    {"take", (PyCFunction)Lane_take, METH_NOARGS, Lane_take_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Lane_getset[] = {
+    {"room", (getter)Lane_get_room, (setter)Lane_set_room,
+     "How many events the lane may hold before a call takes the slow path (0 to capacity).", NULL},
+    {"wake_at", (getter)Lane_get_wake_at, (setter)Lane_set_wake_at,
+     "The lane calls wake when a put brings it to this many events.", NULL},
+    {"next_seq", (getter)Lane_get_next_seq, NULL,
+     "The next sequence number: how many were drawn.", NULL},
+    {"capacity", (getter)Lane_get_capacity, NULL, "Slots of the ring.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods Lane_as_sequence = {
+    .sq_length = (lenfunc)Lane_length,
+};
+
+PyDoc_STRVAR(Lane_doc,
+"Lane(capacity, max_count, wake=None)\n--\n\n"
+"The front of a worker's queue: events in the order recorded, numbered as they come.");
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "emitter._lane.Lane",
+    .tp_doc = Lane_doc,
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Lane_new,
+    .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_traverse = (traverseproc)Lane_traverse,
+    .tp_clear = (inquiry)Lane_clear,
+    .tp_methods = Lane_methods,
+    .tp_getset = Lane_getset,
+    .tp_as_sequence = &Lane_as_sequence,
+};
+
+/* -- FastPath -------------------------------------------------------------------------------- */
+
+/* The time now as time.time_ns() // 1000 gives it; -1 if the clock cannot be read. */
+static inline long long
+now_us(void)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0) {
+        return -1;
+    }
+    return (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
+}
+
+static inline int
+same_name(PyObject *given, PyObject *name)
+{
+    /* Keyword names in compiled code are interned: one comparison of pointers, usually. */
+    return given == name || PyUnicode_Compare(given, name) == 0;  /* keyword names are str */
+}
+
+/* Fills values[] (NULL where not given) from a vectorcall's arguments against the parameters
+   names[] of the method fname, of which the first n_positional may be given by position and the
+   first n_required must be given. Returns 0, or -1 with the TypeError Python raises for a call
+   that does not fit the signature. */
+static int
+parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+      PyObject *const *names, Py_ssize_t n_positional, Py_ssize_t n_required, Py_ssize_t n_names,
+      PyObject **values)
+{
+    if (nargs > n_positional) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %zd positional arguments (%zd given)",
+                     fname, n_positional, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n_names; i++) {
+        values[i] = i < nargs ? args[i] : NULL;
+    }
+    Py_ssize_t n_keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < n_keywords; k++) {
+        PyObject *given = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t i = 0;
+        while (i < n_names && !same_name(given, names[i])) {
+            i++;
+        }
+        if (i == n_names) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%S'", fname, given);
+            return -1;
+        }
+        if (values[i] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%S'", fname, given);
+            return -1;
+        }
+        values[i] = args[nargs + k];
+    }
+    for (Py_ssize_t i = 0; i < n_required; i++) {
+        if (values[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%S'", fname, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A step the fast path takes: an int (not a subclass, not a bool) from 0 to max_count. */
+static inline int
+plain_step(PyObject *value, long long max_count, long long *step)
+{
+    if (value == NULL || !PyLong_CheckExact(value)) {
+        return 0;
+    }
+    int overflow;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || number < 0 || number > max_count) {
+        return 0;  /* -1 with no error set: a negative step */
+    }
+    *step = number;
+    return 1;
+}
+
+static inline int
+no_time(PyObject *value)
+{
+    return value == NULL || value == Py_None;
+}
+
+/* The recorder's Python method of the same signature: every call the fast path does not take. */
+static PyObject *
+slow(PyObject *self, PyObject *name, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject *small[12];
+    PyObject **stack = total + 1 <= (Py_ssize_t)(sizeof(small) / sizeof(small[0]))
+        ? small : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    if (stack == NULL) {
+        return PyErr_NoMemory();
+    }
+    stack[0] = self;
+    memcpy(stack + 1, args, (size_t)total * sizeof(PyObject *));
+    PyObject *result = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != small) {
+        PyMem_Free(stack);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(record_step_start_time_doc,
+"record_step_start_time($self, /, step, start_time=None)\n--\n\n"
+"Records the start of training step ``step``.");
+
+static PyObject *
+record_step_start_time(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *parameters[2] = {NAME_STEP, NAME_START_TIME};
+    PyObject *values[2];
+    if (parse("record_step_start_time", args, PyVectorcall_NARGS(nargsf), kwnames, parameters, 2, 1, 2,
+              values) < 0) {
+        return NULL;
+    }
+    Lane *lane = self->lane;
+    long long step, time_us;
+    Slot *slot;
+    if (lane != NULL && plain_step(values[0], lane->max_count, &step) && no_time(values[1])
+            && (time_us = now_us()) >= 0 && (slot = Lane_claim(lane)) != NULL) {
+        slot->time_us = time_us;
+        slot->type = SLOT_STEP_START;
+        slot->numbers.step = step;
+        Lane_filled(lane);
+        Py_RETURN_NONE;
+    }
+    return slow((PyObject *)self, SLOW_STEP_START, args, nargsf, kwnames);
+}
+
+static PyObject *
+data_loading(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames, const char *fname,
+             PyObject *parameter, unsigned char type, PyObject *slow_name)
+{
+    PyObject *values[1];
+    if (parse(fname, args, PyVectorcall_NARGS(nargsf), kwnames, &parameter, 1, 0, 1, values) < 0) {
+        return NULL;
+    }
+    Lane *lane = self->lane;
+    long long time_us;
+    Slot *slot;
+    if (lane != NULL && no_time(values[0]) && (time_us = now_us()) >= 0 && (slot = Lane_claim(lane)) != NULL) {
+        slot->time_us = time_us;
+        slot->type = type;
+        Lane_filled(lane);
+        Py_RETURN_NONE;
+    }
+    return slow((PyObject *)self, slow_name, args, nargsf, kwnames);
+}
+
+PyDoc_STRVAR(record_data_loading_start_time_doc,
+"record_data_loading_start_time($self, /, start_time=None)\n--\n\n"
+"Records the start of a data-loading span.");
+
+static PyObject *
+record_data_loading_start_time(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return data_loading(self, args, nargsf, kwnames, "record_data_loading_start_time", NAME_START_TIME,
+                        SLOT_DATA_LOADING_START, SLOW_DATA_LOADING_START);
+}
+
+PyDoc_STRVAR(record_data_loading_end_time_doc,
+"record_data_loading_end_time($self, /, end_time=None)\n--\n\n"
+"Records the end of a data-loading span.");
+
+static PyObject *
+record_data_loading_end_time(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return data_loading(self, args, nargsf, kwnames, "record_data_loading_end_time", NAME_END_TIME,
+                        SLOT_DATA_LOADING_END, SLOW_DATA_LOADING_END);
+}
+
+PyDoc_STRVAR(record_model_metrics_doc,
+"record_model_metrics($self, /, step, *, loss=None, step_time_s=None, tokens_per_s=None, "
+"samples_per_s=None, mfu=None, tflops_per_device=None, time_=None)\n--\n\n"
+"Records the model metrics of one step; metrics left as ``None`` were not measured.\n\n"
+"A non-finite loss (a diverged run) is recorded as it is.");
+
+static PyObject *
+record_model_metrics(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    enum { N = 2 + N_METRICS };
+    PyObject *parameters[N], *values[N];
+    parameters[0] = NAME_STEP;
+    for (int i = 0; i < N_METRICS; i++) {
+        parameters[1 + i] = METRIC_NAME_OBJECTS[i];
+    }
+    parameters[N - 1] = NAME_TIME_;
+    if (parse("record_model_metrics", args, PyVectorcall_NARGS(nargsf), kwnames, parameters, 1, 1, N,
+              values) < 0) {
+        return NULL;
+    }
+    Lane *lane = self->lane;
+    long long step, time_us;
+    Slot *slot;
+    if (lane == NULL || !plain_step(values[0], lane->max_count, &step) || !no_time(values[N - 1])) {
+        return slow((PyObject *)self, SLOW_MODEL_METRICS, args, nargsf, kwnames);
+    }
+    unsigned char present = 0;
+    for (int i = 0; i < N_METRICS; i++) {
+        PyObject *value = values[1 + i];
+        if (value != NULL && value != Py_None) {
+            if (!PyFloat_CheckExact(value)) {
+                return slow((PyObject *)self, SLOW_MODEL_METRICS, args, nargsf, kwnames);
+            }
+            present |= (unsigned char)(1u << i);
+        }
+    }
+    if ((time_us = now_us()) < 0 || (slot = Lane_claim(lane)) == NULL) {
+        return slow((PyObject *)self, SLOW_MODEL_METRICS, args, nargsf, kwnames);
+    }
+    slot->time_us = time_us;
+    slot->type = SLOT_MODEL_METRICS;
+    slot->present = present;
+    slot->numbers.step = step;
+    for (int i = 0; i < N_METRICS; i++) {
+        slot->numbers.values[i] = (present & (1u << i)) ? PyFloat_AS_DOUBLE(values[1 + i]) : 0.0;
+    }
+    Lane_filled(lane);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+FastPath_get_lane(FastPath *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->lane == NULL ? Py_None : (PyObject *)self->lane);
+}
+
+static int
+FastPath_set_lane(FastPath *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value != NULL && value != Py_None && !PyObject_TypeCheck(value, &LaneType)) {
+        PyErr_Format(PyExc_TypeError, "_lane must be an emitter._lane.Lane or None, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Lane *old = self->lane;
+    self->lane = (value == NULL || value == Py_None) ? NULL : (Lane *)Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+}
+
+static int
+FastPath_traverse(FastPath *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->lane);
+    return 0;
+}
+
+static int
+FastPath_clear(FastPath *self)
+{
+    Py_CLEAR(self->lane);
+    return 0;
+}
+
+static void
+FastPath_dealloc(FastPath *self)
+{
+    PyObject_GC_UnTrack(self);
+    FastPath_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef FastPath_methods[] = {
+    {"record_step_start_time", (PyCFunction)(void (*)(void))record_step_start_time,
+     METH_FASTCALL | METH_KEYWORDS, record_step_start_time_doc},
+    {"record_data_loading_start_time", (PyCFunction)(void (*)(void))record_data_loading_start_time,
+     METH_FASTCALL | METH_KEYWORDS, record_data_loading_start_time_doc},
+    {"record_data_loading_end_time", (PyCFunction)(void (*)(void))record_data_loading_end_time,
+     METH_FASTCALL | METH_KEYWORDS, record_data_loading_end_time_doc},
+    {"record_model_metrics", (PyCFunction)(void (*)(void))record_model_metrics,
+     METH_FASTCALL | METH_KEYWORDS, record_model_metrics_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef FastPath_getset[] = {
+    {"_lane", (getter)FastPath_get_lane, (setter)FastPath_set_lane,
+     "The lane the per-step calls record into, or None: every call takes the slow path.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(FastPath_doc,
+"The per-step calls of a recorder, compiled: see the module's docstring.");
+
+static PyTypeObject FastPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "emitter._lane.FastPath",
+    .tp_doc = FastPath_doc,
+    .tp_basicsize = sizeof(FastPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)FastPath_dealloc,
+    .tp_traverse = (traverseproc)FastPath_traverse,
+    .tp_clear = (inquiry)FastPath_clear,
+    .tp_methods = FastPath_methods,
+    .tp_getset = FastPath_getset,
+};
+
+/* -- the module ------------------------------------------------------------------------------ */
+
+static int
+intern(PyObject **name, const char *text)
+{
+    *name = PyUnicode_InternFromString(text);
+    return *name == NULL ? -1 : 0;
+}
+
+static struct PyModuleDef lane_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "emitter._lane",
+    .m_doc = "The compiled fast path of a recorder's per-step calls (see emitter/lane.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__lane(void)
+{
+    if (intern(&KIND_STEP_START, "step_start") || intern(&KIND_MODEL_METRICS, "model_metrics")
+            || intern(&KIND_DATA_LOADING_START, "data_loading_start")
+            || intern(&KIND_DATA_LOADING_END, "data_loading_end") || intern(&NAME_STEP, "step")
+            || intern(&NAME_START_TIME, "start_time") || intern(&NAME_END_TIME, "end_time")
+            || intern(&NAME_TIME_, "time_") || intern(&SLOW_STEP_START, "_slow_step_start")
+            || intern(&SLOW_MODEL_METRICS, "_slow_model_metrics")
+            || intern(&SLOW_DATA_LOADING_START, "_slow_data_loading_start")
+            || intern(&SLOW_DATA_LOADING_END, "_slow_data_loading_end")) {
+        return NULL;
+    }
+    for (int i = 0; i < N_METRICS; i++) {
+        if (intern(&METRIC_NAME_OBJECTS[i], METRIC_NAMES[i])) {
+            return NULL;
+        }
+    }
+    if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&FastPathType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&lane_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "Lane", (PyObject *)&LaneType) < 0
+            || PyModule_AddObjectRef(module, "FastPath", (PyObject *)&FastPathType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
