@@ -76,8 +76,9 @@ _LOG = logging.getLogger(__name__)
 _STOPPING = threading.Event()  # the job is stopping: report each message at once
 _STOPPED = threading.Event()  # the job reads no more
 _OUTAGE = threading.Event()  # the last pull failed
-_STOP_LOCK = threading.Lock()  # a pull begins, or the reading stops: one at a time
+_STOP_LOCK = threading.Condition()  # a pull begins, an acknowledgement ends, or the reading stops
 _PULLING = 0  # reads between their start and their return (under _STOP_LOCK)
+_ACKING = 0  # acknowledgements under way (under _STOP_LOCK): the reading stops after them
 #: A pull's deadline: an idle pull is held open this long (less a second), unless cancelled; the
 #: runner's timers wait for it.
 PULL_TIMEOUT_S = 2.0
@@ -85,6 +86,8 @@ PULL_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 1.0
 #: Messages a pull takes at most, and so a bundle holds: Pub/Sub's own limit (Beam's read takes 10).
 PULL_MAX_MESSAGES = 1000
+#: How long the reading's stop waits for acknowledgements under way before it cancels them.
+ACK_WAIT_S = 10.0
 
 
 def install() -> bool:
@@ -196,11 +199,20 @@ def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
         _OUTAGE.clear()
         _LOG.warning("pulling from Pub/Sub again")
     if received:
+        global _ACKING
+        with _STOP_LOCK:
+            if _STOPPED.is_set():
+                return []  # the reading stopped during the pull: as a cancelled pull's, its messages wait
+            _ACKING += 1
         try:
             client.acknowledge(subscription=evaluator._sub_name, ack_ids=[m.ack_id for m in received])
         except (GoogleAPIError, ValueError) as error:
             _LOG.warning("acknowledging %d messages failed (%s): they may be delivered again",
                          len(received), error)
+        finally:
+            with _STOP_LOCK:
+                _ACKING -= 1
+                _STOP_LOCK.notify_all()
     return [(Timestamp.from_utc_datetime(m.message.publish_time), PubsubMessage._from_message(m.message))
             for m in received]
 
@@ -258,11 +270,14 @@ def stopping() -> bool:
 def stop_reading() -> None:
     """From now on every pull reads nothing: what was read is processed, nothing more comes. A
     pull in flight is cancelled (its client closed): what it took, unacknowledged, stays in the
-    subscription for the next stream."""
+    subscription for the next stream. An acknowledgement under way ends first (within
+    ``ACK_WAIT_S``): cancelled, it would leave messages that are processed in the subscription,
+    to be read again by the next stream."""
     from apache_beam.runners.direct import transform_evaluator
 
     with _STOP_LOCK:
         _STOPPED.set()
+        _STOP_LOCK.wait_for(lambda: not _ACKING, ACK_WAIT_S)
     evaluator = getattr(transform_evaluator, "_PubSubReadEvaluator", None)
     if evaluator is None or not hasattr(evaluator, "_subscriber_client_cache"):
         return

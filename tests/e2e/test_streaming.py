@@ -31,8 +31,10 @@ TOPIC = f"{PROJECT}/topics/goodput"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/pipeline"
 COPY = f"{PROJECT}/subscriptions/copy"  # the same messages, for the batch replay
 #: Steps a job records while the stream stops: bounded, so that a slow stop on a busy machine does
-#: not leave more to publish than the recorder's flush can within its timeout.
+#: not leave more to publish than the recorder's flush can within its timeout; and paced, so that
+#: they last past the stop's reading (about 6 s in the tests below) on a quick machine too.
 MAX_STEPS_WHILE_STOPPING = 4_000
+STEP_WHILE_STOPPING_S = 0.002
 RUNS = {"run-a": ("300", "7"), "run-b": ("200", "3")}
 
 
@@ -422,8 +424,11 @@ def test_a_stop_while_messages_keep_coming_loses_none(tmp_path: Path, emulator: 
                 if step < MAX_STEPS_WHILE_STOPPING:  # what is published must be flushed below
                     recorder.record_step_start_time(step, at(10 + step))
                     step += 1
-                time.sleep(0.0005)
+                time.sleep(STEP_WHILE_STOPPING_S)
             stopped_s = time.monotonic() - stopping
+            for _ in range(10):  # and after the stop: for the next start
+                recorder.record_step_start_time(step, at(10 + step))
+                step += 1
             assert recorder.flush(timeout=20)
             output = stream.communicate(timeout=30)[0]
     assert stream.returncode == 0, output
