@@ -335,39 +335,6 @@ Lane_set_room(Lane *self, PyObject *value, void *Py_UNUSED(closure))
     return 0;
 }
 
-static PyObject *
-Lane_get_wake_at(Lane *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromSsize_t(self->wake_at);
-}
-
-static int
-Lane_set_wake_at(Lane *self, PyObject *value, void *Py_UNUSED(closure))
-{
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "wake_at cannot be deleted");
-        return -1;
-    }
-    Py_ssize_t wake_at = PyLong_AsSsize_t(value);
-    if (wake_at == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    self->wake_at = wake_at;
-    return 0;
-}
-
-static PyObject *
-Lane_get_next_seq(Lane *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromLongLong(self->next_seq);
-}
-
-static PyObject *
-Lane_get_capacity(Lane *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromSsize_t(self->capacity);
-}
-
 static PyMethodDef Lane_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Lane_put, METH_FASTCALL, Lane_put_doc},
     {"draw", (PyCFunction)Lane_draw, METH_NOARGS, Lane_draw_doc},
@@ -378,12 +345,16 @@ static PyMethodDef Lane_methods[] = {
 static PyGetSetDef Lane_getset[] = {
     {"room", (getter)Lane_get_room, (setter)Lane_set_room,
      "How many events the lane may hold before a call takes the slow path (0 to capacity).", NULL},
-    {"wake_at", (getter)Lane_get_wake_at, (setter)Lane_set_wake_at,
-     "The lane calls wake when a put brings it to this many events.", NULL},
-    {"next_seq", (getter)Lane_get_next_seq, NULL,
-     "The next sequence number: how many were drawn.", NULL},
-    {"capacity", (getter)Lane_get_capacity, NULL, "Slots of the ring.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef Lane_members[] = {
+    {"wake_at", T_PYSSIZET, offsetof(Lane, wake_at), 0,
+     "The lane calls wake when a put brings it to this many events."},
+    {"next_seq", T_LONGLONG, offsetof(Lane, next_seq), READONLY,
+     "The next sequence number: how many were drawn."},
+    {"capacity", T_PYSSIZET, offsetof(Lane, capacity), READONLY, "Slots of the ring."},
+    {NULL, 0, 0, 0, NULL},
 };
 
 static PySequenceMethods Lane_as_sequence = {
@@ -406,6 +377,7 @@ static PyTypeObject LaneType = {
     .tp_clear = (inquiry)Lane_clear,
     .tp_methods = Lane_methods,
     .tp_getset = Lane_getset,
+    .tp_members = Lane_members,
     .tp_as_sequence = &Lane_as_sequence,
 };
 
