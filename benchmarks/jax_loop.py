@@ -24,10 +24,10 @@ Short blocks of steps (one checkpoint period each) alternate on and off, in pair
 alternates (on, off; off, on; ...), so that the machine's drift, which is far larger than the
 effect over seconds, cancels within each pair. Every block starts after a garbage collection;
 the objects alive after the compile are frozen out of the collector (``gc.freeze``) first. The
-recorder's background thread works when its batch fills, in on and off blocks alike, so the
-paired difference measures the record calls' own effect on the step; the thread's work is read
-from its CPU clock over as many on blocks again, run back to back after the pairs, to their
-final flush, and counted on its own.
+recorder's background thread wakes when its batch fills (in an on block) and every max latency
+(in either), so the paired difference measures the record calls' own effect on the step with
+some of the thread's work; the thread's work is read from its CPU clock over as many on blocks
+again, run back to back after the pairs, to their final flush, and counted on its own.
 """
 
 from __future__ import annotations

@@ -26,16 +26,17 @@ short let the machine's drift, which over seconds is far larger than the effect,
 each pair. The timed difference is the median over pairs of the paired block difference (on −
 off) / off, each block's figure its time per step, with a distribution-free confidence interval
 (at least 95 %) of that median, and the pairs' spread (10th to 90th percentile). The recorder's
-background thread does its work when a batch fills, in on and off blocks alike, so the paired
-difference is the record calls' own effect on the step (their CPU and the caches they leave
-cold); the thread's CPU per event is added to it per step, as if it ran in series with the
-steps rather than alongside them on another core: the overhead is the sum. That CPU is read from
-the thread's clock over as many on blocks again, run back to back after the pairs, to their final
-flush (every event's work counted): between the pairs' on blocks, the off blocks would take half
-of the thread's wakes (this emitter's thread wakes every ``max_latency_s``, whatever is queued)
-and charge their cost to half the events that a loop recording every step gives it. The median
-step times are over every step of the blocks. The last column is the recorder's whole CPU per
-step (whole µs/event × events per step) as a share of the median step with the recorder off:
+background thread wakes when a batch fills, which happens in an on block, and every max latency,
+in either, so the paired difference is the record calls' own effect on the step (their CPU and
+the caches they leave cold) with some of the thread's work; the thread's CPU per event is added
+to it per step, as if it ran in series with the steps rather than alongside them on another core:
+the overhead is the sum, which may count the thread's work in on blocks twice. That CPU is read
+from the thread's clock over as many on blocks again, run back to back after the pairs, to their
+final flush (every event's work counted): between the pairs' on blocks, the off blocks would take
+half of the thread's wakes (this emitter's thread wakes every ``max_latency_s``, whatever is
+queued) and charge their cost to half the events that a loop recording every step gives it. The
+median step times are over every step of the blocks. The last column is the recorder's whole CPU
+per step (whole µs/event × events per step) as a share of the median step with the recorder off:
 the overhead if the calls cost only their own CPU; it depends far less on the timing noise of
 this shared machine, and at ~100 ms steps it is the only figure precise enough to compare with
 0.05 %.

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from goodput_schemas.limits import MAX_COUNT
 from goodput_schemas.wire import Record
 
 #: Asks for the Python implementation even where the compiled one is built ("1").
@@ -115,7 +114,7 @@ class PythonFastPath:
     def record_step_start_time(self, step: int, start_time: Any = None) -> None:
         """Records the start of training step ``step``."""
         lane = self._lane
-        if not (lane is not None and start_time is None and type(step) is int and 0 <= step <= MAX_COUNT
+        if not (lane is not None and start_time is None and type(step) is int and 0 <= step <= lane.max_count
                 and lane.put(time.time_ns() // 1000, "step_start", step)):
             self._slow_step_start(step, start_time)
 
@@ -150,7 +149,7 @@ class PythonFastPath:
         A non-finite loss (a diverged run) is recorded as it is.
         """
         lane = self._lane
-        if not (lane is not None and time_ is None and type(step) is int and 0 <= step <= MAX_COUNT
+        if not (lane is not None and time_ is None and type(step) is int and 0 <= step <= lane.max_count
                 and (loss is None or type(loss) is float)
                 and (step_time_s is None or type(step_time_s) is float)
                 and (tokens_per_s is None or type(tokens_per_s) is float)

@@ -181,6 +181,7 @@ def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any
 
 def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
     """``read``'s pull and acknowledgement, with ``client``."""
+    global _ACKING
     try:
         received = list(client.pull(subscription=evaluator._sub_name, max_messages=PULL_MAX_MESSAGES,
                                     timeout=PULL_TIMEOUT_S).received_messages)
@@ -199,7 +200,6 @@ def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
         _OUTAGE.clear()
         _LOG.warning("pulling from Pub/Sub again")
     if received:
-        global _ACKING
         with _STOP_LOCK:
             if _STOPPED.is_set():
                 return []  # the reading stopped during the pull: as a cancelled pull's, its messages wait

@@ -4,6 +4,7 @@ the Python one behave alike (``emitter.lane``)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 import os
@@ -200,12 +201,10 @@ def test_every_other_call_goes_to_the_slow_path_with_its_arguments(impl, call, s
     recorder = _recorder(fast_path, lane)
     call(recorder)
     [(name, given)] = recorder.slow.calls
-    expected = dict(inspect.signature(getattr(lanes.PythonFastPath, slow)).bind(None, **arguments).arguments)
-    del expected["self"]
     signature = inspect.signature(getattr(lanes.PythonFastPath, slow))
     defaults = {key: p.default for key, p in signature.parameters.items() if key != "self"}
     assert name == slow
-    assert given == {**defaults, **expected}
+    assert given == {**defaults, **arguments}
     assert len(lane) == 0 and lane.next_seq == 0
 
 
