@@ -21,12 +21,17 @@ Two types:
   (_slow_step_start, ...), which checks, converts, counts and logs as the recorder does. A call
   that does not fit the method's signature raises the TypeError Python raises for it.
 
+And one function, encode_events: the worker thread's goodput_schemas.wire.encode_events for a
+batch of those events, written here rather than through a dict per event (emitter.lane).
+
 emitter/lane.py holds the same two types in Python, used where this module was not built: the
 two must stay alike, and the emitter's tests run against both. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <ctype.h>
+#include <math.h>
 #include <time.h>
 
 enum { SLOT_OBJECT, SLOT_STEP_START, SLOT_MODEL_METRICS, SLOT_DATA_LOADING_START, SLOT_DATA_LOADING_END };
@@ -683,6 +688,265 @@ static PyTypeObject FastPathType = {
     .tp_getset = FastPath_getset,
 };
 
+/* -- encode_events ---------------------------------------------------------------------------- */
+
+/* The events of a batch as the JSON array goodput_schemas.wire.encode_events writes, for the
+   records the per-step calls queue: a step_start's step, a model_metrics tuple of floats and Nones,
+   a data-loading span's empty body. Any other dict body is written by the caller's encode_body; a
+   batch holding any other record is left to the caller (None). The finite floats are formatted by
+   the caller's dumps (orjson.dumps, as wire.encode_events formats them), all in one call. */
+
+typedef struct {
+    char *data;
+    size_t length;
+    size_t capacity;
+} Buffer;
+
+static int
+buffer_write(Buffer *buffer, const char *text, size_t length)
+{
+    if (buffer->length + length > buffer->capacity) {
+        size_t capacity = buffer->capacity * 2 > buffer->length + length ? buffer->capacity * 2
+                                                                          : buffer->length + length;
+        char *data = PyMem_Realloc(buffer->data, capacity);
+        if (data == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        buffer->data = data;
+        buffer->capacity = capacity;
+    }
+    memcpy(buffer->data + buffer->length, text, length);
+    buffer->length += length;
+    return 0;
+}
+
+#define WRITE(buffer, literal) buffer_write((buffer), (literal), sizeof(literal) - 1)
+
+static int
+buffer_int(Buffer *buffer, long long value)
+{
+    char text[24], *start = text + sizeof text;
+    unsigned long long magnitude = value < 0 ? 0ull - (unsigned long long)value : (unsigned long long)value;
+    do {
+        *--start = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude);
+    if (value < 0) {
+        *--start = '-';
+    }
+    return buffer_write(buffer, start, (size_t)(text + sizeof text - start));
+}
+
+/* An exact int that fits a long long, into *value; 0 if it is not one (no error set). */
+static int
+exact_long(PyObject *object, long long *value)
+{
+    if (!PyLong_CheckExact(object)) {
+        return 0;
+    }
+    int overflow;
+    *value = PyLong_AsLongLongAndOverflow(object, &overflow);
+    return !overflow && !(*value == -1 && PyErr_Occurred());
+}
+
+/* A kind written as it is: a name of letters, digits and underscores. */
+static int
+plain_name(PyObject *kind)
+{
+    if (!PyUnicode_CheckExact(kind) || !PyUnicode_IS_ASCII(kind) || PyUnicode_GET_LENGTH(kind) == 0) {
+        return 0;
+    }
+    const char *text = (const char *)PyUnicode_DATA(kind);
+    for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(kind); i++) {
+        if (!(isalnum((unsigned char)text[i]) || text[i] == '_')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int
+is_kind(PyObject *kind, PyObject *name)
+{
+    return kind == name || PyUnicode_Compare(kind, name) == 0;
+}
+
+/* Whether the record is one encode_events writes (1) or not (0); -1 on an error. Appends its
+   finite metrics to floats. */
+static int
+check_record(PyObject *record, PyObject *floats)
+{
+    long long number;
+    if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 4
+            || !exact_long(PyTuple_GET_ITEM(record, 0), &number)
+            || !exact_long(PyTuple_GET_ITEM(record, 1), &number) || !plain_name(PyTuple_GET_ITEM(record, 2))) {
+        return 0;
+    }
+    PyObject *kind = PyTuple_GET_ITEM(record, 2), *body = PyTuple_GET_ITEM(record, 3);
+    if (PyDict_CheckExact(body)) {
+        return 1;
+    }
+    if (is_kind(kind, KIND_STEP_START)) {
+        return exact_long(body, &number);
+    }
+    if (!is_kind(kind, KIND_MODEL_METRICS) || !PyTuple_CheckExact(body)
+            || PyTuple_GET_SIZE(body) != 1 + N_METRICS || !exact_long(PyTuple_GET_ITEM(body, 0), &number)) {
+        return 0;
+    }
+    for (int i = 1; i <= N_METRICS; i++) {
+        PyObject *value = PyTuple_GET_ITEM(body, i);
+        if (value != Py_None && !PyFloat_CheckExact(value)) {
+            return 0;
+        }
+    }
+    for (int i = 1; i <= N_METRICS; i++) {
+        PyObject *value = PyTuple_GET_ITEM(body, i);
+        if (value != Py_None && isfinite(PyFloat_AS_DOUBLE(value)) && PyList_Append(floats, value) < 0) {
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* The finite floats' digits, in dumps' JSON array of them: next is the next one's first. */
+typedef struct {
+    const char *next;
+    const char *end;
+} Digits;
+
+/* A metric: its digits from *digits, or a non-finite value as proto3 JSON has it (the strings
+   of wire.json_double). */
+static int
+write_double(Buffer *buffer, double value, Digits *digits)
+{
+    if (isnan(value)) {
+        return WRITE(buffer, "\"NaN\"");
+    }
+    if (isinf(value)) {
+        return value > 0 ? WRITE(buffer, "\"Infinity\"") : WRITE(buffer, "\"-Infinity\"");
+    }
+    const char *end = digits->next;
+    while (end < digits->end && *end != ',' && *end != ']') {
+        end++;
+    }
+    if (end == digits->next || end == digits->end) {
+        PyErr_SetString(PyExc_RuntimeError, "encode_events: dumps wrote fewer floats than given");
+        return -1;
+    }
+    int done = buffer_write(buffer, digits->next, (size_t)(end - digits->next));
+    digits->next = end + 1;
+    return done;
+}
+
+static int
+write_body(Buffer *buffer, PyObject *kind, PyObject *body, PyObject *encode_body, Digits *digits)
+{
+    if (PyDict_CheckExact(body)) {
+        if (PyDict_GET_SIZE(body) == 0) {
+            return WRITE(buffer, "{}");
+        }
+        PyObject *encoded = PyObject_CallOneArg(encode_body, body);
+        if (encoded == NULL) {
+            return -1;
+        }
+        int done = PyBytes_Check(encoded)
+            ? buffer_write(buffer, PyBytes_AS_STRING(encoded), (size_t)PyBytes_GET_SIZE(encoded))
+            : (PyErr_SetString(PyExc_TypeError, "encode_body must return bytes"), -1);
+        Py_DECREF(encoded);
+        return done;
+    }
+    PyObject *step = is_kind(kind, KIND_STEP_START) ? body : PyTuple_GET_ITEM(body, 0);
+    if (WRITE(buffer, "{\"step\":") < 0 || buffer_int(buffer, PyLong_AsLongLong(step)) < 0) {
+        return -1;
+    }
+    for (int i = 1; step != body && i <= N_METRICS; i++) {
+        PyObject *value = PyTuple_GET_ITEM(body, i);
+        if (value != Py_None && (WRITE(buffer, ",\"") < 0
+                || buffer_write(buffer, METRIC_NAMES[i - 1], strlen(METRIC_NAMES[i - 1])) < 0
+                || WRITE(buffer, "\":") < 0 || write_double(buffer, PyFloat_AS_DOUBLE(value), digits) < 0)) {
+            return -1;
+        }
+    }
+    return WRITE(buffer, "}");
+}
+
+static int
+write_record(Buffer *buffer, PyObject *record, PyObject *encode_body, Digits *digits)
+{
+    PyObject *kind = PyTuple_GET_ITEM(record, 2);
+    if (WRITE(buffer, "{\"seq\":") < 0 || buffer_int(buffer, PyLong_AsLongLong(PyTuple_GET_ITEM(record, 0))) < 0
+            || WRITE(buffer, ",\"time_us\":") < 0
+            || buffer_int(buffer, PyLong_AsLongLong(PyTuple_GET_ITEM(record, 1))) < 0 || WRITE(buffer, ",\"") < 0
+            || buffer_write(buffer, (const char *)PyUnicode_DATA(kind), (size_t)PyUnicode_GET_LENGTH(kind)) < 0
+            || WRITE(buffer, "\":") < 0 || write_body(buffer, kind, PyTuple_GET_ITEM(record, 3), encode_body, digits) < 0) {
+        return -1;
+    }
+    return WRITE(buffer, "}");
+}
+
+/* The records checked (a copy of the list, which encode_body may change), the floats' digits,
+   then the array. */
+static PyObject *
+encode_list(PyObject *records, PyObject *encode_body, PyObject *dumps, PyObject *floats)
+{
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int mine = check_record(PyList_GET_ITEM(records, i), floats);
+        if (mine <= 0) {
+            return mine < 0 ? NULL : Py_NewRef(Py_None);
+        }
+    }
+    PyObject *written = PyList_GET_SIZE(floats) ? PyObject_CallOneArg(dumps, floats) : PyBytes_FromString("[]");
+    if (written == NULL) {
+        return NULL;
+    }
+    if (!PyBytes_Check(written)) {
+        Py_DECREF(written);
+        PyErr_SetString(PyExc_TypeError, "dumps must return bytes");
+        return NULL;
+    }
+    Digits digits = {PyBytes_AS_STRING(written) + 1, PyBytes_AS_STRING(written) + PyBytes_GET_SIZE(written)};
+    Buffer buffer = {NULL, 0, 0};
+    int done = WRITE(&buffer, "[");
+    for (Py_ssize_t i = 0; done == 0 && i < count; i++) {
+        done = (i > 0 && WRITE(&buffer, ",") < 0) ? -1
+            : write_record(&buffer, PyList_GET_ITEM(records, i), encode_body, &digits);
+    }
+    PyObject *encoded = done < 0 || WRITE(&buffer, "]") < 0 ? NULL
+        : PyBytes_FromStringAndSize(buffer.data, (Py_ssize_t)buffer.length);
+    PyMem_Free(buffer.data);
+    Py_DECREF(written);
+    return encoded;
+}
+
+PyDoc_STRVAR(encode_events_doc,
+"encode_events(records, encode_body, dumps, /)\n--\n\n"
+"The JSON array of the events of the list ``records`` ((seq, time_us, kind, body) each), as\n"
+"goodput_schemas.wire.encode_events writes it: a non-empty dict body written by\n"
+"``encode_body(body)``, the finite metrics by one ``dumps(list_of_floats)``; None if a record is\n"
+"not one this function writes, for the caller to encode the whole list.");
+
+static PyObject *
+encode_events(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "encode_events(records: list, encode_body, dumps, /)");
+        return NULL;
+    }
+    PyObject *records = PyList_GetSlice(args[0], 0, PyList_GET_SIZE(args[0]));
+    PyObject *floats = PyList_New(0);
+    PyObject *encoded = records != NULL && floats != NULL ? encode_list(records, args[1], args[2], floats) : NULL;
+    Py_XDECREF(records);
+    Py_XDECREF(floats);
+    return encoded;
+}
+
+static PyMethodDef module_methods[] = {
+    {"encode_events", (PyCFunction)(void (*)(void))encode_events, METH_FASTCALL, encode_events_doc},
+    {NULL},
+};
+
 /* -- the module ------------------------------------------------------------------------------ */
 
 static int
@@ -697,6 +961,7 @@ static struct PyModuleDef lane_module = {
     .m_name = "emitter._lane",
     .m_doc = "The compiled fast path of a recorder's per-step calls (see emitter/lane.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emitter.lane import Lane
+from emitter.lane import Lane, encode_events
 from emitter.settings import EmitterSettings
 from emitter.spool import Spool
 from emitter.transports import MessageRefused, Transport
@@ -508,7 +508,7 @@ class BatchWorker:
         with the rest: the pipeline drops the repeated events)."""
         refused = messages = 0
         for message in encode_batches(run_id, attempt_id, records, MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES,
-                                      workload_uid):
+                                      workload_uid, encode_events):
             backoff = self._settings.retry_initial_backoff_s
             while not (sent := self._send(message)):
                 if sent is None:  # refused for good: retrying would never end

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -114,9 +115,20 @@ def _double(value: float) -> float | str:
     return value if value - value == 0.0 else json_double(value)  # inf - inf and nan - nan are nan
 
 
-def encode_batch(run_id: str, attempt_id: str, records: list[Record], workload_uid: str = "") -> Message:
-    """The message carrying ``records`` (non-empty, in seq order) of one attempt; its header
-    names ``workload_uid`` (``EventBatch.workload_uid``) only when it is not empty.
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The JSON of an event's dict body, as ``encode_events`` writes it within a batch.
+
+    Raises:
+        ValueError: The body holds a non-finite float (write it with ``json_double``).
+        TypeError: The body holds something JSON has no value for.
+    """
+    encoded = orjson.dumps(body)
+    return _STRICT.encode(body).encode() if b"null" in encoded else encoded
+
+
+def encode_events(records: list[Record]) -> bytes:
+    """The JSON array of the events of ``records``: ``{"seq": ..., "time_us": ..., kind: body}``
+    each, the body as ``event_body`` makes it.
 
     Raises:
         ValueError: A dict body holds a non-finite float (write it with ``json_double``).
@@ -131,6 +143,24 @@ def encode_batch(run_id: str, attempt_id: str, records: list[Record], workload_u
     encoded = orjson.dumps(events)
     if b"null" in encoded:
         encoded = _STRICT.encode(events).encode()
+    return encoded
+
+
+#: What writes a batch's events: ``encode_events`` or one that writes the same JSON values.
+EventsEncoder = Callable[[list[Record]], bytes]
+
+
+def encode_batch(run_id: str, attempt_id: str, records: list[Record], workload_uid: str = "",
+                 events_encoder: EventsEncoder = encode_events) -> Message:
+    """The message carrying ``records`` (non-empty, in seq order) of one attempt, their events
+    written by ``events_encoder``; its header names ``workload_uid`` (``EventBatch.workload_uid``)
+    only when it is not empty.
+
+    Raises:
+        ValueError: A dict body holds a non-finite float (write it with ``json_double``).
+        TypeError: A body holds something JSON has no value for.
+    """
+    encoded = events_encoder(records)
     header_fields = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "attempt_id": attempt_id}
     if workload_uid:
         header_fields["workload_uid"] = workload_uid
@@ -146,13 +176,14 @@ def encode_batch(run_id: str, attempt_id: str, records: list[Record], workload_u
 
 
 def encode_batches(run_id: str, attempt_id: str, records: list[Record],
-                   max_bytes: int = MAX_MESSAGE_BYTES, workload_uid: str = "") -> list[Message]:
+                   max_bytes: int = MAX_MESSAGE_BYTES, workload_uid: str = "",
+                   events_encoder: EventsEncoder = encode_events) -> list[Message]:
     """The messages carrying ``records``: one, or as many as keep each within ``max_bytes`` (the
     pipeline dead-letters a larger one). An event is far smaller than the limit: the contract's
     limits on text and labels bound it to a few hundred kilobytes."""
-    message = encode_batch(run_id, attempt_id, records, workload_uid)
+    message = encode_batch(run_id, attempt_id, records, workload_uid, events_encoder)
     if len(message.data) <= max_bytes or len(records) == 1:
         return [message]
     half = len(records) // 2
-    return (encode_batches(run_id, attempt_id, records[:half], max_bytes, workload_uid)
-            + encode_batches(run_id, attempt_id, records[half:], max_bytes, workload_uid))
+    return (encode_batches(run_id, attempt_id, records[:half], max_bytes, workload_uid, events_encoder)
+            + encode_batches(run_id, attempt_id, records[half:], max_bytes, workload_uid, events_encoder))

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy
+import orjson
 import pytest
 
 from emitter import lane as lanes
+from goodput_schemas import wire
 from goodput_schemas.limits import MAX_COUNT
 from support.runs import at
 
@@ -37,8 +39,10 @@ def test_the_compiled_fast_path_is_the_one_in_use_unless_python_is_asked_for():
     selects the Python one (the test suite's second pass)."""
     if os.environ.get(lanes.PURE_PYTHON_ENV) == "1":
         assert not lanes.COMPILED and lanes.FastPath is lanes.PythonFastPath
+        assert lanes.encode_events is wire.encode_events
     else:
         assert COMPILED is not None and lanes.COMPILED and lanes.FastPath is COMPILED.FastPath
+        assert lanes.encode_events is lanes._compiled_encode_events
 
 
 def test_a_lane_numbers_events_in_order_and_gives_them_up_once(impl):
@@ -244,3 +248,124 @@ def test_a_call_that_does_not_fit_the_signature_raises_type_error_as_python_does
     with pytest.raises(TypeError):
         call(recorder)
     assert (len(lane), recorder.slow.calls) == (0, [])
+
+
+# -- the compiled encoder ------------------------------------------------------------------------
+
+
+def _compiled() -> Any:
+    if COMPILED is None:
+        pytest.fail("emitter._lane is not built: make install builds it (gcc and Python's headers)")
+    return COMPILED
+
+
+def _per_step_records(seed: int, count: int) -> list[wire.Record]:
+    """What a training loop's calls queue: step starts, model metrics (any of them None, and
+    floats of every kind), data-loading spans and other events' dict bodies."""
+    rng = numpy.random.default_rng(seed)
+    floats = [0.0, -0.0, 1e-05, 2.5e-07, 1e16, 5e-324, 1.7976931348623157e308, -3.25, math.nan, math.inf,
+              -math.inf, 0.1]
+    records: list[wire.Record] = []
+    for seq in range(count):
+        time_us = int(rng.integers(-2**62, 2**62))
+        kind = str(rng.choice(["step_start", "model_metrics", "data_loading_start", "checkpoint_save"]))
+        step = int(rng.choice([0, 1, MAX_COUNT, 2**63 - 1, int(rng.integers(0, 2**40))]))
+        if kind == "step_start":
+            body: Any = step
+        elif kind == "model_metrics":
+            body = (step, *(None if rng.random() < 0.3 else float(rng.choice(floats)) if rng.random() < 0.5
+                            else float(rng.normal() * 10.0 ** int(rng.integers(-12, 12)))
+                            for _ in wire.MODEL_METRICS))
+        elif kind == "data_loading_start":
+            body = {}
+        else:
+            body = {"step": step, "path": f"gs://bucket/ckpt-{step} é \"x\"", "bytes": float(rng.random())}
+        records.append((seq, time_us, kind, body))
+    return records
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_compiled_encoder_writes_a_batch_as_the_python_one_does(seed):
+    """The per-step calls' records, and other dict bodies among them, come out byte for byte as
+    goodput_schemas.wire writes them; so does a batch with no finite float, and an empty one."""
+    records = _per_step_records(seed, 1 + seed * 50)
+    assert lanes._compiled_encode_events(records) == wire.encode_events(records)
+    assert _compiled().encode_events(records, wire.encode_body, orjson.dumps) == wire.encode_events(records)
+    no_floats = [(1, 2, "model_metrics", (3, math.nan, None, math.inf, None, None, None)),
+                 (2, 3, "step_start", 4)]
+    expected = wire.encode_events(no_floats)
+    assert _compiled().encode_events(no_floats, wire.encode_body, orjson.dumps) == expected
+    assert _compiled().encode_events([], wire.encode_body, orjson.dumps) == b"[]"
+
+
+def _outcome(encode: Callable[[list[wire.Record]], bytes], records: list[Any]) -> Any:
+    try:
+        return encode(records)
+    except Exception as error:  # noqa: BLE001 - the error's type is the outcome compared
+        return type(error)
+
+
+@pytest.mark.parametrize("odd", [
+    pytest.param((5, 6, "step_start", True), id="a bool step"),
+    pytest.param((5, 6, "step_start", 2.0), id="a float step"),
+    pytest.param((5, 6, "step_start", 2**63), id="a step past 64 bits"),
+    pytest.param((5, 6, "step_start", None), id="no step"),
+    pytest.param((5, 2**64, "step_start", 1), id="a time past 64 bits"),
+    pytest.param((True, 6, "step_start", 1), id="a bool seq"),
+    pytest.param((5, 6.0, "step_start", 1), id="a float time"),
+    pytest.param((5, 6, "step start", 1), id="a kind to escape"),
+    pytest.param((5, 6, "étape", 1), id="a kind not ascii"),
+    pytest.param((5, 6, "other", 1), id="a compact body of another kind"),
+    pytest.param((5, 6, "model_metrics", (1, 0.5)), id="metrics too few"),
+    pytest.param((5, 6, "model_metrics", (1, 1, None, None, None, None, None)), id="an int metric"),
+    pytest.param((5, 6, "model_metrics", (1, numpy.float64(0.5), None, None, None, None, None)),
+                 id="a float subclass"),
+    pytest.param((5, 6, "model_metrics", [1, 0.5, None, None, None, None, None]), id="metrics in a list"),
+    pytest.param([5, 6, "step_start", 1], id="a record in a list"),
+    pytest.param((5, 6, "step_start", 1, 0), id="a record of five"),
+])
+def test_a_batch_the_compiled_encoder_does_not_write_is_written_as_python_writes_it(odd):
+    """A batch holding any record other than those the per-step calls queue and dict bodies is
+    left to the Python encoder (None), whose bytes, or error, the worker's encoder gives."""
+    records = [(1, 2, "model_metrics", (1, 0.25, None, None, None, None, None)), odd, (7, 8, "step_start", 9)]
+    assert _compiled().encode_events(records, wire.encode_body, orjson.dumps) is None
+    assert _outcome(lanes._compiled_encode_events, records) == _outcome(wire.encode_events, records)
+
+
+@pytest.mark.parametrize(("body", "outcome"), [
+    pytest.param({"step": math.nan}, ValueError, id="a non-finite float"),
+    pytest.param({"step": object()}, TypeError, id="a value JSON has none for"),
+    pytest.param({"note": "nullable", "x": 1e-05}, b'{"note":"nullable","x":1e-05}', id="null in a string"),
+])
+def test_a_dict_body_is_written_or_refused_as_python_does(body, outcome):
+    """A dict body goes through wire.encode_body: the error the Python encoder raises for the
+    batch, or the body it writes (the standard library's where it holds "null")."""
+    records = [(1, 2, "model_metrics", (1, 0.25, None, None, None, None, None)),
+               (5, 6, "checkpoint_save", body)]
+    written = _outcome(lanes._compiled_encode_events, records)
+    assert written == _outcome(wire.encode_events, records)
+    assert written == outcome if isinstance(outcome, type) else outcome in written
+
+
+def test_the_compiled_encoder_reads_the_list_as_it_was_given():
+    """encode_body is Python code: a batch it empties while it runs is written whole all the same."""
+    records: list[wire.Record] = [(1, 2, "step_start", 3), (2, 3, "checkpoint_save", {"step": 3}),
+                                  (3, 4, "model_metrics", (3, 0.5, None, None, None, None, None))]
+    expected = wire.encode_events(records)
+
+    def emptying(body: dict[str, Any]) -> bytes:
+        records.clear()
+        return wire.encode_body(body)
+
+    assert _compiled().encode_events(records, emptying, orjson.dumps) == expected
+
+
+def test_the_compiled_encoder_refuses_helpers_that_do_not_return_bytes():
+    """An encode_body or dumps that returns something else than bytes is a TypeError."""
+    metrics: list[wire.Record] = [(1, 2, "model_metrics", (3, 0.5, None, None, None, None, None))]
+    with pytest.raises(TypeError, match="dumps"):
+        _compiled().encode_events(metrics, wire.encode_body, lambda floats: "[0.5]")
+    with pytest.raises(TypeError, match="encode_body"):
+        _compiled().encode_events([(1, 2, "x", {"a": 1})], lambda body: "{}", orjson.dumps)
+    with pytest.raises(RuntimeError, match="fewer floats"):
+        _compiled().encode_events(metrics, wire.encode_body, lambda floats: b"[]")
