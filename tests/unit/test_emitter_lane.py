@@ -289,7 +289,7 @@ def test_the_compiled_encoder_writes_a_batch_as_the_python_one_does(seed):
     """The per-step calls' records, and other dict bodies among them, come out byte for byte as
     goodput_schemas.wire writes them; so does a batch with no finite float, and an empty one."""
     records = _per_step_records(seed, 1 + seed * 50)
-    assert lanes._compiled_encode_events(records) == wire.encode_events(records)
+    assert lanes.encode_events(records) == wire.encode_events(records)
     assert _compiled().encode_events(records, wire.encode_body, orjson.dumps) == wire.encode_events(records)
     no_floats = [(1, 2, "model_metrics", (3, math.nan, None, math.inf, None, None, None)),
                  (2, 3, "step_start", 4)]
@@ -329,7 +329,7 @@ def test_a_batch_the_compiled_encoder_does_not_write_is_written_as_python_writes
     left to the Python encoder (None), whose bytes, or error, the worker's encoder gives."""
     records = [(1, 2, "model_metrics", (1, 0.25, None, None, None, None, None)), odd, (7, 8, "step_start", 9)]
     assert _compiled().encode_events(records, wire.encode_body, orjson.dumps) is None
-    assert _outcome(lanes._compiled_encode_events, records) == _outcome(wire.encode_events, records)
+    assert _outcome(lanes.encode_events, records) == _outcome(wire.encode_events, records)
 
 
 @pytest.mark.parametrize(("body", "outcome"), [
@@ -342,7 +342,7 @@ def test_a_dict_body_is_written_or_refused_as_python_does(body, outcome):
     batch, or the body it writes (the standard library's where it holds "null")."""
     records = [(1, 2, "model_metrics", (1, 0.25, None, None, None, None, None)),
                (5, 6, "checkpoint_save", body)]
-    written = _outcome(lanes._compiled_encode_events, records)
+    written = _outcome(lanes.encode_events, records)
     assert written == _outcome(wire.encode_events, records)
     assert written == outcome if isinstance(outcome, type) else outcome in written
 
