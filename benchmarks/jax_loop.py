@@ -222,15 +222,17 @@ class _Block:
     hook_cpu_s: float  # thread CPU inside the hooks
     hooks: int
     full_collections: int
+    background_s: float  # CPU the recorder's thread spent during the block
 
     @property
     def per_step_s(self) -> float:
         return sum(self.steps) / len(self.steps)
 
 
-def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: int) -> _Block:
+def _run_block(model: _Model, plan: Plan, background: Callable[[], float], first: int, steps: int) -> _Block:
     gc.collect()
     full_before = gc.get_stats()[2]["collections"]
+    background_before = background()
     clock, cpu = time.perf_counter, time.thread_time
     times: list[float] = []
     hook_cpu, hooks = 0.0, 0
@@ -264,7 +266,8 @@ def _run_block(model: _Model, plan: Plan, subject: Subject, first: int, steps: i
             hook_cpu += cpu() - spent
             hooks += 2
         times.append(clock() - started)
-    return _Block(times, hook_cpu, hooks, gc.get_stats()[2]["collections"] - full_before)
+    return _Block(times, hook_cpu, hooks, gc.get_stats()[2]["collections"] - full_before,
+                  background() - background_before)
 
 
 def _thread_cpu_clock(name: str) -> Callable[[], float]:
@@ -290,7 +293,7 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
     off, step = Plan(), first_step
     for _ in range(WARMUP_PAIRS):
         for plan in (on, off):
-            _run_block(model, plan, subject, step, steps)
+            _run_block(model, plan, background, step, steps)
             step += steps
     subject.flush()
     on_blocks: list[_Block] = []
@@ -298,7 +301,7 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
     recorded_before = subject.recorded()
     for pair in range(pairs):
         for plan in ((on, off) if pair % 2 == 0 else (off, on)):
-            block = _run_block(model, plan, subject, step, steps)
+            block = _run_block(model, plan, background, step, steps)
             step += steps
             (on_blocks if plan is on else off_blocks).append(block)
     started = time.perf_counter()
@@ -314,7 +317,7 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
     # whatever is queued) and charge their cost to half the events a loop records.
     background_before = background()
     for _ in range(pairs):
-        _run_block(model, on, subject, step, steps)
+        _run_block(model, on, background, step, steps)
         step += steps
     subject.flush()
     background_cpu_s = background() - background_before
@@ -328,6 +331,8 @@ def measure_size(subject: Subject, size: dict[str, Any], first_step: int = 0) ->
         "name": size["name"], "hidden": size["hidden"], "batch": size["batch"],
         "plan": size.get("plan", "all"), "block_steps": steps,
         "pairs": [[on_.per_step_s, off_.per_step_s] for on_, off_ in zip(on_blocks, off_blocks, strict=True)],
+        "quiet": [on_.background_s == 0 and off_.background_s == 0
+                  for on_, off_ in zip(on_blocks, off_blocks, strict=True)],
         "on_steps": [s for block in on_blocks for s in block.steps],
         "off_steps": [s for block in off_blocks for s in block.steps],
         "flush_s": flush_s,
