@@ -25,9 +25,11 @@ alternates (on, off; off, on; ...), so that the machine's drift, which is far la
 effect over seconds, cancels within each pair. Every block starts after a garbage collection;
 the objects alive after the compile are frozen out of the collector (``gc.freeze``) first. The
 recorder's background thread wakes when its batch fills (in an on block) and every max latency
-(in either), so the paired difference measures the record calls' own effect on the step with
-some of the thread's work; the thread's work is read from its CPU clock over as many on blocks
-again, run back to back after the pairs, to their final flush, and counted on its own.
+(in either): each block reads the thread's CPU clock before its first step and after its last,
+and a pair is quiet when the thread ran in neither block, so that the paired differences of
+quiet pairs measure the record calls' own effect on the step. The thread's work is read from its
+CPU clock over as many on blocks again, run back to back after the pairs, to their final flush,
+and counted on its own.
 """
 
 from __future__ import annotations

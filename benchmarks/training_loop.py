@@ -23,15 +23,18 @@ Blocks of one checkpoint period (10 steps) run with the recorder on and off in p
 then off, on; ...: the order alternates), each after a garbage collection (the objects alive
 after the compile frozen out of it), one pair of warm-up first, after the compile. Blocks this
 short let the machine's drift, which over seconds is far larger than the effect, cancel within
-each pair. The timed difference is the median over pairs of the paired block difference (on −
-off) / off, each block's figure its time per step, with a distribution-free confidence interval
-(at least 95 %) of that median, and the pairs' spread (10th to 90th percentile). The recorder's
-background thread wakes when a batch fills, which happens in an on block, and every max latency,
-in either, so the paired difference is the record calls' own effect on the step (their CPU and
-the caches they leave cold) with some of the thread's work; the thread's CPU per event is added
-to it per step, as if it ran in series with the steps rather than alongside them on another core:
-the overhead is the sum, which may count the thread's work in on blocks twice. That CPU is read
-from the thread's clock over as many on blocks again, run back to back after the pairs, to their
+each pair. The recorder's background thread wakes when a batch fills, which happens in an on
+block, and every max latency, in either; each block reads the thread's CPU clock before and after
+its steps, and a pair is quiet when the thread ran in neither of its blocks. The timed difference
+is the median over the quiet pairs of the paired block difference (on − off) / off, each block's
+figure its time per step, with a distribution-free confidence interval (at least 95 %) of that
+median, and the pairs' spread (10th to 90th percentile): the record calls' own effect on the
+step (their CPU and the caches they leave cold). The thread's CPU per event is added to it per
+step, as if it ran in series with the steps rather than alongside them on another core: the
+overhead is the sum. A recorder whose thread runs in most blocks (the reference's wakes for every
+entry) has fewer than a third of its pairs quiet; its timed difference is over all pairs, and
+holds the thread's work in the blocks as well, which the sum then counts twice. The thread's CPU
+is read from its clock over as many on blocks again, run back to back after the pairs, to their
 final flush (every event's work counted): between the pairs' on blocks, the off blocks would take
 half of the thread's wakes (this emitter's thread wakes every ``max_latency_s``, whatever is
 queued) and charge their cost to half the events that a loop recording every step gives it. The
@@ -72,7 +75,8 @@ from tools.reference_runner import REPO, ReferenceRunner
 LOOP = Path(__file__).resolve().with_name("jax_loop.py")
 #: The three sizes: MLP width and batch, and timed pairs of 10-step blocks. The widths are chosen
 #: for ~1 ms, ~10 ms and ~100 ms steps on a 2-core machine; the pairs for about 15, 25 and 50 s
-#: of blocks each, with the reference and the baseline a section of about six and a half minutes.
+#: of blocks each, with the reference, the baseline and ``TARGET_PAIRS`` a section of about 13
+#: minutes.
 SIZES = (
     {"name": "~1 ms", "hidden": 192, "batch": 128, "pairs": 600},
     {"name": "~10 ms", "hidden": 768, "batch": 256, "pairs": 120},
@@ -229,19 +233,18 @@ def _verdict(result: dict[str, Any], target: float) -> str:
 
 
 def _needed(result: dict[str, Any], target: float) -> str:
-    """How many pairs would resolve the target at the spread measured, if the median stayed where
-    it is: an interval narrows as one over the square root of the pairs."""
+    """How many pairs would narrow the interval to half the target either side, at the spread
+    measured (an interval narrows as one over the square root of the pairs), and how long their
+    blocks would take."""
     f = _figures(result)
-    overhead, low, high = f.overhead
-    distance = abs(target - overhead)
-    if distance == 0:
-        return ""
+    _, low, high = f.overhead
     pairs = len(result["pairs"])
-    needed = math.ceil(pairs * ((high - overhead if overhead < target else overhead - low) / distance) ** 2)
+    needed = math.ceil(pairs * ((high - low) / target) ** 2)
     seconds = needed * 2 * result["block_steps"] * f.off_ms / 1e3
     took = (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
             else f"{seconds / 3600:,.1f} h")
-    return f"; with this spread it would take about {needed:,} pairs ({took} of blocks) to resolve"
+    return (f"; narrowing it to half the target either side would take about {needed:,} pairs "
+            f"({took} of blocks) at this spread")
 
 
 def _diagnostics(recorder: str, result: dict[str, Any]) -> str:
@@ -268,7 +271,8 @@ def run() -> str:
     busy_before, own_before, started = _busy_s(), _own_s(), time.monotonic()
     targeted = [{**size, "plan": "steps"} for size in SIZES if size["name"] in TARGETS]
     ours = _ours({"sizes": [{**size, "plan": "all"} for size in SIZES]
-                  + [{**size, "pairs": TARGET_PAIRS.get(size["name"], size["pairs"])} for size in targeted]})
+                  + [{**size, "pairs": TARGET_PAIRS.get(str(size["name"]), size["pairs"])}
+                     for size in targeted]})
     baseline = _ours({"sizes": targeted}, BASELINE)
     reference = _reference({"sizes": list(SIZES)})
     others = (_busy_s() - busy_before - (_own_s() - own_before)) / (time.monotonic() - started)
