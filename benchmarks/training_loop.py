@@ -86,7 +86,7 @@ SIZES = (
 #: starts and model metrics (its ``steps`` hooks).
 TARGETS = {"~1 ms": 0.01, "~100 ms": 0.0005}
 #: Timed pairs of the sizes with a target, for this emitter: at ~1 ms, 6,000 pairs (about two
-#: minutes of blocks) narrow the interval to about +-0.2 % on a 2-core machine. At ~100 ms no
+#: minutes of blocks) narrow the interval to about +-0.3 % on a 2-core machine. At ~100 ms no
 #: count this section can afford resolves 0.05 %: the verdict says what it would take.
 TARGET_PAIRS = {"~1 ms": 6000}
 #: This emitter before its cuts for the training loop: measured in the same run, the baseline
