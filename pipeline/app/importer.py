@@ -28,7 +28,9 @@ id and timestamp) or a bare payload seen twice is counted as a duplicate and imp
 Anything that cannot be imported is counted and reported with its reason, never dropped unseen:
 that includes a value outside the event contract's limits (``goodput_schemas.limits``: ids,
 strings, step and slice counts, durations, and times no later than ``MAX_CLOCK_AHEAD_S`` after
-the importer's clock), which the pipeline would otherwise dead-letter.
+the importer's clock), which the pipeline would otherwise dead-letter, and an entry nested deeper
+than ``MAX_JSON_DEPTH``. One bad entry costs only itself: an element of ``gcloud``'s array that
+does not parse is rejected alone, and a byte that is not UTF-8 only the entry it is in.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from emitter.transports import PubSubTransport
 from goodput_schemas.limits import (
     MAX_DURATION_S,
+    MAX_JSON_DEPTH,
     MAX_TIME_US,
     MIN_TIME_US,
     id_problem,
@@ -92,6 +95,10 @@ _DEFAULTS = {"badput_type": "unknown"}
 _SAVE_TIMES = ("checkpoint_manager_blocking_start_time", "wait_for_prev_start_time",
                "checkpointer_blocking_start_time")
 _RESTORE_TIMES = ("checkpoint_manager_start_time", "checkpointer_start_time")
+# What tells how a JSON text nests: a string (the brackets in it are text), or a bracket or comma.
+_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[][{},]', re.S)
+_NOT_SPACE = re.compile(r"\S")
+_DECODER = json.JSONDecoder()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,25 +174,87 @@ class _Entry:
 def read_entries(text: str, source: str = "") -> Iterator[tuple[str, Any]]:
     """(where, parsed JSON) of each entry of an export: a JSON array, or JSON lines.
 
-    A line that is not JSON comes back as a ``_Reject`` in place of its value.
+    An entry that is not JSON, or that nests deeper than ``MAX_JSON_DEPTH`` (the limit an event
+    is held to), comes back as a ``_Reject`` in place of its value, and the entries after it are
+    read on.
     """
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            document = json.loads(text)
-        except ValueError as error:
-            yield source, _Reject("invalid JSON", f"the JSON array does not parse: {error}", text[:10_000])
-            return
-        for index, value in enumerate(document):
-            yield f"{source}#{index}", value
+    if text.lstrip().startswith("["):
+        yield from _array_entries(text, source)
         return
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+        if line.strip():
+            yield f"{source}:{number}", _parsed(line)
+
+
+def _array_entries(text: str, source: str) -> Iterator[tuple[str, Any]]:
+    """``read_entries`` of a JSON array, one element at a time: an element that does not parse
+    is rejected alone, from where it starts to the comma or bracket that ends it."""
+    position, index = _skip_space(text, text.index("[") + 1), 0
+    while not text.startswith("]", position):
+        if position == len(text):
+            yield source, _Reject("invalid JSON", "the JSON array does not end: the export is cut short")
+            return
         try:
-            yield f"{source}:{number}", json.loads(line)
-        except ValueError as error:
-            yield f"{source}:{number}", _Reject("invalid JSON", str(error), line)
+            value, end = _DECODER.raw_decode(text, position)
+            if _nests_too_deep(text, position, end):
+                value = _too_deep(text[position:end])
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+            end = max(_extent(text, position)[0], position + 1)  # a stray comma or bracket is skipped
+            value = _parsed(text[position:end])
+        yield f"{source}#{index}", value
+        index += 1
+        position = _skip_space(text, end)
+        if text.startswith(",", position):
+            position = _skip_space(text, position + 1)
+    rest = text[position + 1:]
+    if rest.strip():
+        yield source, _Reject("invalid JSON", "text after the end of the JSON array", rest[:10_000])
+
+
+def _skip_space(text: str, position: int) -> int:
+    """The first position from ``position`` on that is not white space, or the end of ``text``."""
+    found = _NOT_SPACE.search(text, position)
+    return found.start() if found else len(text)
+
+
+def _parsed(text: str) -> Any:
+    """The value of one entry's JSON text, or a ``_Reject`` saying why it has none (parsed only
+    once its depth is known, so that the parser never recurses past the limit)."""
+    if _nests_too_deep(text, 0, len(text)):
+        return _too_deep(text)
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        return _Reject("invalid JSON", str(error), text)
+
+
+def _too_deep(text: str) -> _Reject:
+    return _Reject("too deep", f"the entry nests {_extent(text, 0)[1]} levels deep, more than MAX_JSON_DEPTH "
+                               f"({MAX_JSON_DEPTH}), the limit an event is held to", text)
+
+
+def _nests_too_deep(text: str, start: int, end: int) -> bool:
+    """Whether the JSON value of ``text[start:end]`` nests deeper than ``MAX_JSON_DEPTH`` (its
+    brackets are counted first: an entry seldom has enough to)."""
+    return (text.count("[", start, end) + text.count("{", start, end) > MAX_JSON_DEPTH
+            and _extent(text, start)[1] > MAX_JSON_DEPTH)
+
+
+def _extent(text: str, start: int) -> tuple[int, int]:
+    """Where the JSON value at ``start`` ends (the first comma or closing bracket outside it, or
+    the end of ``text``) and how deep it nests, read without parsing it: a string is one token,
+    so a bracket inside it is text."""
+    depth = deepest = 0
+    for token in _STRUCTURE.finditer(text, start):
+        mark = token.group()
+        if mark in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif mark in ",]}" and depth == 0:
+            return token.start(), deepest
+        elif mark in "]}":
+            depth -= 1
+    return len(text), deepest
 
 
 def _parse_timestamp(value: object) -> int:
@@ -395,15 +464,18 @@ def _text(value: object) -> str:
 
 
 def import_files(paths: Sequence[str | Path], job_name: str | None = None,
-                 stdin: TextIO | None = None) -> ImportResult:
-    """``import_entries`` over the entries of every file (``-``: standard input), in order."""
+                 stdin: BinaryIO | None = None) -> ImportResult:
+    """``import_entries`` over the entries of every file (``-``: standard input), in order.
+
+    A byte that is not UTF-8 is kept as a lone surrogate (``surrogateescape``): the entry holding
+    it is rejected by the checks of the field it is in, or by JSON's, and the others are imported.
+    """
 
     def values() -> Iterator[tuple[str, Any]]:
         for path in paths:
-            if str(path) == "-":
-                yield from read_entries((stdin or sys.stdin).read(), "<stdin>")
-            else:
-                yield from read_entries(Path(path).read_text(encoding="utf-8"), str(path))
+            data = (stdin or sys.stdin.buffer).read() if str(path) == "-" else Path(path).read_bytes()
+            yield from read_entries(data.decode("utf-8", "surrogateescape"),
+                                    "<stdin>" if str(path) == "-" else str(path))
 
     return import_entries(values(), job_name)
 
@@ -490,7 +562,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     try:
         result = import_files(args.inputs, args.job_name)
-    except (OSError, UnicodeDecodeError) as error:
+    except OSError as error:
         print(f"goodput import: {error}", file=sys.stderr)
         return 1
     if args.rejected:

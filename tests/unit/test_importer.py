@@ -210,3 +210,88 @@ def test_an_entry_past_a_limit_goes_to_the_rejected_file(tmp_path, capsys: pytes
     assert [(r["source"], r["reason"]) for r in lines] == [(f"{export}:2", "bad field")]
     assert "MAX_COUNT (2**53-1)" in lines[0]["detail"]
     assert "rejected 1: bad field" in capsys.readouterr().out
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # far past the parser's recursion limit
+
+
+def history(*payloads: object) -> list[dict[str, object]]:
+    """LogEntries of ``payloads``, a second apart, as gcloud exports them."""
+    return [{"logName": LOG_NAME, "insertId": f"i{n}", "timestamp": f"2026-11-01T08:00:{n:02d}Z",
+             "jsonPayload": payload} for n, payload in enumerate(payloads)]
+
+
+GOOD = ({"job_name": "run", "job_start_time": 1_793_520_000.0},
+        {"job_name": "run", "step_count": 1.0, "step_start_time": 1_793_520_001.0})
+
+
+@pytest.mark.parametrize("layout", ["array", "lines"])
+def test_a_deeply_nested_entry_is_rejected_alone(layout: str):
+    """An entry nested past the parser's recursion limit is rejected as too deep, saying how deep,
+    and the entries around it are imported."""
+    deep = f'{{"jsonPayload": {{"job_name": "run", "step_start_time": {DEEP}}}}}'
+    first, last = (json.dumps(entry) for entry in history(*GOOD))
+    text = f"[{first}, {deep}, {last}]" if layout == "array" else f"{first}\n{deep}\n{last}\n"
+    result = importer.import_entries(importer.read_entries(text, "h.json"))
+    assert (result.entries, result.events, result.reasons) == (3, 2, {"too deep": 1})
+    (rejected,) = result.rejected
+    assert rejected.source == ("h.json#1" if layout == "array" else "h.json:2")
+    assert "nests 100002 levels deep, more than MAX_JSON_DEPTH (32)" in rejected.detail
+
+
+def test_an_entry_nested_past_the_events_limit_is_rejected():
+    """An entry that parses but nests deeper than MAX_JSON_DEPTH, as no event may, is rejected."""
+    from goodput_schemas.limits import MAX_JSON_DEPTH
+
+    nested = {"job_name": "run", "job_start_time": 1_793_520_000.0, "extra": []}
+    inner = nested["extra"]
+    for _ in range(MAX_JSON_DEPTH):
+        inner.append([])
+        inner = inner[0]
+    text = json.dumps(history(nested, GOOD[1]))
+    result = importer.import_entries(importer.read_entries(text, "h.json"))
+    assert (result.events, result.reasons) == (1, {"too deep": 1})
+
+
+def test_an_array_element_that_does_not_parse_is_rejected_alone():
+    """In gcloud's JSON array, an element that is not JSON (a bare word, a number past Python's
+    4300 digits, a stray bracket) is rejected with the parser's reason; the others are imported."""
+    first, last = (json.dumps(entry) for entry in history(*GOOD))
+    text = f"[{first}, tru, {'9' * 5000}, }}, {last}]"
+    result = importer.import_entries(importer.read_entries(text, "h.json"))
+    assert (result.entries, result.events, result.reasons) == (5, 2, {"invalid JSON": 3})
+    assert [r.source for r in result.rejected] == ["h.json#1", "h.json#2", "h.json#3"]
+
+
+def test_a_cut_short_array_keeps_its_whole_elements():
+    """An export cut off mid-element imports the elements before the cut and says it is cut short."""
+    text = json.dumps(history(*GOOD), indent=2)[:-40]
+    result = importer.import_entries(importer.read_entries(text, "h.json"))
+    assert (result.events, result.reasons) == (1, {"invalid JSON": 2})
+    assert "the export is cut short" in result.rejected[-1].detail
+
+
+def test_a_byte_that_is_not_utf8_rejects_only_its_entry(tmp_path):
+    """A line holding a byte that is not UTF-8 is rejected by the check of its field; the other
+    lines are imported."""
+    export = tmp_path / "h.jsonl"
+    lines = [json.dumps(payload).encode() for payload in (GOOD[0], {"job_name": "run-X"}, GOOD[1])]
+    export.write_bytes(b"\n".join(lines).replace(b"run-X", b"run-\xff"))
+    result = importer.import_files([export])
+    assert (result.events, result.reasons) == (2, {"bad field": 1})
+    assert result.rejected[0].source == f"{export}:2"
+
+
+def test_the_command_lists_a_deep_entry_in_the_rejected_file(tmp_path, capsys: pytest.CaptureFixture[str]):
+    """goodput import of an export with a deeply nested entry exits 0, writes the other entries'
+    events and the deep one to --rejected with its reason."""
+    from pipeline.app.cli import main
+
+    first, last = (json.dumps(entry) for entry in history(*GOOD))
+    export = tmp_path / "history.json"
+    export.write_text(f'[{first}, {{"jsonPayload": {DEEP}}}, {last}]')
+    rejected, events = tmp_path / "rejected.jsonl", tmp_path / "events.jsonl"
+    assert main(["import", str(export), "--output", str(events), "--rejected", str(rejected)]) == 0
+    assert [(r["source"], r["reason"]) for r in map(json.loads, rejected.read_text().splitlines())] == [
+        (f"{export}#1", "too deep")]
+    assert "2 events" in capsys.readouterr().out
