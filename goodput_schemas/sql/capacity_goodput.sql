@@ -4,17 +4,18 @@
 -- cumulative goodput); productive over paid, and the idle share, 1 - used / paid (below 0 where runs
 -- used more than was paid for). Spans crossing midnight count in each day for their time in it;
 -- capacity counts up to the fleet's latest snapshot, as the runs do. Locations are summed; a span
--- imported again counts once, as last imported.
+-- imported again counts once, as last imported. Accelerator types and locations are compared
+-- lower-cased, as goodput import capacity stores them: V5P is v5p.
 WITH as_of AS (
   SELECT MAX(snapshot_time) AS as_of
   FROM ${dataset}.goodput_snapshots
 ),
 imported AS (
-  SELECT accelerator_type, start_time, end_time, chips
+  SELECT LOWER(accelerator_type) AS accelerator_type, start_time, end_time, chips
   FROM ${dataset}.capacity
   WHERE TRUE
   QUALIFY ROW_NUMBER() OVER (
-    PARTITION BY accelerator_type, location, start_time, end_time ORDER BY imported_at DESC) = 1
+    PARTITION BY LOWER(accelerator_type), LOWER(location), start_time, end_time ORDER BY imported_at DESC) = 1
 ),
 spans AS (
   SELECT i.accelerator_type, i.start_time, LEAST(i.end_time, IFNULL(a.as_of, i.end_time)) AS end_time, i.chips
@@ -32,7 +33,7 @@ paid AS (
   GROUP BY day, accelerator_type
 ),
 runs AS (
-  SELECT accelerator_type, chip_count, window_start AS run_start, window_end AS run_end,
+  SELECT LOWER(accelerator_type) AS accelerator_type, chip_count, window_start AS run_start, window_end AS run_end,
     IFNULL(goodput_pct, 0) / 100 AS runtime
   FROM ${dataset}.goodput_snapshots
   WHERE window_s = 0

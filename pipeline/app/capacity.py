@@ -23,11 +23,14 @@ end) once, as last imported, so a corrected chip count replaces the old one. A s
 one already in the table (of the DuckDB file, of the BigQuery dataset) without being the same span
 would count the same chips twice as well, and refuses the import the same way: to correct a span's
 chips, import it again with the same start and end; to extend it, import the time after its end.
+Accelerator types and locations are stored lower-cased and compared so, here and in the saved
+query (``V5P`` is ``v5p``).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import datetime
 import io
@@ -36,7 +39,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from goodput_schemas.limits import MAX_CHIP_COUNT, text_problem
+from goodput_schemas.limits import MAX_CHIP_COUNT, shown, text_problem
 from pipeline.app.checks import OneLineParser, UsageError
 from pipeline.app.outputs import add_output_options, check_outputs, parse_time, write_rows
 from pipeline.core.rows import Row
@@ -60,13 +63,24 @@ def read_spans(text: str, imported_at: datetime.datetime,
     the table, each with where it is (a file or dataset): a span of the file may be one of them
     again, but may not overlap one."""
     reader = csv.DictReader(io.StringIO(text))
-    missing = [column for column in COLUMNS if column not in (reader.fieldnames or ())]
+    try:
+        header = reader.fieldnames or ()
+    except csv.Error as error:
+        return [], [f"line 1: {error}"]
+    missing = [column for column in COLUMNS if column not in header]
     if missing:
         return [], [f"line 1: the header lacks {', '.join(missing)} (it is {','.join(COLUMNS)})"]
     rows: list[Row] = []
     problems: list[str] = []
     lines: list[int] = []
-    for record in reader:
+    while True:
+        try:
+            record = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as error:  # e.g. a cell past the csv module's field size limit
+            problems.append(f"line {reader.reader.line_num}: {error}")
+            continue
         line = reader.line_num
         row, problem = _span(record, imported_at)
         if problem is not None:
@@ -97,22 +111,29 @@ def _span(record: dict[str, str | None], imported_at: datetime.datetime) -> tupl
         return None, str(error)
     if end <= start:
         return None, f"end_time {cells['end_time']} is not after start_time {cells['start_time']}"
-    if not (cells["chips"].isascii() and cells["chips"].isdigit()) or int(cells["chips"]) > MAX_CHIP_COUNT:
-        return None, f"chips must be a whole number from 0 to {MAX_CHIP_COUNT}, got {cells['chips']!r}"
-    return {"accelerator_type": cells["accelerator_type"], "location": cells["location"] or None,
-            "start_time": start, "end_time": end, "chips": int(cells["chips"]),
-            "imported_at": imported_at}, None
+    digits = cells["chips"].lstrip("0") or "0"  # so that no count is too long to convert
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(MAX_CHIP_COUNT)) \
+            or int(digits) > MAX_CHIP_COUNT:
+        return None, f"chips must be a whole number from 0 to {MAX_CHIP_COUNT}, got {shown(cells['chips'])}"
+    return {"accelerator_type": cells["accelerator_type"].lower(),
+            "location": cells["location"].lower() or None, "start_time": start, "end_time": end,
+            "chips": int(digits), "imported_at": imported_at}, None
+
+
+def span_key(row: Row) -> tuple[str, str]:
+    """What a span's chips count under: its accelerator type and location, lower-cased (as SQL's
+    LOWER does), so that ``V5P`` and ``v5p`` are one type; an import stores them so, and a span
+    an older version stored otherwise is keyed so when it is read back."""
+    return row["accelerator_type"].lower(), (row["location"] or "").lower()
 
 
 def _overlaps(rows: Sequence[Row], lines: Sequence[int]) -> list[str]:
     """Each span that overlaps the one before it of its accelerator type and location."""
     problems = []
-    order = sorted(range(len(rows)), key=lambda i: (rows[i]["accelerator_type"], rows[i]["location"] or "",
-                                                    rows[i]["start_time"]))
+    order = sorted(range(len(rows)), key=lambda i: (span_key(rows[i]), rows[i]["start_time"]))
     for before, after in itertools.pairwise(order):
         first, second = rows[before], rows[after]
-        same = all(first[column] == second[column] for column in ("accelerator_type", "location"))
-        if same and second["start_time"] < first["end_time"]:
+        if span_key(first) == span_key(second) and second["start_time"] < first["end_time"]:
             problems.append(f"line {lines[after]}: its span overlaps the one of line {lines[before]} "
                             f"({first['accelerator_type']} in {first['location'] or 'no location'}): "
                             "the same chips would count twice")
@@ -122,15 +143,33 @@ def _overlaps(rows: Sequence[Row], lines: Sequence[int]) -> list[str]:
 def _overlaps_imported(rows: Sequence[Row], lines: Sequence[int],
                        imported: Iterable[tuple[str, Row]]) -> list[str]:
     """Each span of the file that overlaps one already imported of its accelerator type and location,
-    other than itself (an import of the same span again replaces it)."""
-    spans: dict[tuple[object, ...], list[tuple[str, Row]]] = {}
+    other than itself (an import of the same span again replaces it).
+
+    The spans imported of each type and location are sorted by start, each with the latest end
+    among those up to it: a span of the file is set only against those that start before it ends,
+    from the last back while one of them may still end after it starts. The table's spans do not
+    overlap (imports refuse that), so that is about one per span of the file, not every one
+    imported: re-importing a file costs time in proportion to its lines and the table's."""
+    spans: dict[tuple[str, str], list[tuple[str, Row]]] = {}
     for where, span in imported:
-        spans.setdefault((span["accelerator_type"], span["location"]), []).append((where, span))
+        spans.setdefault(span_key(span), []).append((where, span))
+    starts: dict[tuple[str, str], list[datetime.datetime]] = {}
+    reaches: dict[tuple[str, str], list[datetime.datetime]] = {}
+    for key, found in spans.items():
+        found.sort(key=lambda item: item[1]["start_time"])
+        starts[key] = [span["start_time"] for _, span in found]
+        reaches[key] = list(itertools.accumulate((span["end_time"] for _, span in found), max))
     problems = []
     for row, line in zip(rows, lines, strict=True):
-        for where, span in spans.get((row["accelerator_type"], row["location"]), []):
-            same = all(row[column] == span[column] for column in SPAN_KEY)
-            if not same and row["start_time"] < span["end_time"] and span["start_time"] < row["end_time"]:
+        key = span_key(row)
+        if key not in spans:
+            continue
+        index = bisect.bisect_left(starts[key], row["end_time"])
+        while index > 0 and reaches[key][index - 1] > row["start_time"]:
+            index -= 1
+            where, span = spans[key][index]
+            same = row["start_time"] == span["start_time"] and row["end_time"] == span["end_time"]
+            if not same and span["end_time"] > row["start_time"]:
                 problems.append(
                     f"line {line}: its span overlaps the one imported to {where} before, from "
                     f"{_time(span['start_time'])} to {_time(span['end_time'])} ({row['accelerator_type']} "
@@ -214,8 +253,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "  goodput query capacity_goodput --duckdb goodput.duckdb\n\n"
         "The file is checked whole first: a line that cannot be read, or spans of one accelerator\n"
         "type and location that overlap, in the file or with one imported before, refuse it, each\n"
-        "with its line. Importing a span again (same type, location, start and end) replaces it in\n"
-        "the query: correct a span's chips so; extend a span by importing the time after its end.\n"
+        "with its line (types and locations are lower-cased: V5P is v5p). Importing a span again\n"
+        "(same type, location, start and end) replaces it in the query: correct a span's chips so;\n"
+        "extend a span by importing the time after its end.\n"
         "Exit status: 0 if the spans were imported, 1 if the file was refused or a read or write\n"
         "failed, 2 for a usage error.")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter

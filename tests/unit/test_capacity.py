@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import itertools
 from pathlib import Path
 
 import duckdb
@@ -46,6 +47,8 @@ def test_a_span_is_a_row_with_utc_times_and_an_empty_location_as_null():
     ("v5p,us,2026-11-01,2026-11-02,²", "line 2: chips must be a whole number"),
     ("v5p,us,2026-11-01,2026-11-02,8,extra", "line 2: more cells than the header has columns"),
     ("v5p\x07,us,2026-11-01,2026-11-02,8", "line 2: accelerator_type must be printable characters"),
+    ("v5p,us,2026-11-01,2026-11-02," + "9" * 5000, "line 2: chips must be a whole number"),
+    ('v5p,"' + "u" * 200_000 + '",2026-11-01,2026-11-02,8', "line 2: field larger than field limit"),
 ])
 def test_a_line_that_cannot_be_read_says_why(line: str, problem: str):
     """Each unreadable line is named by its number with its reason."""
@@ -81,6 +84,67 @@ def test_a_span_overlapping_one_imported_before_is_refused_unless_it_is_that_spa
     assert found == ["line 6: its span overlaps the one imported to f.duckdb before, from "
                      "2026-11-01T00:00:00Z to 2026-11-02T00:00:00Z (h100 in no location): the same chips "
                      "would count twice; to correct that span, import it with the same start and end"]
+
+
+def test_spans_that_differ_only_in_case_are_one_span():
+    """Accelerator types and locations are lower-cased: the same span in other letters overlaps
+    itself, and an import stores the lower-cased names."""
+    rows, found = read_spans(HEADER + "v5p,us-east5-a,2026-11-01,2026-11-02,8\n"
+                                      "V5P,US-East5-A,2026-11-01,2026-11-02,8\n", IMPORTED)
+    assert found == ["line 3: its span overlaps the one of line 2 (v5p in us-east5-a): the same chips "
+                     "would count twice"]
+    assert {(row["accelerator_type"], row["location"]) for row in rows} == {("v5p", "us-east5-a")}
+
+
+def test_a_span_imported_before_in_other_letters_is_the_same_span():
+    """A span an older version stored as V5P in US-A is the span v5p in us-a: importing that again
+    replaces it, and one overlapping it is refused."""
+    before = [imported("V5P", "US-A", NOV_1, NOV_2)]
+    assert read_spans(HEADER + "v5p,us-a,2026-11-01,2026-11-02,16\n", IMPORTED, before)[1] == []
+    (found,) = read_spans(HEADER + "v5p,us-a,2026-11-01T12:00Z,2026-11-03,8\n", IMPORTED, before)[1]
+    assert found.startswith("line 2: its span overlaps the one imported to f.duckdb before")
+
+
+class CountedTime(datetime.datetime):
+    """A time that counts the comparisons made with it."""
+
+    comparisons = 0
+
+    def _counted(self, other: object, compare: str) -> bool:
+        CountedTime.comparisons += 1
+        return bool(getattr(datetime.datetime, compare)(self, other))
+
+    def __lt__(self, other: object) -> bool:
+        return self._counted(other, "__lt__")
+
+    def __le__(self, other: object) -> bool:
+        return self._counted(other, "__le__")
+
+    def __gt__(self, other: object) -> bool:
+        return self._counted(other, "__gt__")
+
+    def __ge__(self, other: object) -> bool:
+        return self._counted(other, "__ge__")
+
+    def __eq__(self, other: object) -> bool:
+        return self._counted(other, "__eq__")
+
+    __hash__ = datetime.datetime.__hash__
+
+
+def test_importing_a_file_again_compares_each_span_with_a_few_imported():
+    """A file of 2,000 spans imported again is checked against the 2,000 in the table with a few
+    dozen comparisons of times per line (the table's spans sorted once), not one per span imported."""
+    lines = 2000
+    starts = [NOV_1.timestamp() + 3600 * hour for hour in range(lines)]
+    before = [imported("v5p", "us-a", CountedTime.fromtimestamp(start, UTC),
+                       CountedTime.fromtimestamp(start + 3600, UTC)) for start in starts]
+    at = [datetime.datetime.fromtimestamp(start, UTC).isoformat() for start in [*starts, starts[-1] + 3600]]
+    text = "".join(f"v5p,us-a,{start},{end},8\n" for start, end in itertools.pairwise(at))
+    CountedTime.comparisons = 0
+    rows, found = read_spans(HEADER + text, IMPORTED, before)
+    assert len(rows) == lines and found == []
+    assert CountedTime.comparisons < 50 * lines, CountedTime.comparisons
 
 
 def test_a_header_without_the_columns_is_refused():
@@ -144,6 +208,45 @@ def test_a_span_imported_again_or_extended_after_its_end_is_imported(tmp_path: P
         csv.write_text(HEADER + text)
         assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(database)], io.StringIO()) == 0
     assert capacity_rows(database) == [("v5p", "us-a", 8), ("v5p", "us-a", 16), ("v5p", "us-a", 16)]
+
+
+def test_capacity_imported_again_in_other_letters_counts_once(tmp_path: Path):
+    """A span imported as v5p, then again as V5P with its chips corrected, is one span of capacity_goodput,
+    with the corrected chips."""
+    from pipeline.app.fleet_sql import run_saved
+
+    database = tmp_path / "f.duckdb"
+    csv = tmp_path / "capacity.csv"
+    for text in ("v5p,us-a,2026-11-01,2026-11-02,8\n", "V5P,US-A,2026-11-01,2026-11-02,16\n"):
+        csv.write_text(HEADER + text)
+        assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(database)], io.StringIO()) == 0
+    with duckdb.connect(str(database), read_only=True) as connection:
+        columns, found = run_saved("capacity_goodput", connection)
+    (row,) = (dict(zip(columns, values, strict=True)) for values in found)
+    assert (row["accelerator_type"], row["paid_chip_hours"]) == ("v5p", 16 * 24.0)
+
+
+def test_runs_that_spell_their_type_in_capitals_use_the_capacity(tmp_path: Path):
+    """capacity_goodput lower-cases the runs' accelerator types as the import does the spans': a
+    run of V5P uses the chips of v5p."""
+    from pipeline.app.fleet_sql import run_saved
+    from pipeline.sinks.duckdb import DuckDBSink
+
+    database = tmp_path / "f.duckdb"
+    sink = DuckDBSink(database)
+    sink.write("goodput_snapshots", [{
+        "run_id": "r", "snapshot_time": NOV_2, "window_s": 0, "window_start": NOV_1, "window_end": NOV_2,
+        "goodput_pct": 50.0, "productive_time_s": 43200.0, "total_time_s": 86400.0, "disruptions": 0,
+        "max_productive_step": 0, "chip_count": 4, "productive_chip_s": 0.0, "total_chip_s": 0.0,
+        "accelerator_type": "V5P", "ended": False}])
+    sink.close()
+    csv = tmp_path / "capacity.csv"
+    csv.write_text(HEADER + "v5p,us-a,2026-11-01,2026-11-02,8\n")
+    assert main(["import", "capacity", "--csv", str(csv), "--duckdb", str(database)], io.StringIO()) == 0
+    with duckdb.connect(str(database), read_only=True) as connection:
+        columns, found = run_saved("capacity_goodput", connection)
+    (row,) = (dict(zip(columns, values, strict=True)) for values in found)
+    assert (row["accelerator_type"], row["paid_chip_hours"], row["used_chip_hours"]) == ("v5p", 192.0, 96.0)
 
 
 @pytest.mark.parametrize(("arguments", "problem"), [
