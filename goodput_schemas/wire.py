@@ -12,14 +12,16 @@ the schema.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from goodput_schemas.limits import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
+from goodput_schemas.limits import MAX_ID_BYTES, MAX_ID_LENGTH, MAX_MESSAGE_BYTES
 
 #: Version of the event contract this emitter writes (``EventBatch.schema_version``).
 SCHEMA_VERSION = 1
@@ -62,17 +64,29 @@ class Message:
 _STRICT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+#: Hex digits of the digest a derived run id ends with, after ``~`` (``workload_run_id``): 128 bits.
+_DIGEST_DIGITS = 32
+_DERIVED_ENDING = re.compile(rf"~[0-9a-f]{{{_DIGEST_DIGITS}}}")
+
+
 def workload_run_id(run_id: str, workload_uid: str) -> str:
-    """The run a message of ``run_id`` recorded by workload ``workload_uid`` belongs to: the run
-    id itself when no workload is known, else the run id and the uid's first 8 characters,
-    ``"{run_id}~{uid[:8]}"``, shortening the run id so that the whole stays within
-    MAX_ID_LENGTH. Each workload that reuses a name is a run of its own (a name reused by a new
-    JobSet is a new run, never a restart of the old one), and the same messages always give the
-    same id, whatever order they arrive in."""
-    if not workload_uid:
+    """The run a message of ``run_id`` recorded by workload ``workload_uid`` belongs to.
+
+    Each workload that reuses a name is a run of its own (a name reused by a new JobSet is a new
+    run, never a restart of the old one): its run is the run id, ``~`` and the first 32 hex digits
+    (128 bits) of the SHA-256 of the run id and the uid joined by a newline (both are printable,
+    so the newline is unambiguous), in UTF-8. The run id is shortened to keep the whole within
+    MAX_ID_LENGTH characters and MAX_ID_BYTES bytes, as the run id a job gives is; the digest is
+    of both whole, so two pairs never give one run however much of them they share. Without a
+    workload the run is the run id itself, unless the id ends as a derived one does (``~`` and 32
+    hex digits): that id is derived too, with the empty uid, so that it is never a workload's run.
+    The same messages always give the same id, whatever order they arrive in."""
+    if not workload_uid and _DERIVED_ENDING.fullmatch(run_id, len(run_id) - 1 - _DIGEST_DIGITS) is None:
         return run_id
-    suffix = "~" + workload_uid[:8]
-    return run_id[:MAX_ID_LENGTH - len(suffix)] + suffix
+    whole = f"{run_id}\n{workload_uid}".encode("utf-8", "surrogatepass")
+    suffix = "~" + hashlib.sha256(whole).hexdigest()[:_DIGEST_DIGITS]
+    head = run_id[:MAX_ID_LENGTH - len(suffix)].encode("utf-8", "surrogatepass")[:MAX_ID_BYTES - len(suffix)]
+    return head.decode("utf-8", "ignore") + suffix  # a character cut in two is dropped
 
 
 def json_double(value: float) -> float | str:

@@ -12,10 +12,11 @@ rejected (it would move the time a batch replay reports every run as of). Nothin
 is dropped silently: a message that cannot be read at all becomes one ``DeadLetter``; an invalid
 event inside a readable message becomes one ``DeadLetter`` and its valid neighbours are kept.
 
-Who a run is is decided here, once: a message whose header names the workload that recorded it
-(``workload_uid``) belongs to the run ``goodput_schemas.wire.workload_run_id(run_id, uid)``, and
-that derived id is the run of every stage and table after parsing (``Batch.run_id``). A restart in
-the same workload stays one run; a run id reused by another workload is another run.
+Who a run is is decided here, once: a message belongs to the run
+``goodput_schemas.wire.workload_run_id(run_id, uid)`` of its header's run id and the workload that
+recorded it (``workload_uid``, if named), and that id is the run of every stage and table after
+parsing (``Batch.run_id``). A restart in the same workload stays one run; a run id reused by
+another workload is another run, and no run id a job gives is ever a workload's run.
 
 Pure Python with no Beam import, so the Beam transforms, the tests and the tools share it.
 """
@@ -126,10 +127,10 @@ class Batch:
     bytes each instead of an object, and encode between pipeline stages as raw bytes.
 
     ``run_id`` is the run the events belong to, which every stage is keyed by: the message's run
-    id, or for a message of a workload (``workload_uid``) the id made of both
+    id, or for a message of a workload (``workload_uid``) the id derived from both
     (``goodput_schemas.wire.workload_run_id``), so that a name reused by another workload is
-    another run. ``run_name`` is the message's own run id when it differs ("" when it is
-    ``run_id``).
+    another run; an id that ends as a derived one does is derived too. ``run_name`` is the
+    message's own run id when it differs ("" when it is ``run_id``).
     """
 
     run_id: str
@@ -158,12 +159,12 @@ class Batch:
 
 def encode_events(events: Sequence[Event], run_name: str = "", workload_uid: str = "") -> bytes:
     """The message carrying ``events`` (all of one attempt), in the order given, as the emitter
-    encodes it: ``parse_batch`` reads the same events back. With ``workload_uid``, as the
-    workload's emitter encoded them, under the run id it gave (``run_name``: ``Batch.run_name``),
-    from which the parser derives the events' run again."""
+    encodes it: ``parse_batch`` reads the same events back. With ``run_name`` and
+    ``workload_uid`` (``Batch.run_name``, ``Batch.workload_uid``), as the job's emitter encoded
+    them: under the run id it gave, naming its workload, from which the parser derives the events'
+    run again."""
     records = [(e.seq, e.time_us, e.kind, _json_body(e.body)) for e in events]
-    run_id = run_name if workload_uid else events[0].run_id
-    return encode_batch(run_id, events[0].attempt_id, records, workload_uid).data
+    return encode_batch(run_name or events[0].run_id, events[0].attempt_id, records, workload_uid).data
 
 
 def _json_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -462,7 +463,7 @@ def _columnar(data: bytes, latest_us: int | None = None) -> Batch | None:
                        or columns[:, 0].max() > MAX_COUNT or columns[:, 2].max() > MAX_COUNT):
         return None
     return Batch(run_id, attempt_id, array("q", columns[:, 0].tobytes()), array("q", times.tobytes()),
-                 array("q", columns[:, 2].tobytes()), tuple(others), uid, name if uid else "")
+                 array("q", columns[:, 2].tobytes()), tuple(others), uid, name if name != run_id else "")
 
 
 def _inline_step(raw: Any, latest_us: int) -> tuple[int, int, int] | None:
@@ -555,13 +556,12 @@ def _oversized(data: bytes, source: str) -> DeadLetter:
 
 
 def _run_of(run_id: Any, uid: Any) -> str:
-    """The run a rejected message's dead letter names: its run id, with its workload uid if that
-    is valid (``workload_run_id``), or "" where the id cannot be read."""
+    """The run a rejected message's dead letter names: the run of its run id (``workload_run_id``),
+    with its workload uid if that is valid, or "" where the id cannot be read."""
     if not isinstance(run_id, str) or not run_id.isprintable():
         return ""
-    if not isinstance(uid, str) or workload_uid_problem(uid) is not None:
-        return run_id
-    return workload_run_id(run_id, uid)
+    valid = isinstance(uid, str) and workload_uid_problem(uid) is None
+    return workload_run_id(run_id, uid if valid else "")
 
 
 def parse_batch(data: bytes | str, source: str = "",
@@ -666,7 +666,7 @@ def parse_batch(data: bytes | str, source: str = "",
     if not steps and not others:
         return None, dead
     return Batch(batch_run_id, attempt_id, step_seqs, step_times, steps, tuple(others), uid,
-                 name if uid else ""), dead
+                 name if name != batch_run_id else ""), dead
 
 
 #: What a gzip file begins with; no JSON text does (it is not whitespace), so the test is unambiguous.

@@ -6,9 +6,10 @@ whole: ids within the table's limits, the body as JSON. Read back, one attempt's
 sequence order become messages again in the emitter's encoding, which the parser reads as it read
 the originals, so a replay of the table gives every number the stream gave. A redelivered message
 leaves its rows in the table twice; the repeats are dropped here (and would be by the engine).
-The rows of a run told apart by its workload hold the run id the pipeline derived; a backfill
-encodes the messages of such an attempt under the name the job gave and its workload uid again,
-as ``run_metadata`` records them, so the replay's ``run_metadata`` names the run as the original's.
+The rows of a run whose id the pipeline derived (a workload's run, or one whose run id ends as a
+derived id does: ``goodput_schemas.wire.workload_run_id``) hold that id; a backfill encodes the
+messages of such a run under the name the job gave and its workload uid again, as ``run_metadata``
+records them, so the replay derives the same run and its ``run_metadata`` names it as the original's.
 
     goodput replay --from_duckdb=live.duckdb --duckdb=backfill.duckdb
 """
@@ -32,11 +33,13 @@ BIGQUERY_COLUMNS = "run_id, attempt_id, seq, UNIX_MICROS(event_time), kind, step
 _FETCH_ROWS = 10_000
 #: How far back in event time a stream that starts looks for runs it left unreported.
 UNREPORTED_WITHIN_S = 7 * 86_400
-#: (run_id, attempt_id) -> (the run id the job gave, its workload uid), for attempts of a workload.
+#: (run_id, attempt_id) -> (the run id the job gave, its workload uid or ""), for attempts of a
+#: run whose id the pipeline derived; and (run_id, "") -> those of the run's first attempt, for
+#: an attempt whose job start is not in ``run_metadata`` (all of a run's are the same).
 Workloads = Mapping[tuple[str, str], tuple[str, str]]
-#: The attempts of a workload, as ``run_metadata`` records them.
+#: The attempts of a run whose id the pipeline derived, as ``run_metadata`` records them.
 _WORKLOADS_SQL = ("SELECT DISTINCT run_id, attempt_id, run_name, workload_uid FROM run_metadata "
-                 "WHERE workload_uid IS NOT NULL")
+                 "WHERE run_name <> run_id ORDER BY run_id, attempt_id")
 
 
 def messages(rows: Iterable[Sequence[Any]], source: str,
@@ -61,7 +64,8 @@ def messages(rows: Iterable[Sequence[Any]], source: str,
 
 def _message(events: list[Event], source: str, workloads: Workloads) -> tuple[str, bytes]:
     first = events[0]
-    run_name, uid = workloads.get((first.run_id, first.attempt_id), ("", ""))
+    run_name, uid = workloads.get((first.run_id, first.attempt_id)) or workloads.get((first.run_id, ""),
+                                                                                       ("", ""))
     return (f"{source}#{first.run_id}/{first.attempt_id}/{first.seq}",
             encode_events(events, run_name, uid))
 
@@ -69,13 +73,15 @@ def _message(events: list[Event], source: str, workloads: Workloads) -> tuple[st
 def backfill_messages(path: str) -> Iterator[tuple[str, bytes]]:
     """The messages of every run in the ``events`` table of a DuckDB file that no process is
     writing, read in chunks."""
-    import duckdb
+    from pipeline.sinks.duckdb import open_reader
 
-    with duckdb.connect(path, read_only=True) as connection:
+    with open_reader(path) as connection:
         named = connection.execute("SELECT 1 FROM duckdb_columns() WHERE table_name = 'run_metadata' "
                                    "AND column_name = 'workload_uid'").fetchall()
-        workloads = {(run_id, attempt_id): (name, uid) for run_id, attempt_id, name, uid
-                     in connection.execute(_WORKLOADS_SQL).fetchall()} if named else {}
+        workloads: dict[tuple[str, str], tuple[str, str]] = {}
+        for run_id, attempt_id, name, uid in connection.execute(_WORKLOADS_SQL).fetchall() if named else ():
+            workloads[run_id, attempt_id] = (name, uid or "")
+            workloads.setdefault((run_id, ""), (name, uid or ""))
         cursor = connection.execute(f"SELECT {COLUMNS} FROM events ORDER BY run_id, attempt_id, seq")
         yield from messages(_chunks(cursor), f"duckdb:{path}", workloads)
 

@@ -17,6 +17,7 @@ import duckdb
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
+from goodput_schemas.wire import workload_run_id
 from pipeline.beam.live import TrackRunsLive
 from pipeline.beam.restore import RestoreRuns
 from pipeline.beam.transforms import DeadLetterRows, SnapshotRows, WriteToDuckDB
@@ -158,9 +159,10 @@ def test_a_restarted_stream_restores_a_workloads_run_under_the_id_its_messages_d
     stream(keyed(lines[half - 1:]), tmp_path / "forgetful.duckdb")
     stream(keyed(lines), tmp_path / "never-stopped.duckdb")
     never_stopped = final_rows(tmp_path / "never-stopped.duckdb")
-    assert list(never_stopped) == ["llama~3f2a9c1e"]
+    run_id = workload_run_id("llama", FIRST_UID)
+    assert list(never_stopped) == [run_id]
     assert final_rows(tmp_path / "restarted.duckdb") == never_stopped
-    assert final_rows(tmp_path / "forgetful.duckdb")["llama~3f2a9c1e"][2] < never_stopped["llama~3f2a9c1e"][2]
+    assert final_rows(tmp_path / "forgetful.duckdb")[run_id][2] < never_stopped[run_id][2]
 
 
 def test_a_stream_restores_at_its_start_the_runs_whose_latest_events_no_snapshot_counts(

@@ -1,27 +1,38 @@
 """Who a run is, through the batch replay on Beam: one name given by two workloads is two runs in
-every table; the restarts of one workload are one run, with its disruption; the name the job gave
-stays in run_metadata, through a backfill of the raw events table too; configs and metrics land in
-their tables, and what is invalid of them in dead_letter with its reason."""
+every table, even where their uids share their first characters, and a job that gives a
+workload's derived run id as its own is a third; the restarts of one workload are one run, with
+its disruption; the name the job gave stays in run_metadata, through a backfill of the raw events
+table too; configs and metrics land in their tables, and what is invalid of them in dead_letter
+with its reason."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from goodput_schemas.wire import encode_batch
+from goodput_schemas.wire import encode_batch, workload_run_id
+from ml_goodput_measurement import goodput
 from support.beam import SNAPSHOT_TABLES, query, replay, run_batch, table
 from support.runs import (
     FIRST_UID,
     SECOND_UID,
+    as_run,
+    messages,
+    recorded,
     reused_name,
     with_configs_and_metrics,
     workload_messages,
 )
 
-FIRST, SECOND = "llama~3f2a9c1e", "llama~8d04b7aa"
+FIRST, SECOND = workload_run_id("llama", FIRST_UID), workload_run_id("llama", SECOND_UID)
+#: Two JobSets' uids that share their first 11 characters, and the runs of the name "train" they give.
+ALIKE_UIDS = ("team-a-run-1", "team-a-run-2")
+ALIKE = tuple(workload_run_id("train", uid) for uid in ALIKE_UIDS)
 T = 1_793_000_000_000_000  # 2026-10-25, in microseconds
 
 
@@ -63,15 +74,15 @@ def test_a_restart_in_the_same_workload_is_one_run_with_a_disruption(database):
     ((disruptions,),) = query(database, "SELECT disruptions FROM latest_goodput WHERE window_s = 0 "
                                         f"AND run_id = '{FIRST}'")
     assert disruptions == 1
-    assert sorted(query(database, "SELECT run_id, run_name, workload_uid FROM run_metadata")) == [
-        (FIRST, "llama", FIRST_UID), (FIRST, "llama", FIRST_UID), (SECOND, "llama", SECOND_UID)]
+    assert sorted(query(database, "SELECT run_id, run_name, workload_uid FROM run_metadata")) == sorted([
+        (FIRST, "llama", FIRST_UID), (FIRST, "llama", FIRST_UID), (SECOND, "llama", SECOND_UID)])
 
 
 def test_configs_and_metrics_land_in_their_tables(database):
     """Each run's user configs are its own; its metrics are there at their steps, a NaN loss too."""
     configs = query(database, "SELECT DISTINCT run_id, key, value FROM run_configs ORDER BY ALL")
-    assert configs == [(FIRST, "optimizer.lr", "0.01"), (FIRST, "seed", "1"),
-                       (SECOND, "optimizer.lr", "0.02"), (SECOND, "seed", "1")]
+    assert configs == sorted([(FIRST, "optimizer.lr", "0.01"), (FIRST, "seed", "1"),
+                              (SECOND, "optimizer.lr", "0.02"), (SECOND, "seed", "1")])
     losses = dict(query(database, "SELECT step, value FROM model_metrics WHERE name = 'LOSS' "
                                   f"AND run_id = '{SECOND}'"))
     assert math.isnan(losses.pop(5)) and losses[10] == pytest.approx(4.0 / 11)
@@ -101,4 +112,81 @@ def test_run_metadata_says_where_each_run_ran(database):
     """The workload each job_start carried is in run_metadata's columns, NULL where it is not known."""
     rows = query(database, "SELECT DISTINCT run_id, platform, cluster, namespace, jobset_name, pod "
                            "FROM run_metadata ORDER BY ALL")
-    assert rows == [(FIRST, "gke", "c1", "ml", "llama", None), (SECOND, "gke", "c1", "ml", "llama", None)]
+    assert rows == sorted([(FIRST, "gke", "c1", "ml", "llama", None),
+                           (SECOND, "gke", "c1", "ml", "llama", None)])
+
+
+def cumulative(database: Path, run_id: str) -> tuple[object, ...]:
+    """A run's latest cumulative goodput, elapsed time and disruptions."""
+    [row] = query(database, "SELECT goodput_pct, total_time_s, disruptions FROM latest_goodput "
+                            f"WHERE window_s = 0 AND run_id = '{run_id}'")
+    return row
+
+
+@pytest.fixture(scope="module")
+def alike(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A replay of two workloads whose uids share their first characters, under the name "train",
+    and of a job of no workload that records the second's events under the first's derived run id."""
+    first, second, _ = reused_name()
+    return replay([*workload_messages(first, "train", ALIKE_UIDS[0], 400),
+                   *workload_messages(second, "train", ALIKE_UIDS[1], 400),
+                   *messages(as_run(second, ALIKE[0]), 400)], tmp_path_factory.mktemp("alike"))
+
+
+def test_runs_a_prefix_of_their_ids_would_merge_are_three_runs_in_every_table(alike):
+    """The two workloads and the job that gave the first's derived id are three runs, each named
+    as its job named it, each with its own figures: the job's are the second's, whose events it
+    recorded, and not the first's."""
+    own = workload_run_id(ALIKE[0], "")
+    assert sorted(query(alike, "SELECT DISTINCT run_id, run_name, workload_uid FROM run_metadata")) == sorted(
+        [(ALIKE[0], "train", ALIKE_UIDS[0]), (ALIKE[1], "train", ALIKE_UIDS[1]), (own, ALIKE[0], None)])
+    for name in (*SNAPSHOT_TABLES, "events"):
+        runs = {row[0] for row in query(alike, f"SELECT DISTINCT run_id FROM {name}")}
+        assert runs == ({ALIKE[0]} if name == "disruptions" else {*ALIKE, own}), name
+    assert cumulative(alike, own) == cumulative(alike, ALIKE[1]) != cumulative(alike, ALIKE[0])
+
+
+def test_a_job_name_given_as_a_derived_id_reads_its_own_run(alike):
+    """The reference's calculator of the run id a job of no workload gave reads that job's run,
+    though it is the first workload's derived id."""
+    own_pct, first_pct = (cumulative(alike, run)[0] for run in (workload_run_id(ALIKE[0], ""), ALIKE[0]))
+    assert own_pct != first_pct
+    calculator = goodput.GoodputCalculator(ALIKE[0], duckdb_path=alike)
+    assert calculator.get_job_goodput()[0] == pytest.approx(own_pct)
+
+
+def test_a_backfill_keeps_runs_a_prefix_of_their_ids_would_merge_apart(alike, tmp_path: Path):
+    """Replaying the raw events table gives the same three runs, names and figures."""
+    backfilled = tmp_path / "backfill.duckdb"
+    run_batch(f"--from_duckdb={alike}", f"--duckdb={backfilled}")
+    for name in (*SNAPSHOT_TABLES, "run_metadata"):
+        assert table(backfilled, name) == table(alike, name), name
+
+
+def test_a_backfill_keeps_an_attempt_without_its_job_start_in_its_workloads_run(tmp_path: Path):
+    """An attempt of a workload's run whose job start was never received (so not in run_metadata)
+    is replayed from the raw events table into the same run."""
+    events, _ = recorded("restarted")
+    events = tuple(e for e in events if not (e.kind == "job_start" and e.attempt_id == "attempt-1"))
+    database = replay(workload_messages(events, "llama", FIRST_UID, 300), tmp_path / "lost")
+    backfilled = tmp_path / "backfill.duckdb"
+    run_batch(f"--from_duckdb={database}", f"--duckdb={backfilled}")
+    assert query(database, "SELECT DISTINCT run_id FROM events") == [(FIRST,)]
+    for name in (*SNAPSHOT_TABLES, "events"):
+        assert table(backfilled, name) == table(database, name), name
+
+
+def test_a_backfill_derives_again_the_ids_an_earlier_version_derived(database, tmp_path: Path):
+    """Runs an earlier version named by the uid's first 8 characters are replayed from the raw
+    events table under the ids derived now, with the same figures."""
+    earlier = tmp_path / "earlier.duckdb"
+    shutil.copy(database, earlier)
+    with duckdb.connect(str(earlier)) as connection:
+        for name in (*SNAPSHOT_TABLES, "events", "run_metadata", "run_configs", "model_metrics"):
+            for run_id, uid in ((FIRST, FIRST_UID), (SECOND, SECOND_UID)):
+                connection.execute(f"UPDATE {name} SET run_id = ? WHERE run_id = ?",
+                                   [f"llama~{uid[:8]}", run_id])
+    backfilled = tmp_path / "backfill.duckdb"
+    run_batch(f"--from_duckdb={earlier}", f"--duckdb={backfilled}")
+    for name in (*SNAPSHOT_TABLES, "run_metadata", "run_configs"):
+        assert table(backfilled, name) == table(database, name), name

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from goodput_schemas import table_schema
-from goodput_schemas.wire import encode_batch
+from goodput_schemas.wire import encode_batch, workload_run_id
 from pipeline.core import engine
 from pipeline.core.rows import (
     MODEL_METRICS,
@@ -86,8 +86,8 @@ def test_run_metadata_names_the_run_and_where_it_runs():
                 "jobset_uid": "3f2a9c1e-5b1d"}
     start = (0, T, "job_start", {"run_group": "llama", "workload": workload})
     (row,) = rows_of(encode_batch("llama-7b", "a1", [start], workload_uid="3f2a9c1e-5b1d").data, RUN_METADATA)
-    assert (row["run_id"], row["run_name"], row["workload_uid"]) == ("llama-7b~3f2a9c1e", "llama-7b",
-                                                                     "3f2a9c1e-5b1d")
+    assert (row["run_id"], row["run_name"], row["workload_uid"]) == (
+        workload_run_id("llama-7b", "3f2a9c1e-5b1d"), "llama-7b", "3f2a9c1e-5b1d")
     assert {field: row[field] for field in WORKLOAD_FIELDS} == {field: workload.get(field) for field in
                                                                 WORKLOAD_FIELDS}
     (plain,) = rows_of(encode_batch("llama-7b", "a1", [(0, T, "job_start", {})]).data, RUN_METADATA)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput_schemas.wire import workload_run_id
 from pipeline.core import engine
 from pipeline.core.snapshot import (
     CHECKPOINT_RESTORE,
@@ -329,8 +330,9 @@ def test_a_name_reused_by_a_new_workload_is_a_new_run(tmp_path: Path):
         for message in workload_messages(record_ours(run.attempts), "run", uid):
             batch = batch_of(message)
             states.setdefault(batch.run_id, engine.RunState(batch.run_id)).add_batch(batch)
-    assert sorted(states) == ["run~3f2a9c1e", "run~8d04b7aa"]
-    for run, run_id in ((first, "run~3f2a9c1e"), (second, "run~8d04b7aa")):
+    run_ids = [workload_run_id("run", uid) for uid in (FIRST_UID, SECOND_UID)]
+    assert sorted(states) == sorted(run_ids)
+    for run, run_id in zip((first, second), run_ids, strict=True):
         snapshot = states[run_id].snapshot(second.as_of_us())
         assert snapshot is not None
         figures = snapshot.cumulative

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from goodput_schemas.goodput_event_pb2 import EventBatch
-from goodput_schemas.wire import encode_batch
+from goodput_schemas.wire import encode_batch, workload_run_id
 from pipeline.core import events as events_module
 from pipeline.core.events import (
     EVENT_KINDS,
@@ -178,11 +178,12 @@ def test_a_workloads_message_belongs_to_the_run_of_its_name_and_uid():
     columnar, general = parse_batch(data, now_us=T), parse_batch(data.decode(), now_us=T)
     assert repr(columnar) == repr(general)
     batch, dead = general
+    run_id = workload_run_id("run-1", "3f2a9c1e-5b1d-4a7e")
     assert batch is not None and (batch.run_id, batch.run_name, batch.workload_uid) == (
-        "run-1~3f2a9c1e", "run-1", "3f2a9c1e-5b1d-4a7e")
-    assert {e.run_id for e in batch.events()} == {"run-1~3f2a9c1e"}
+        run_id, "run-1", "3f2a9c1e-5b1d-4a7e")
+    assert {e.run_id for e in batch.events()} == {run_id}
     assert batch.others[0].body["workload"] == {"cluster": "c1", "jobset_name": "js"}
-    assert [d.run_id for d in dead] == ["run-1~3f2a9c1e"]
+    assert [d.run_id for d in dead] == [run_id]
     plain, _ = parse_batch(encode_batch("run-1", "a1", records[:2]).data, now_us=T)
     assert plain is not None and (plain.run_id, plain.run_name, plain.workload_uid) == ("run-1", "", "")
 
@@ -197,12 +198,48 @@ def test_events_encoded_again_under_their_name_and_uid_come_back_to_their_run():
     assert again is not None and repr(again) == repr(batch)
 
 
+#: The run id derived for a workload's run, given by a job of no workload as its own run id.
+TAKEN = workload_run_id("run-1", "3f2a9c1e-5b1d-4a7e")
+
+
+def test_a_run_id_given_as_a_workloads_derived_id_is_read_as_a_run_of_its_own():
+    """A message of no workload whose run id is a workload's derived run id is of another run,
+    read in columns or in general, its dead letters too; the id it gave stays with the batch."""
+    records = [(0, T, "step_start", {"step": 0}), (1, T + 1, "step_start", {"step": -1})]
+    data = encode_batch(TAKEN, "a1", records).data
+    columnar, general = parse_batch(data, now_us=T), parse_batch(data.decode(), now_us=T)
+    assert repr(columnar) == repr(general)
+    batch, dead = general
+    assert batch is not None and batch.run_id != TAKEN and (batch.run_name, batch.workload_uid) == (TAKEN, "")
+    assert {e.run_id for e in batch.events()} == {d.run_id for d in dead} == {batch.run_id}
+
+
+def test_events_encoded_again_under_a_run_id_given_as_a_derived_id_come_back_to_their_run():
+    """``encode_events`` with the name a batch of no workload was read with gives a message of
+    the same run."""
+    batch, _ = parse_batch(encode_batch(TAKEN, "a1", [(0, T, "step_start", {"step": 0})]).data, now_us=T)
+    assert batch is not None
+    again, _ = parse_batch(events_module.encode_events(batch.events(), batch.run_name, batch.workload_uid),
+                           now_us=T)
+    assert again is not None and repr(again) == repr(batch)
+
+
+def test_a_rejected_message_of_a_run_id_given_as_a_derived_id_names_its_own_run():
+    """The dead letter of a message whose run id is a workload's derived id, and whose uid is
+    invalid, names the run that run id is of without a workload, not the workload's run."""
+    step = {"seq": 0, "time_us": T, "step_start": {"step": 0}}
+    valid, _ = parse_batch(batch(step, run_id=TAKEN), now_us=T)
+    _, dead = parse_batch(batch(step, run_id=TAKEN, workload_uid="u" * 129), now_us=T)
+    assert valid is not None and valid.run_id != TAKEN and [d.run_id for d in dead] == [valid.run_id]
+
+
 @pytest.mark.parametrize(("header", "reason", "run_id"), [
     ({"workload_uid": "u" * 129}, "workload_uid must be at most 128 printable characters", "run-1"),
     ({"workload_uid": "a\tb"}, "workload_uid must be at most 128 printable characters", "run-1"),
     ({"workload_uid": 7}, "does not match the schema", "run-1"),
     ({"workloadUid": "3f2a9c1e"}, 'the header names "workloadUid"', "run-1"),
-    ({"workload_uid": "3f2a9c1e-77", "schema_version": 9}, "unsupported schema_version", "run-1~3f2a9c1e"),
+    ({"workload_uid": "3f2a9c1e-77", "schema_version": 9}, "unsupported schema_version",
+     workload_run_id("run-1", "3f2a9c1e-77")),
 ])
 def test_a_message_with_a_bad_workload_uid_is_one_dead_letter(header, reason, run_id):
     """A workload uid that is not valid (or not read) would make a run of the wrong workload: the

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from goodput_schemas import saved_queries, views
+from goodput_schemas.wire import workload_run_id
 from pipeline.app.cli import main
 from pipeline.app.fleet_sql import run_saved
 from pipeline.sinks.duckdb import DuckDBSink
@@ -302,6 +303,10 @@ def test_unbalanced_books_lists_only_runs_whose_latest_snapshot_does_not_balance
     ]
 
 
+#: The runs of the name "llama" that two workloads gave it.
+REUSED = tuple(workload_run_id("llama", uid) for uid in ("aaaaaaaa-1", "bbbbbbbb-2"))
+
+
 def metadata(run_id: str, started: str, group: str) -> dict[str, Any]:
     return {"run_id": run_id, "attempt_id": f"{run_id}-a", "start_time": t(started), "run_group": group,
             "run_name": run_id.split("~")[0]}
@@ -323,7 +328,7 @@ def group_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     R2 of one name reused by two workloads; group "other": run O, started earlier."""
     path = tmp_path_factory.mktemp("groups") / "fleet.duckdb"
     sink = DuckDBSink(path)
-    r1, r2, r3 = "llama~aaaaaaaa", "llama~bbbbbbbb", "R3"
+    r1, r2, r3 = *REUSED, "R3"
     sink.write("run_metadata", [metadata(r1, "2026-11-02 08:00:00", "llama"),
                                 metadata(r3, "2026-11-02 09:00:00", "llama"),
                                 metadata(r2, "2026-11-02 10:00:00", "llama"),
@@ -361,7 +366,7 @@ def test_run_group_comparison_sets_the_groups_runs_side_by_side(group_fleet):
     """The latest group's runs in start order: goodput, the user configs that differ (lr, and batch,
     which R3 lacks; not seed, nor the software configs), each metric's last value by step (R2's
     LOSS: NaN at step 3, though recorded before step 1's), else by time, and its mean."""
-    r1, r2, r3 = "llama~aaaaaaaa", "llama~bbbbbbbb", "R3"
+    r1, r2, r3 = *REUSED, "R3"
     rows = run(group_fleet, "run_group_comparison")
     assert {(row["run_group"], row["run_name"]) for row in rows} == {("llama", "llama"), ("llama", "R3")}
     cells = [(row["item"], row["name"], row["run_id"], row["value"], row["last_value"], row["last_step"],
