@@ -12,8 +12,8 @@ Training code keeps the reference's import and calls::
 the run id the job gave; where new workloads reused it, each a run of its own, the latest of them
 to start) from a DuckDB file or a BigQuery dataset, chosen by a constructor argument or, so an
 unchanged constructor call works, by ``$GOODPUT_DUCKDB`` or ``$GOODPUT_BIGQUERY_DATASET``. It
-never reads Cloud Logging and never recomputes: a few small parameterized queries per call, each
-bounded to one run. ``duckdb`` and
+never reads Cloud Logging and recomputes only where the snapshots cannot answer (below): a few
+small parameterized queries per call, each bounded to one run. ``duckdb`` and
 ``google-cloud-bigquery`` are imported only when a calculator first queries, so a training image
 that only records pulls neither (a reader installs the one it uses).
 
@@ -32,6 +32,11 @@ What each method reads:
   before the interval's bounds (``goodput_snapshots``, ``badput_snapshots``), subtracted.
 * ``get_job_goodput_with_exclusions``: the latest snapshot less the figures of the snapshots at
   the exclusion intervals' bounds, subtracted likewise.
+* Where no snapshot lies within ``CLOSE_S`` before a bound (after a batch replay, one snapshot per
+  run), those two compute the figures at the bound from the run's raw events (``events``) with
+  the pipeline's engine, as a replay would: a read of every event of the run. That needs the
+  pipeline installed (``fleet-goodput``); without it, or without raw events, they raise ValueError
+  saying which replay gives the figures.
 * ``get_step_deviation`` (and the details' ``step_time_deviation``): the run's raw ``step_start``
   events (``events``), against the latest snapshot's ideal step time.
 """
@@ -42,10 +47,12 @@ import dataclasses
 import datetime
 import itertools
 import logging
+import math
+import numbers
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from emitter.recorder import ElasticGoodputRecorder, GoodputRecorder
@@ -64,6 +71,13 @@ from ml_goodput_measurement.src.goodput_utils import (
 
 _LOG = logging.getLogger(__name__)
 UTC = datetime.timezone.utc
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=UTC)
+
+#: A bound of an interval or exclusion is taken from the run's last snapshot at or before it when
+#: that snapshot is at most this many seconds earlier (two of the stream's default snapshot
+#: intervals); else, as after a batch replay (one snapshot per run, at ``--as_of``) or a silence,
+#: the figures at the bound are computed from the run's raw events.
+CLOSE_S = 60.0
 
 #: Environment variables naming where a calculator reads when its constructor does not say.
 DUCKDB_ENV = "GOODPUT_DUCKDB"
@@ -134,6 +148,13 @@ SELECT DISTINCT attempt_id, seq, step, event_time
 FROM {events}
 WHERE run_id = {run} AND kind = @kind
 """
+# Every event of the run, in the order a replay of the table reads them (pipeline.sinks.raw_events).
+_RUN_EVENTS = """
+SELECT run_id, attempt_id, seq, event_time, kind, step, body
+FROM {events}
+WHERE run_id = {run}
+ORDER BY attempt_id, seq
+"""
 _NAMES_RUNS = "SELECT 1 FROM duckdb_columns() WHERE table_name = 'run_metadata' AND column_name = 'run_name'"
 _TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots", "events", "run_metadata")
 _PARAMETER = re.compile(r"@([a-z_]+)")
@@ -151,9 +172,16 @@ class _Source(Protocol):
 
 
 class _DuckDBSource:
-    """A DuckDB file the pipeline writes (``--duckdb``), opened read-only for each query."""
+    """A DuckDB file the pipeline writes (``--duckdb``), opened read-only for each query.
+
+    A query waits (``attempts`` tries, 0.1 s apart) only while another process holds the file's
+    lock; a file that is missing, is not DuckDB's, or lacks the pipeline's tables is a ValueError
+    at once (the reference's error for "nothing to measure": a monitor polls on).
+    """
 
     def __init__(self, path: str | os.PathLike[str], attempts: int = 50) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"duckdb_path must be a path, got {type(path).__name__}")
         self.path = os.fspath(path)
         self.attempts = attempts
         self._names_runs = False
@@ -176,6 +204,9 @@ class _DuckDBSource:
 
         values = {name: _naive_utc(value) for name, value in parameters.items()}
         sql = _PARAMETER.sub(r"$\1", sql)
+        if not os.path.isfile(self.path):  # else the read-write fallback below would create it
+            raise ValueError(f"no DuckDB file {self.path!r}: the pipeline writes it (--duckdb={self.path}) "
+                             "once it runs; check duckdb_path or $" + DUCKDB_ENV)
         for attempt in range(self.attempts):
             try:
                 try:
@@ -184,16 +215,24 @@ class _DuckDBSource:
                     # This process already holds the file open for writing (a sink, a live demo):
                     # DuckDB then shares only a connection with the same configuration.
                     connection = duckdb.connect(self.path)
-            except duckdb.IOException:
+            except duckdb.IOException as error:
                 # The pipeline holds the file while it appends a bundle; it lets go within moments.
+                # Nothing else that DuckDB cannot open gets better by waiting.
+                if "lock" not in str(error):
+                    raise ValueError(f"cannot read {self.path!r} as the pipeline's DuckDB file: "
+                                     f"{_first_line(error)}") from None
                 if attempt == self.attempts - 1:
-                    raise
+                    raise TimeoutError(f"{self.path!r} stayed locked by another process for "
+                                       f"{self.attempts * 0.1:g} s: {_first_line(error)}") from None
                 time.sleep(0.1)
                 continue
             try:
                 cursor = connection.execute(sql, values)
                 names = [column[0] for column in cursor.description or ()]
                 return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            except (duckdb.CatalogException, duckdb.BinderException) as error:
+                raise ValueError(f"{self.path!r} does not hold the pipeline's tables (is it a file the "
+                                 f"pipeline wrote with --duckdb?): {_first_line(error)}") from None
             finally:
                 connection.close()
         raise AssertionError("unreachable")
@@ -219,13 +258,23 @@ class _BigQuerySource:
             raise ImportError("GoodputCalculator(bigquery_dataset=...) needs google-cloud-bigquery: "
                               "pip install fleet-goodput-measurement") from error
 
+        from google.api_core.exceptions import NotFound
+
         if self._client is None:
             self._client = bigquery.Client(project=self.project)
         query_parameters = [bigquery.ScalarQueryParameter(name, _bigquery_type(value), value)
                             for name, value in parameters.items()]
-        rows = self._client.query_and_wait(
-            sql, job_config=bigquery.QueryJobConfig(query_parameters=query_parameters))
+        try:
+            rows = self._client.query_and_wait(
+                sql, job_config=bigquery.QueryJobConfig(query_parameters=query_parameters))
+        except NotFound as error:  # as a DuckDB file that is missing or lacks the tables
+            raise ValueError(f"BigQuery dataset {self.project}.{self.dataset} does not hold the pipeline's "
+                             f"tables (is it the pipeline's --bigquery_dataset?): {error.message}") from None
         return [dict(row.items()) for row in rows]
+
+
+def _first_line(error: Exception) -> str:
+    return next(iter(str(error).splitlines()), "")
 
 
 def _bigquery_type(value: object) -> str:
@@ -250,16 +299,41 @@ def _aware_utc(value: datetime.datetime) -> datetime.datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _ideal_step_time(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"configured_ideal_step_time must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"configured_ideal_step_time must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _micros(moment: datetime.datetime) -> int:
+    return (moment - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def _from_micros(micros: int) -> datetime.datetime:
+    return _EPOCH + datetime.timedelta(microseconds=micros)
+
+
 def _optional(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 def _moment(value: object, name: str) -> datetime.datetime:
+    """A bound given as a timezone-aware datetime, in UTC. The reference's error for anything else
+    is a TypeError (it compares the bound with the aware times of its log), said clearly here."""
     if not isinstance(value, datetime.datetime):
-        raise TypeError(f"{name} must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None:
-        raise ValueError(f"{name} must be timezone-aware (UTC), got {value!r}")
+        raise TypeError(f"{name} must be a timezone-aware datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise TypeError(f"{name} must be timezone-aware (UTC), got the naive {value!r}")
     return value.astimezone(UTC)
+
+
+def _ordered(start: datetime.datetime, end: datetime.datetime) -> None:
+    if start >= end:
+        raise ValueError(f"interval_start {start} must be before interval_end {end}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +351,7 @@ class _Snapshot:
     stepping_slice_efficiency: float | None = None
     available_slice_efficiency: float | None = None
     span_s: float = 0.0  # window_end - window_start: what the slice efficiencies are weighted over
+    started: datetime.datetime | None = None  # window_start: when the run began
 
     @classmethod
     def before_run(cls, at: datetime.datetime) -> _Snapshot:
@@ -294,6 +369,34 @@ class _Interval:
     breakdown: BadputBreakdown
     total_s: float
     disruptions: int
+
+
+class _Replay:
+    """A run's events as the pipeline's engine reads them: its figures as of any time, each
+    computed by a state of its own, as a batch replay (``python -m pipeline --as_of``) does."""
+
+    def __init__(self, new_state: Callable[[], Any], batches: list[Any]) -> None:
+        self._new_state = new_state
+        self._batches = batches
+
+    def figures(self, as_of: datetime.datetime,
+                exclusions: Sequence[tuple[datetime.datetime, datetime.datetime]] = ()) -> _Snapshot:
+        """The run's cumulative figures as of ``as_of``, ``exclusions`` left out."""
+        state = self._new_state()
+        for batch in self._batches:
+            state.add_batch(batch)
+        snapshot = state.snapshot(_micros(as_of), windows_s=(),
+                                  exclusions=[(_micros(start), _micros(end)) for start, end in exclusions])
+        if snapshot is None:
+            return _Snapshot.before_run(as_of)
+        window = snapshot.cumulative
+        return _Snapshot(
+            time=as_of, productive_s=window.productive_s, total_s=window.total_s,
+            disruptions=window.disruptions, max_productive_step=snapshot.max_productive_step,
+            last_step=snapshot.last_step, ideal_step_time_s=snapshot.ideal_step_time_s,
+            badput_s=dict(window.badput_s), stepping_slice_efficiency=snapshot.stepping_slice_efficiency,
+            available_slice_efficiency=snapshot.available_slice_efficiency,
+            span_s=(window.end_us - window.start_us) / 1e6, started=_from_micros(window.start_us))
 
 
 class GoodputCalculator:
@@ -317,7 +420,10 @@ class GoodputCalculator:
             made for the dataset's project with the application default credentials.
 
     Raises:
-        ValueError: Neither or both of a DuckDB file and a BigQuery dataset are given.
+        ValueError: Neither or both of a DuckDB file and a BigQuery dataset are given. (A query
+            raises ValueError at once for a DuckDB file that is missing or not the pipeline's, or a
+            BigQuery dataset without its tables; it waits up to 5 s for a file another process
+            holds, then raises TimeoutError.)
     """
 
     #: Whether the breakdown always holds the elastic buckets (the reference's elastic calculator).
@@ -403,10 +509,17 @@ class GoodputCalculator:
             disruptions), as the reference.
 
         Raises:
-            ValueError: No snapshot at or before ``interval_end``, or no elapsed time between the
-                two snapshots.
+            ValueError: A bound is None (the reference's error), ``interval_start`` is not before
+                ``interval_end``, no snapshot at or before ``interval_end``, or no elapsed time
+                between the two snapshots.
+            TypeError: A bound is not a timezone-aware datetime (as the reference's).
         """
-        interval = self._interval(interval_start, interval_end)
+        if interval_start is None or interval_end is None:
+            raise ValueError("Start and end times are required to get log entries from an interval "
+                             f"window: got interval_start={interval_start!r}, interval_end={interval_end!r}")
+        start, end = _moment(interval_start, "interval_start"), _moment(interval_end, "interval_end")
+        _ordered(start, end)
+        interval = self._interval(start, end)
         return (interval.goodput_pct, interval.breakdown, interval.last.max_productive_step,
                 interval.total_s, interval.disruptions)
 
@@ -418,6 +531,12 @@ class GoodputCalculator:
         ``get_job_goodput_interval``'s goodput (under ``GoodputType.TOTAL``) and breakdown, and the
         interval's length in whole seconds. As the reference: an interval with nothing to
         measure gives empty goodput and badput (logged), not an error.
+
+        Raises:
+            TypeError: A bound is not a timezone-aware datetime (None included), as the
+                reference's.
+            ValueError: ``interval_start`` is not before ``interval_end`` (the reference answers
+                a negative or zero size).
         """
         return self._interval_details(interval_start, interval_end)[0]
 
@@ -431,12 +550,15 @@ class GoodputCalculator:
 
         The intervals are merged; one that is empty, reversed or not timezone-aware is skipped
         with a warning, as the reference skips it (the reference also skips an aware one that is
-        not in UTC; here it is converted). What an interval held is the difference of the run's
-        cumulative snapshots at or before its bounds, as in ``get_job_goodput_interval``; it is
-        taken out of the elapsed time, of productive time and of every bucket. So each bound is
-        early by at most one snapshot interval: the tables keep figures per snapshot, not the
-        timeline. An exact answer needs the timeline: run the pipeline with
-        ``--exclude=START/END`` (its ``total_time_s`` is then elapsed less excluded time).
+        not in UTC; here it is converted). Where a snapshot of the run lies at most ``CLOSE_S``
+        before every bound (a stream's, every 30 s), what an interval held is the difference of
+        the run's cumulative snapshots at or before its bounds, as in ``get_job_goodput_interval``;
+        it is taken out of the elapsed time, of productive time and of every bucket, so each bound
+        is early by at most that much. Otherwise (a batch replay writes one snapshot per run, at
+        ``--as_of``) the figures are computed from the run's raw events by the pipeline's engine,
+        exactly as a replay with ``--exclude=START/END`` computes them; that needs the pipeline
+        (``pip install fleet-goodput``) and the raw ``events`` table, and costs a read of every
+        event of the run.
 
         Args:
             exclusion_intervals: ``(start, end)`` pairs of timezone-aware datetimes.
@@ -450,30 +572,44 @@ class GoodputCalculator:
             excluded.
 
         Raises:
-            ValueError: The tables hold no snapshot of the run, or its elapsed time is zero.
+            ValueError: The tables hold no snapshot of the run, or its elapsed time is zero; a
+                bound needs the raw events, and they or the pipeline are missing (the message
+                says how to get the exact figures).
+            TypeError: ``exclusion_intervals`` is not a list of pairs of datetimes.
         """
         del configured_ideal_step_time
+        intervals = _merged(exclusion_intervals)
         latest = self._latest()
-        excluded = 0.0
-        productive = latest.productive_s
-        badput = dict(latest.badput_s)
-        for start, end in _merged(exclusion_intervals):
-            if start >= latest.time:
-                continue  # nothing measured there yet
-            first = self._at_or_before(start) or _Snapshot.before_run(start)
-            last = latest if end >= latest.time else (self._at_or_before(end) or _Snapshot.before_run(end))
-            excluded += max(0.0, last.total_s - first.total_s)
-            productive -= last.productive_s - first.productive_s
-            for source in last.badput_s.keys() | first.badput_s.keys():
-                badput[source] = badput.get(source, 0.0) - (
-                    last.badput_s.get(source, 0.0) - first.badput_s.get(source, 0.0))
-        total = max(0.0, latest.total_s - excluded)
+        measured = [interval for interval in intervals if interval[0] < latest.time]  # none after it
+        bounds = sorted({min(bound, latest.time) for interval in measured for bound in interval})
+        near = {bound: self._near(bound, latest) for bound in bounds}
+        max_step = latest.max_productive_step
+        if all(figures is not None for figures in near.values()):
+            excluded = 0.0
+            productive = latest.productive_s
+            badput = dict(latest.badput_s)
+            for start, end in measured:
+                first, last = near[start], near[min(end, latest.time)]
+                assert first is not None and last is not None
+                excluded += max(0.0, last.total_s - first.total_s)
+                productive -= last.productive_s - first.productive_s
+                for source in last.badput_s.keys() | first.badput_s.keys():
+                    badput[source] = badput.get(source, 0.0) - (
+                        last.badput_s.get(source, 0.0) - first.badput_s.get(source, 0.0))
+            total = max(0.0, latest.total_s - excluded)
+        else:
+            exact = self._replay(
+                "replay the run's events with `python -m pipeline --from_duckdb=FILE --duckdb=OUT "
+                f"--as_of={latest.time.isoformat()} --exclude=START/END`").figures(latest.time, measured)
+            productive, badput, total, max_step = exact.productive_s, exact.badput_s, exact.total_s, \
+                exact.max_productive_step
+            excluded = max(0.0, latest.total_s - total)
         if total == 0.0:
-            return 0.0, {}, latest.max_productive_step, excluded
+            return 0.0, {}, max_step, excluded
         productive = min(max(0.0, productive), total)
         badput = {source: seconds if 0.0 <= seconds <= total else 0.0 for source, seconds in badput.items()}
         breakdown = self._breakdown(badput, total, percent=True) if include_badput_breakdown else {}
-        return 100.0 * productive / total, breakdown, latest.max_productive_step, excluded
+        return 100.0 * productive / total, breakdown, max_step, excluded
 
     def get_step_deviation(self, configured_ideal_step_time: float | None = None) -> dict[int, float]:
         """``{step: |step time - ideal step time|}`` in seconds, for every measured step.
@@ -492,13 +628,16 @@ class GoodputCalculator:
                 else ``goodput_utils.compute_ideal_step_time`` over these step times.
 
         Raises:
-            ValueError: No step times, or no ideal step time.
+            ValueError: No step times, or no ideal step time; ``configured_ideal_step_time`` is
+                not a positive number of seconds (the reference takes 0 for none and answers a
+                negative one).
+            TypeError: ``configured_ideal_step_time`` is not a number.
         """
+        ideal = _ideal_step_time(configured_ideal_step_time)
         step_times = self._step_times()
         if not step_times:
             raise ValueError(f"No step times available for run {self.job_name!r}: no consecutive step "
                              "starts in the events table (is the pipeline run with --no_raw_events?)")
-        ideal = configured_ideal_step_time
         if ideal is None:
             rows = self._query(_LATEST_IDEAL_STEP_TIME, {"run_id": self.job_name})
             ideal = _optional(rows[0]["ideal_step_time_s"]) if rows else None
@@ -550,16 +689,56 @@ class GoodputCalculator:
         rows = self._query(_CUMULATIVE_AT_OR_BEFORE, {"run_id": self.job_name, "bound": bound})
         return self._snapshot(rows[0]) if rows else None
 
-    def _interval(self, interval_start: datetime.datetime, interval_end: datetime.datetime) -> _Interval:
-        start = _moment(interval_start, "interval_start")
-        end = _moment(interval_end, "interval_end")
-        if start >= end:
-            raise ValueError(f"interval_start {start} must be before interval_end {end}")
-        last = self._at_or_before(end)
-        if last is None:
-            raise ValueError(f"no goodput snapshot of run {self.job_name!r} at or before {end}")
-        # None: the run started inside the interval and counts from its start.
-        first = self._at_or_before(start) or _Snapshot.before_run(start)
+    def _near(self, bound: datetime.datetime, latest: _Snapshot) -> _Snapshot | None:
+        """The run's cumulative figures at ``bound`` as the tables hold them: its latest snapshot
+        from that snapshot on (nothing later is measured yet), nothing before the run began, else
+        its last snapshot at or before ``bound`` if at most ``CLOSE_S`` before it; None if none is."""
+        if bound >= latest.time:
+            return latest
+        snapshot = self._at_or_before(bound)
+        if snapshot is None:
+            return _Snapshot.before_run(bound) if latest.started is None or bound <= latest.started else None
+        return snapshot if (bound - snapshot.time).total_seconds() <= CLOSE_S else None
+
+    def _replay(self, exactly: str) -> _Replay:
+        """The run's raw events, read for the pipeline's engine; ``exactly`` tells, for the errors,
+        how a replay (``python -m pipeline``) has the same figures."""
+        hint = (f"the snapshots of run {self.job_name!r} do not bound these times within {CLOSE_S:g} s, "
+                "and computing the figures from its raw events needs")
+        try:
+            from pipeline.core.engine import RunState
+            from pipeline.core.events import parse_batch
+            from pipeline.sinks.raw_events import messages
+        except ImportError:
+            raise ValueError(f"{hint} the pipeline (pip install fleet-goodput); or {exactly}") from None
+        rows = self._query(_RUN_EVENTS, {"run_id": self.job_name})
+        if not rows:
+            raise ValueError(f"{hint} them in the events table, which holds none (is the pipeline run "
+                             f"with --no_raw_events?); or {exactly}")
+        columns = ((row["run_id"], row["attempt_id"], row["seq"], _micros(_aware_utc(row["event_time"])),
+                    row["kind"], row["step"], row["body"]) for row in rows)
+        # The pipeline accepted every one of them: parsed again, none is left out.
+        batches = [batch for _, data in messages(columns, "events")
+                   if (batch := parse_batch(data)[0]) is not None]
+        return _Replay(lambda: RunState(str(rows[0]["run_id"])), batches)
+
+    def _interval(self, start: datetime.datetime, end: datetime.datetime) -> _Interval:
+        """The figures of [start, end], bounds in UTC and in order."""
+        latest = self._latest()
+        if latest.started is not None and end <= latest.started:
+            raise ValueError(f"no goodput snapshot of run {self.job_name!r} at or before {end}: it "
+                             f"started at {latest.started}")
+        replay: _Replay | None = None
+        figures = []
+        for bound in (start, end):
+            near = self._near(bound, latest)
+            if near is None:
+                replay = replay or self._replay(
+                    f"replay the run's events with `python -m pipeline --from_duckdb=FILE --duckdb=OUT` "
+                    f"and --as_of={bound.isoformat()}")
+                near = replay.figures(bound)
+            figures.append(near)
+        first, last = figures  # first is before_run if the run began inside: it counts from its start
         total = last.total_s - first.total_s
         if total <= 0:
             raise ValueError(f"run {self.job_name!r} has no elapsed time between its snapshots at "
@@ -575,9 +754,11 @@ class GoodputCalculator:
     def _interval_details(
         self, interval_start: datetime.datetime, interval_end: datetime.datetime
     ) -> tuple[IntervalWorkloadMetricDetails, _Interval | None]:
-        size = int((interval_end - interval_start).total_seconds())
+        start, end = _moment(interval_start, "interval_start"), _moment(interval_end, "interval_end")
+        _ordered(start, end)
+        size = int((end - start).total_seconds())
         try:
-            interval = self._interval(interval_start, interval_end)
+            interval = self._interval(start, end)
         except ValueError as error:
             _LOG.warning("Failed to get interval metric details: %s", error)
             return {IntervalMetricType.INTERVAL_GOODPUT.value: {},
@@ -607,15 +788,17 @@ class GoodputCalculator:
         badput: dict[str, float] = {}
         for bucket in self._query(_BADPUT_OF_SNAPSHOT, {"run_id": self.job_name, "snapshot_time": at}):
             badput[str(bucket["badput_source"])] = float(bucket["seconds"])  # a re-run's rows repeat
-        span = (_aware_utc(row["window_end"]) - _aware_utc(row["window_start"])).total_seconds() \
-            if row.get("window_start") is not None and row.get("window_end") is not None else 0.0
+        started = None if row.get("window_start") is None else _aware_utc(row["window_start"])
+        span = (_aware_utc(row["window_end"]) - started).total_seconds() \
+            if started is not None and row.get("window_end") is not None else 0.0
         return _Snapshot(
             time=at, productive_s=float(row["productive_time_s"]), total_s=float(row["total_time_s"]),
             disruptions=int(row["disruptions"]), max_productive_step=int(row["max_productive_step"]),
             last_step=None if row["last_step"] is None else int(row["last_step"]),
             ideal_step_time_s=_optional(row["ideal_step_time_s"]),
             badput_s=badput, stepping_slice_efficiency=_optional(row.get("stepping_slice_efficiency")),
-            available_slice_efficiency=_optional(row.get("available_slice_efficiency")), span_s=span)
+            available_slice_efficiency=_optional(row.get("available_slice_efficiency")), span_s=span,
+            started=started)
 
     def _query(self, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Rows of one of the queries above, for the run that the name in ``@run_id`` names."""
@@ -648,11 +831,26 @@ class GoodputCalculator:
 
 
 def _merged(
-    intervals: Iterable[tuple[datetime.datetime, datetime.datetime]],
+    intervals: Iterable[tuple[datetime.datetime, datetime.datetime]] | None,
 ) -> list[tuple[datetime.datetime, datetime.datetime]]:
-    """Exclusion intervals in UTC, sorted and merged; invalid ones skipped with a warning."""
+    """Exclusion intervals in UTC, sorted and merged. As the reference's: None is no interval, and
+    one that is naive or not in order is skipped with a warning; anything but (datetime, datetime)
+    pairs is a TypeError (the reference's is an AttributeError from inside)."""
+    if intervals is None:
+        return []
+    if isinstance(intervals, str | bytes) or not isinstance(intervals, Iterable):
+        raise TypeError("exclusion_intervals must be a list of (start, end) pairs of timezone-aware "
+                        f"datetimes, got {type(intervals).__name__}")
     valid = []
-    for start, end in intervals:
+    for interval in intervals:
+        try:
+            start, end = interval
+        except (TypeError, ValueError):
+            raise TypeError("each exclusion interval must be a (start, end) pair of timezone-aware "
+                            f"datetimes, got {type(interval).__name__}") from None
+        if not isinstance(start, datetime.datetime) or not isinstance(end, datetime.datetime):
+            raise TypeError("each exclusion interval must be a (start, end) pair of timezone-aware "
+                            f"datetimes, got ({type(start).__name__}, {type(end).__name__})")
         if start.tzinfo is None or end.tzinfo is None:
             _LOG.warning("Skipping interval [%s, %s]: not timezone-aware (UTC)", start, end)
         elif start >= end:

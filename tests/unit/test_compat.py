@@ -7,12 +7,16 @@ scalars from the tables, or starts nothing; the signatures and enums are the ref
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import json
 import logging
+import math
 import multiprocessing
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +30,11 @@ import sqlglot
 
 from ml_goodput_measurement import goodput, goodput_elastic, goodput_utils, monitoring, monitoring_elastic
 from ml_goodput_measurement.src.goodput_utils import BadputType
-from pipeline.sinks.duckdb import DuckDBSink
+from pipeline.core import engine
+from pipeline.core.events import Batch
+from pipeline.core.rows import batch_rows, snapshot_rows
+from pipeline.sinks.duckdb import DuckDBSink, append
+from support.runs import batch_of, messages, micros, recorded
 
 UTC = datetime.timezone.utc
 T = datetime.datetime(2026, 11, 1, 8, tzinfo=UTC)
@@ -103,11 +111,9 @@ def test_interval_without_data_raises_value_error(hand: Path):
     """As the reference: an interval with nothing to measure raises ValueError."""
     calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
     with pytest.raises(ValueError, match="no goodput snapshot"):
-        calculator.get_job_goodput_interval(at(-50), at(50))
+        calculator.get_job_goodput_interval(at(-50), at(0))  # before the run
     with pytest.raises(ValueError, match="no elapsed time"):
-        calculator.get_job_goodput_interval(at(210), at(290))  # one snapshot for both bounds
-    with pytest.raises(ValueError, match="timezone-aware"):
-        calculator.get_job_goodput_interval(at(0).replace(tzinfo=None), at(250))
+        calculator.get_job_goodput_interval(at(210), at(250))  # one snapshot for both bounds
 
 
 def test_interval_metric_details_have_the_reference_shape(hand: Path):
@@ -122,9 +128,48 @@ def test_interval_metric_details_have_the_reference_shape(hand: Path):
 def test_interval_metric_details_of_an_empty_interval_are_empty(hand: Path,
                                                                 caplog: pytest.LogCaptureFixture):
     """As the reference: nothing to measure gives empty dicts and the size, and a warning."""
-    details = goodput.GoodputCalculator("hand", duckdb_path=hand).get_interval_metric_details(at(-50), at(50))
+    details = goodput.GoodputCalculator("hand", duckdb_path=hand).get_interval_metric_details(at(-100), at(0))
     assert details == {"interval_goodput": {}, "interval_badput": {}, "interval_size": 100}
     assert any("no goodput snapshot" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+NAIVE = T.replace(tzinfo=None)
+#: Bounds that are not timezone-aware datetimes. The reference raises TypeError for each: a naive
+#: one fails its comparison with its log's aware times, the others fail inside it.
+NOT_AWARE = {"text": ("2026-11-01T08:00:00Z", "2026-11-01T09:00:00Z"),
+             "dates": (T.date(), T.date() + datetime.timedelta(days=1)),
+             "naive": (NAIVE, NAIVE + datetime.timedelta(hours=1)), "naive end": (at(150), NAIVE),
+             "numbers": (0, 3600)}
+INTERVAL_METHODS = ["get_job_goodput_interval", "get_interval_metric_details"]
+
+
+@pytest.mark.parametrize("method", INTERVAL_METHODS)
+@pytest.mark.parametrize("bounds", NOT_AWARE.values(), ids=list(NOT_AWARE))
+def test_interval_bounds_that_are_not_aware_datetimes_raise_type_error(hand: Path, method: str,
+                                                                        bounds: tuple[Any, Any]):
+    """A bound that is not a timezone-aware datetime raises the reference's TypeError, naming it."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    with pytest.raises(TypeError, match=r"^interval_(start|end) must be (a )?timezone-aware"):
+        getattr(calculator, method)(*bounds)
+
+
+@pytest.mark.parametrize("method", INTERVAL_METHODS)
+@pytest.mark.parametrize("bounds", [(at(250), at(150)), (at(150), at(150))], ids=["reversed", "empty"])
+def test_interval_not_in_order_raises_value_error(hand: Path, method: str,
+                                                  bounds: tuple[datetime.datetime, datetime.datetime]):
+    """An interval that ends before or where it starts raises ValueError, never a size of 0 or less."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    with pytest.raises(ValueError, match="must be before interval_end"):
+        getattr(calculator, method)(*bounds)
+
+
+def test_interval_without_a_bound_raises_the_references_errors(hand: Path):
+    """A bound of None: the reference's ValueError from the interval, its TypeError from the details."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    with pytest.raises(ValueError, match="Start and end times are required"):
+        calculator.get_job_goodput_interval(None, at(250))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^interval_end must be a timezone-aware datetime, got NoneType"):
+        calculator.get_interval_metric_details(at(150), None)  # type: ignore[arg-type]
 
 
 def test_exclusions_take_the_excluded_snapshots_figures_out(hand: Path):
@@ -155,6 +200,105 @@ def test_excluding_everything_gives_zero_goodput(hand: Path):
     """As the reference: nothing left gives (0.0, {}, max productive step, excluded seconds)."""
     calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
     assert calculator.get_job_goodput_with_exclusions([(at(-10), at(400))], True) == (0.0, {}, 130, 300.0)
+
+
+@pytest.mark.parametrize("intervals", [[("2026-11-01T08:00:00Z", "2026-11-01T09:00:00Z")], [at(150)],
+                                       [(at(150),)], "ab", 150],
+                         ids=["text", "not-a-pair", "one-bound", "text-of-two", "a-number"])
+def test_exclusions_that_are_not_pairs_of_datetimes_raise_type_error(hand: Path, intervals: Any):
+    """Anything but (datetime, datetime) pairs raises a clear TypeError (the reference's is an
+    AttributeError from inside it)."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    with pytest.raises(TypeError, match=r"^(each )?exclusion.* pairs? of timezone-aware datetimes, got"):
+        calculator.get_job_goodput_with_exclusions(intervals)
+
+
+def test_exclusions_of_none_exclude_nothing(hand: Path):
+    """As the reference: None for the exclusion intervals is none."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    assert calculator.get_job_goodput_with_exclusions(None) == (  # type: ignore[arg-type]
+        pytest.approx(200 / 3), {}, 130, 0.0)
+
+
+# -- after a batch replay: one snapshot per run, and its raw events ----------------------------------
+
+
+def replay_to(path: Path, batches: list[Batch], as_of_us: int,
+              exclusions: tuple[tuple[int, int], ...] = ()) -> Path:
+    """Writes what a batch replay of ``batches`` (``python -m pipeline --as_of --exclude``) writes:
+    the run's one snapshot as of ``as_of_us``, ``exclusions`` left out, and its raw events."""
+    state = engine.RunState("run")
+    for batch in batches:
+        state.add_batch(batch)
+    snapshot = state.snapshot(as_of_us, exclusions=exclusions)
+    assert snapshot is not None
+    append(path, [*snapshot_rows(snapshot), *(element for batch in batches for element in batch_rows(batch))])
+    return path
+
+
+@pytest.fixture(scope="module")
+def restarted() -> tuple[list[Batch], int]:
+    """The messages of a run that crashed at T+309 s and restarted at T+369 s, and its end's time."""
+    events, as_of_us = recorded("restarted")
+    return [batch_of(message) for message in messages(events, 1000)], as_of_us
+
+
+#: Intervals of the restarted run: one inside the first attempt, one over the outage and restart.
+EXCLUDED = ((at(100), at(200)), (at(330), at(400)))
+
+
+def test_exclusions_after_a_replay_are_exact(restarted: tuple[list[Batch], int], tmp_path: Path):
+    """With one snapshot per run, exclusions give the figures a replay with --exclude writes."""
+    batches, as_of_us = restarted
+    replayed = replay_to(tmp_path / "replayed.duckdb", batches, as_of_us)
+    excluded = replay_to(tmp_path / "excluded.duckdb", batches, as_of_us,
+                         tuple((micros(start), micros(end)) for start, end in EXCLUDED))
+    ours = goodput.GoodputCalculator("run", duckdb_path=replayed)
+    theirs = goodput.GoodputCalculator("run", duckdb_path=excluded)
+    goodput_pct, breakdown, max_step, excluded_s = ours.get_job_goodput_with_exclusions(EXCLUDED, True)
+    assert (goodput_pct, breakdown, max_step) == theirs.get_job_goodput(True)
+    assert excluded_s == pytest.approx(ours.get_job_goodput_details()["total_elapsed_time"]
+                                       - theirs.get_job_goodput_details()["total_elapsed_time"])
+    assert excluded_s == pytest.approx(170.0)  # both lie inside the run
+
+
+def test_interval_after_a_replay_is_the_difference_at_its_bounds(restarted: tuple[list[Batch], int],
+                                                                  tmp_path: Path):
+    """With one snapshot per run, an interval is the difference of the run's figures exactly at its bounds."""
+    batches, as_of_us = restarted
+    replayed = replay_to(tmp_path / "replayed.duckdb", batches, as_of_us)
+    calculator = goodput.GoodputCalculator("run", duckdb_path=replayed)
+    at_bounds = []
+    for bound in (at(100), at(400)):
+        state = engine.RunState("run")
+        for batch in batches:
+            state.add_batch(batch)
+        snapshot = state.snapshot(micros(bound))
+        assert snapshot is not None
+        at_bounds.append(snapshot.cumulative)
+    first, last = at_bounds
+    goodput_pct, _, _, total_s, disruptions = calculator.get_job_goodput_interval(at(100), at(400))
+    assert total_s == pytest.approx(last.total_s - first.total_s) and disruptions == 1
+    assert goodput_pct == pytest.approx(100 * (last.productive_s - first.productive_s) / total_s)
+
+
+def test_exclusions_the_snapshots_do_not_bound_need_the_raw_events(hand: Path):
+    """Without raw events, an exclusion no snapshot is close to raises ValueError saying how to
+    have it exactly; never a figure of the whole run or of nothing."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    with pytest.raises(ValueError, match=r"--no_raw_events.*--exclude=START/END"):
+        calculator.get_job_goodput_with_exclusions([(at(20), at(50))])
+
+
+def test_exact_exclusions_without_the_pipeline_name_the_replay(
+        restarted: tuple[list[Batch], int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Where the pipeline's engine is not installed, ValueError says how to have the exact figures."""
+    batches, as_of_us = restarted
+    replayed = replay_to(tmp_path / "replayed.duckdb", batches, as_of_us)
+    calculator = goodput.GoodputCalculator("run", duckdb_path=replayed)
+    monkeypatch.setitem(sys.modules, "pipeline.core.engine", None)  # not importable
+    with pytest.raises(ValueError, match=r"pip install fleet-goodput.*python -m pipeline .*--exclude=START/"):
+        calculator.get_job_goodput_with_exclusions(EXCLUDED)
 
 
 def step_start(attempt: str, seq: int, seconds: float, step: int) -> dict[str, Any]:
@@ -203,6 +347,18 @@ def test_step_deviation_without_step_starts_raises_value_error(hand: Path):
     """As the reference: no step times is a ValueError."""
     with pytest.raises(ValueError, match="No step times"):
         goodput.GoodputCalculator("hand", duckdb_path=hand).get_step_deviation()
+
+
+@pytest.mark.parametrize(("ideal", "error"), [
+    ("2.0", TypeError), (True, TypeError), (0, ValueError), (-2.0, ValueError), (math.nan, ValueError),
+    (math.inf, ValueError)])
+def test_step_deviation_takes_only_a_positive_ideal_step_time(stepped: Path, ideal: Any,
+                                                              error: type[Exception]):
+    """A configured ideal step time that is not a positive number of seconds raises a clear error
+    (the reference answers deviations from a negative one)."""
+    calculator = goodput.GoodputCalculator("hand", duckdb_path=stepped)
+    with pytest.raises(error, match=r"^configured_ideal_step_time must be a (positive )?number of seconds"):
+        calculator.get_step_deviation(ideal)
 
 
 @pytest.fixture
@@ -335,13 +491,22 @@ class QueryStandIn(BaseHTTPRequestHandler):
         sql = re.sub(r"`[a-z0-9-]+\.[a-z0-9_]+\.([a-z_]+)`", r"\1", request["query"])
         with duckdb.connect(str(self.database), read_only=True) as connection:
             local = sqlglot.transpile(sql, read="bigquery", write="duckdb")[0]
-            cursor = connection.execute(local, parameters)
+            try:
+                cursor = connection.execute(local, parameters)
+            except duckdb.CatalogException as error:  # as BigQuery answers for a missing table
+                message = f"Not found: {str(error).splitlines()[0]}"
+                self._reply(404, {"error": {"code": 404, "message": message, "status": "NOT_FOUND",
+                                            "errors": [{"message": message, "reason": "notFound"}]}})
+                return
             fields = [{"name": d[0], "type": BIGQUERY_TYPES[str(d[1])], "mode": "NULLABLE"}
                       for d in cursor.description]
             rows = [{"f": [{"v": self._cell(v)} for v in row]} for row in cursor.fetchall()]
-        body = json.dumps({"kind": "bigquery#queryResponse", "jobComplete": True, "rows": rows,
-                           "totalRows": str(len(rows)), "schema": {"fields": fields}}).encode()
-        self.send_response(200)
+        self._reply(200, {"kind": "bigquery#queryResponse", "jobComplete": True, "rows": rows,
+                          "totalRows": str(len(rows)), "schema": {"fields": fields}})
+
+    def _reply(self, status: int, answer: dict[str, Any]) -> None:
+        body = json.dumps(answer).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -366,12 +531,20 @@ class QueryStandIn(BaseHTTPRequestHandler):
 @pytest.fixture
 def bigquery_client(hand: Path) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
     """The real BigQuery client, pointed at a jobs.query stand-in over the hand-written snapshots."""
+    with query_stand_in(hand) as client_and_requests:
+        yield client_and_requests
+
+
+@contextlib.contextmanager
+def query_stand_in(database: Path) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    """The real BigQuery client, pointed at a jobs.query stand-in over ``database``; and the
+    requests it sent."""
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import bigquery
 
     requests: list[dict[str, Any]] = []
-    handler = type("Handler", (QueryStandIn,), {"database": hand, "requests": requests})
+    handler = type("Handler", (QueryStandIn,), {"database": database, "requests": requests})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -422,6 +595,69 @@ def test_bigquery_answers_the_new_methods_as_duckdb(stepped: Path, bigquery_clie
     assert remote.get_job_goodput_with_exclusions(exclusions, True) == local.get_job_goodput_with_exclusions(
         exclusions, True)
     assert all("hand" not in request["query"] and request["queryParameters"] for request in requests)
+
+
+def test_a_dataset_without_the_pipelines_tables_is_a_value_error(tmp_path: Path):
+    """A BigQuery dataset that lacks the pipeline's tables (BigQuery's 404) raises a clear ValueError."""
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    with query_stand_in(empty) as (client, _):
+        calculator = goodput.GoodputCalculator("hand", bigquery_dataset="goodput-local.goodput",
+                                               bigquery_client=client)
+        with pytest.raises(ValueError, match=r"^BigQuery dataset goodput-local\.goodput does not hold the "
+                                             r"pipeline's tables.*latest_goodput"):
+            calculator.get_job_goodput()
+
+
+# -- the DuckDB file ----------------------------------------------------------------------------------
+
+
+def test_a_missing_duckdb_file_is_a_value_error_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A DuckDB file that does not exist, given or in $GOODPUT_DUCKDB, raises ValueError without
+    waiting, and is not created."""
+    monkeypatch.setenv(goodput.DUCKDB_ENV, str(tmp_path / "from-env.duckdb"))
+    for calculator in (goodput.GoodputCalculator("hand", duckdb_path=tmp_path / "nope.duckdb"),
+                       goodput.GoodputCalculator("hand")):
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=r"^no DuckDB file .*duckdb'"):
+            calculator.get_job_goodput()
+        assert time.monotonic() - started < 2.5  # the wait for a lock is 5 s
+    assert list(tmp_path.iterdir()) == []
+
+
+def other_tables(path: Path) -> None:
+    duckdb.connect(str(path)).execute("CREATE TABLE other (a INTEGER)").close()
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (other_tables, "does not hold the pipeline's tables"),
+    (lambda path: path.write_text("not a database"), "cannot read .* as the pipeline's DuckDB file"),
+    (lambda path: path.write_bytes(b""), "cannot read .* as the pipeline's DuckDB file"),
+    (lambda path: path.mkdir(), "no DuckDB file"),
+], ids=["other-tables", "text", "empty", "directory"])
+def test_a_file_that_is_not_the_pipelines_is_a_value_error_at_once(tmp_path: Path,
+                                                                   make: Callable[[Path], Any], why: str):
+    """A path that is not a DuckDB file the pipeline wrote raises a one-line ValueError without waiting."""
+    path = tmp_path / "goodput.duckdb"
+    make(path)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=why) as raised:
+        goodput.GoodputCalculator("hand", duckdb_path=path).get_job_goodput()
+    assert time.monotonic() - started < 2.5 and "\n" not in str(raised.value)
+
+
+def test_a_file_another_process_holds_is_waited_for(hand: Path):
+    """While another process holds the file's lock (the pipeline appending), a query waits, then answers."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time\nconnection = duckdb.connect(sys.argv[1])\n"
+         "print('held', flush=True)\ntime.sleep(1.0)\nconnection.close()", str(hand)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        goodput_pct, _, max_step = goodput.GoodputCalculator("hand", duckdb_path=hand).get_job_goodput()
+    finally:
+        assert holder.wait(timeout=30) == 0
+    assert (goodput_pct, max_step) == (pytest.approx(200 / 3), 130)
 
 
 # -- the monitor ------------------------------------------------------------------------------------
@@ -509,7 +745,7 @@ def test_monitor_waits_quietly_for_a_runs_first_snapshot(hand: Path, tmp_path: P
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(goodput.GoodputCalculator, "get_job_goodput", counted)
-    monitor = monitoring.GoodputMonitor("not-yet", "goodput_not_yet", str(tmp_path / "tb"), 0.01,
+    monitor = monitoring.GoodputMonitor("not-yet", "goodput_not_yet", str(tmp_path / "tb"), 1,
                                         monitoring_enabled=True, duckdb_path=hand)
     with caplog.at_level(logging.DEBUG, logger=MONITOR_LOGGER):
         monitor.start_goodput_uploader()
