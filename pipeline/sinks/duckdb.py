@@ -58,7 +58,9 @@ def _arrow_schema(table: str) -> pa.Schema:
     return pa.schema([(name, ARROW_TYPES[kind]) for name, kind in _columns()[table]])
 
 
-# Everything a database holds beside its tables, views and columns (nothing, in ours).
+# Everything a database holds beside its tables, views and plain columns (nothing, in ours): what
+# a query or an insert would run (a macro may stand in for a built-in function of the same name, a
+# column's default or expression is computed, an index's on each insert) and what we never make.
 _OTHER_OBJECTS_SQL = (
     "SELECT 'schema', schema_name FROM duckdb_schemas() WHERE database_name = current_database() "
     "AND NOT internal AND schema_name <> 'main' "
@@ -67,7 +69,12 @@ _OTHER_OBJECTS_SQL = (
     "UNION ALL SELECT 'macro', function_name FROM duckdb_functions() "
     "WHERE database_name = current_database() AND NOT internal "
     "UNION ALL SELECT 'type', type_name FROM duckdb_types() "
-    "WHERE database_name = current_database() AND NOT internal")
+    "WHERE database_name = current_database() AND NOT internal "
+    "UNION ALL SELECT 'index', index_name FROM duckdb_indexes() WHERE database_name = current_database() "
+    "UNION ALL SELECT constraint_type || ' constraint of the table', table_name FROM duckdb_constraints() "
+    "WHERE database_name = current_database() AND constraint_type <> 'NOT NULL' "
+    "UNION ALL SELECT 'default or expression of the column', table_name || '.' || column_name "
+    "FROM duckdb_columns() WHERE database_name = current_database() AND column_default IS NOT NULL")
 _TABLES_SQL = ("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
                "AND schema_name = 'main'")
 _VIEWS_SQL = ("SELECT view_name FROM duckdb_views() WHERE database_name = current_database() "

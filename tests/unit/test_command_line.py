@@ -101,10 +101,20 @@ def test_a_file_an_older_version_wrote_is_ours_and_gets_the_newer_columns(tmp_pa
     (["CREATE SCHEMA sales", "CREATE TABLE sales.events (run_id VARCHAR)"], "the schema 'sales'"),
     (["CREATE SEQUENCE ids"], "the sequence 'ids'"),
     (["CREATE MACRO twice(x) AS 2 * x"], "the macro 'twice'"),
+    (["CREATE TABLE events (run_id VARCHAR, seq BIGINT DEFAULT 0)"],
+     "the default or expression of the column 'events.seq'"),
+    (["CREATE TABLE events (run_id VARCHAR, kind VARCHAR GENERATED ALWAYS AS (upper(run_id)))"],
+     "the default or expression of the column 'events.kind'"),
+    (["CREATE TABLE events (run_id VARCHAR CHECK (run_id <> ''))"], "the CHECK constraint of the table 'events'"),
+    (["CREATE TABLE events (run_id VARCHAR PRIMARY KEY)"], "the PRIMARY KEY constraint of the table 'events'"),
+    (["CREATE TABLE events (run_id VARCHAR)", "CREATE INDEX by_run ON events (upper(run_id))"],
+     "the index 'by_run'"),
 ])
 def test_a_database_holding_anything_of_someone_else_is_not_ours(tmp_path: Path, statements: list[str],
                                                                  named: str):
-    """Anything in a DuckDB file that the pipeline does not make makes it someone else's, named."""
+    """Anything in a DuckDB file that the pipeline does not make makes it someone else's, named:
+    what a query or an insert would run (macros, defaults, computed columns, constraints, indexes)
+    too."""
     path = foreign(tmp_path / "theirs.duckdb", *statements)
     with duckdb.connect(str(path), read_only=True) as connection:
         problem = not_ours(connection)
