@@ -210,7 +210,10 @@ class _DuckDBSource:
         for attempt in range(self.attempts):
             try:
                 try:
-                    connection = duckdb.connect(self.path, read_only=True)
+                    # A file brings SQL of its own (its views): the connection reaches no other
+                    # file, and no query can change that (pipeline.sinks.duckdb.READER_CONFIG).
+                    connection = duckdb.connect(self.path, read_only=True, config={
+                        "enable_external_access": False, "lock_configuration": True})
                 except duckdb.ConnectionException:
                     # This process already holds the file open for writing (a sink, a live demo):
                     # DuckDB then shares only a connection with the same configuration.

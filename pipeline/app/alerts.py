@@ -301,13 +301,14 @@ def evaluate_connection(connection: Any, thresholds: AlertThresholds | None = No
 
 
 def evaluate_file(duckdb_path: str | Path, thresholds: AlertThresholds | None = None) -> list[Alert]:
-    """``evaluate`` on the snapshot history of a DuckDB file written by the pipeline."""
-    import duckdb
+    """``evaluate`` on the snapshot history of a DuckDB file written by the pipeline (a file it
+    did not write is a ``ValueError``, ``pipeline.sinks.duckdb.NotOurs``)."""
+    from pipeline.sinks.duckdb import open_reader
 
     path = Path(duckdb_path)
     if not path.exists():
         raise FileNotFoundError(path)
-    connection = duckdb.connect(str(path), read_only=True)
+    connection = open_reader(path)
     try:
         return evaluate_connection(connection, thresholds)
     finally:

@@ -115,10 +115,14 @@ def check_events_file(path: str, option: str = "--events") -> None:
 
 
 @contextlib.contextmanager
-def read_only(path: str, option: str = "--duckdb") -> Iterator[Any]:
-    """A read-only connection to an existing DuckDB file, waiting a little while another process
-    writes it; a path that is not a DuckDB file is a ``UsageError``."""
+def read_only(path: str, option: str = "--duckdb", output: bool = False) -> Iterator[Any]:
+    """A connection that reads an existing DuckDB file this pipeline wrote, as every reader opens
+    one (``pipeline.sinks.duckdb.open_reader``: nothing outside the file, the pipeline's own
+    views), waiting a little while another process writes it; a path that is not such a file is a
+    ``UsageError``; ``output`` when the file is to be written."""
     import duckdb
+
+    from pipeline.sinks.duckdb import NotOurs, open_reader
 
     status = check_readable_file(path, option)
     if status.st_size == 0:
@@ -127,8 +131,13 @@ def read_only(path: str, option: str = "--duckdb") -> Iterator[Any]:
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
-            connection = duckdb.connect(path, read_only=True)
+            connection = open_reader(path)
             break
+        except NotOurs as error:
+            hint = ("it was left untouched: name a new file or one this pipeline wrote" if output
+                    else "name a file this pipeline wrote with --duckdb")
+            raise UsageError(f"{option}={path} is not a DuckDB file this pipeline wrote "
+                             f"({error.problem}); {hint}") from None
         except duckdb.IOException as error:
             if "lock" in str(error) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -148,18 +157,6 @@ def read_only(path: str, option: str = "--duckdb") -> Iterator[Any]:
         connection.close()
 
 
-def check_ours(connection: Any, path: str, option: str, output: bool = False) -> None:
-    """A DuckDB file this pipeline wrote (``pipeline.sinks.duckdb.not_ours``), or one with nothing
-    in it; ``output`` when it is to be written."""
-    from pipeline.sinks.duckdb import not_ours
-
-    problem = not_ours(connection)
-    if problem is not None:
-        hint = ("it was left untouched: name a new file or one this pipeline wrote" if output
-                else "name a file this pipeline wrote with --duckdb")
-        raise UsageError(f"{option}={path} is not a DuckDB file this pipeline wrote ({problem}); {hint}")
-
-
 def check_duckdb_output(path: str, option: str = "--duckdb") -> None:
     """The DuckDB file a pipeline is to write: a new file in a directory that can be written, or
     an existing file this pipeline wrote (an older version's too: the sink adds the columns it
@@ -173,8 +170,8 @@ def check_duckdb_output(path: str, option: str = "--duckdb") -> None:
         if not os.access(ancestor, os.W_OK | os.X_OK):
             raise UsageError(f"cannot create {option}={path}: no permission to write in {ancestor}")
         return
-    with read_only(path, option) as connection:
-        check_ours(connection, path, option, output=True)
+    with read_only(path, option, output=True):
+        pass
     if not os.access(path, os.W_OK):
         raise UsageError(f"cannot write {option}={path}: permission denied")
 
@@ -182,7 +179,6 @@ def check_duckdb_output(path: str, option: str = "--duckdb") -> None:
 def check_duckdb_input(path: str, option: str = "--from_duckdb") -> None:
     """A DuckDB file a backfill reads: one this pipeline wrote, with its raw events table."""
     with read_only(path, option) as connection:
-        check_ours(connection, path, option)
         columns = {column for column, in connection.execute(
             "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
             "AND schema_name = 'main' AND table_name = 'events'").fetchall()}

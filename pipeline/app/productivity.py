@@ -88,11 +88,10 @@ def read_duckdb(path: str) -> tuple[Rows, Rows]:
     """The rows of ``run_productivity`` and ``fleet_productivity`` on a DuckDB file."""
     import duckdb
 
-    from pipeline.app.checks import check_ours, read_only
+    from pipeline.app.checks import read_only
     from pipeline.app.fleet_sql import run_saved
 
     with read_only(path) as connection:
-        check_ours(connection, path, "--duckdb")
         try:
             runs, fleet = (_dicts(*run_saved(name, connection)) for name in (RUN_QUERY, FLEET_QUERY))
         except (duckdb.CatalogException, duckdb.BinderException) as error:

@@ -25,8 +25,9 @@ Legends, panels, bars, timeline rows and tables are capped for large fleets and 
 thinned, so the page stays readable and light. A file written before anomalies were detected (no
 ``run_anomalies`` table), or before configs and metrics were recorded (no ``run_configs`` and
 ``model_metrics`` tables), or before MPG and capacity (no ``accelerator_peaks``, ``jobset_metrics``
-or ``capacity`` table), still gives the whole report. The DuckDB file is opened read-only;
-matplotlib is imported only when a report is written.
+or ``capacity`` table), still gives the whole report. The DuckDB file is opened as every reader
+opens one (``pipeline.sinks.duckdb.open_reader``): read-only, reaching no other file, with the
+pipeline's own views, never the file's. matplotlib is imported only when a report is written.
 """
 
 from __future__ import annotations
@@ -129,15 +130,16 @@ class _Group:
 def write_report(duckdb_path: Path, output: Path, thresholds: AlertThresholds | None = None) -> None:
     """Writes the HTML report of the DuckDB file ``duckdb_path`` to ``output``.
 
-    ``thresholds`` are those of the alert policies (default: the Terraform defaults).
+    ``thresholds`` are those of the alert policies (default: the Terraform defaults). A file this
+    pipeline did not write is a ``ValueError`` (``pipeline.sinks.duckdb.NotOurs``).
     """
-    import duckdb
+    from pipeline.sinks.duckdb import open_reader
 
     duckdb_path, output = Path(duckdb_path), Path(output)
     if not duckdb_path.exists():
         raise FileNotFoundError(duckdb_path)
     thresholds = thresholds or AlertThresholds()
-    connection = duckdb.connect(str(duckdb_path), read_only=True)
+    connection = open_reader(duckdb_path)
     try:
         fleet = _read(connection, thresholds)
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from pipeline.sinks.duckdb import DuckDBSink
+from pipeline.sinks.duckdb import open_reader
 
 SUMMARY_RUNS = 50  # runs listed by the summary; a larger fleet lists its lowest goodput first
 
@@ -13,19 +13,16 @@ SUMMARY_RUNS = 50  # runs listed by the summary; a larger fleet lists its lowest
 def print_summary(duckdb_path: str, out: TextIO, max_runs: int = SUMMARY_RUNS) -> None:
     """The latest cumulative figures of the runs in the DuckDB file: all of them, in run order,
     or the ``max_runs`` with the lowest goodput."""
-    sink = DuckDBSink(duckdb_path)
-    try:
-        runs = sink.query(
+    with open_reader(duckdb_path) as connection:
+        runs = connection.execute(
             "SELECT run_id, goodput_pct, total_time_s, disruptions, max_productive_step, ended "
-            "FROM latest_goodput WHERE window_s = 0 ORDER BY run_id")
-        dead = sink.query("SELECT count(*) FROM dead_letter")[0][0]
-        top = sink.query(
+            "FROM latest_goodput WHERE window_s = 0 ORDER BY run_id").fetchall()
+        dead = connection.execute("SELECT count(*) FROM dead_letter").fetchall()[0][0]
+        top = connection.execute(
             "SELECT run_id, badput_source, pct FROM latest_badput WHERE window_s = 0 "
             "AND badput_source <> 'DATA_LOADING_ASYNC' AND pct > 0 "
             "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY pct DESC) <= 3 "
-            "ORDER BY run_id, pct DESC")
-    finally:
-        sink.close()
+            "ORDER BY run_id, pct DESC").fetchall()
     shown = runs
     if len(runs) > max_runs:
         shown = sorted(runs, key=lambda run: (run[1] is not None, run[1] or 0.0, run[0]))[:max_runs]

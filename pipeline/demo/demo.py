@@ -167,10 +167,12 @@ def read_live(database: Path) -> tuple[dict[str, LiveRun], int] | None:
     stream holds the file (it opens it for each write) or has not created it yet."""
     import duckdb
 
+    from pipeline.sinks.duckdb import open_reader
+
     if not database.exists():
         return None
     try:
-        with duckdb.connect(str(database), read_only=True) as connection:
+        with open_reader(database) as connection:
             rows = connection.execute(
                 "SELECT run_id, window_s, goodput_pct, productive_time_s, last_step, disruptions, ended "
                 "FROM latest_goodput WHERE window_s IN (0, 900, 3600)").fetchall()
@@ -194,9 +196,9 @@ def read_live(database: Path) -> tuple[dict[str, LiveRun], int] | None:
 
 def latest_cumulative(database: Path) -> dict[str, tuple[Any, ...]]:
     """Each run's latest (goodput, total time, disruptions, max productive step, ended)."""
-    import duckdb
+    from pipeline.sinks.duckdb import open_reader
 
-    with duckdb.connect(str(database), read_only=True) as connection:
+    with open_reader(database) as connection:
         rows = connection.execute(
             "SELECT run_id, goodput_pct, total_time_s, disruptions, max_productive_step, ended "
             "FROM latest_goodput WHERE window_s = 0").fetchall()

@@ -35,15 +35,17 @@ ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float6
                 "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us")}
 
 
-def create_table_sql(name: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` for output table ``name``, from its JSON schema."""
+def create_table_sql(name: str, temporary: bool = False) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for output table ``name``, from its JSON schema; or ``CREATE
+    TEMPORARY TABLE``, for one connection alone."""
     columns = []
     for field in table_schema(name):
         column = f'"{field["name"]}" {DUCKDB_TYPES[field["type"]]}'
         if field.get("mode") == "REQUIRED":
             column += " NOT NULL"
         columns.append(column)
-    return f'CREATE TABLE IF NOT EXISTS "{name}" ({", ".join(columns)})'
+    create = "CREATE TEMPORARY TABLE" if temporary else "CREATE TABLE IF NOT EXISTS"
+    return f'{create} "{name}" ({", ".join(columns)})'
 
 
 @functools.cache
@@ -108,6 +110,71 @@ def not_ours(connection: duckdb.DuckDBPyConnection) -> str | None:
     return None
 
 
+class NotOurs(ValueError):
+    """A DuckDB file this pipeline did not write, or not one to trust: ``problem`` says why."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"{path} is not a DuckDB file this pipeline wrote: {problem}")
+        self.problem = problem
+
+
+#: The configuration of every connection that only reads a file. A file brings SQL of its own (its
+#: views), which could read the reader's files into what it shows: such a connection reaches no
+#: file but its own, no network and no extension, and no statement it runs can change that.
+READER_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False, "lock_configuration": True}
+
+# The views defined for the connection alone (temporary ones).
+_OWN_VIEWS_SQL = ("SELECT view_name FROM duckdb_views() WHERE database_name = 'temp' "
+                  "AND schema_name = 'main'")
+
+
+def open_reader(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection (``READER_CONFIG``) to the DuckDB file ``path``, one this pipeline
+    wrote (``NotOurs`` otherwise, ``not_ours``), with the pipeline's own views (``own_views``):
+    what a query on it reads is the file's tables, through SQL of ours. ``duckdb.IOException``
+    while another process writes the file."""
+    connection = duckdb.connect(str(path), read_only=True, config=READER_CONFIG)
+    try:
+        problem = not_ours(connection)
+        if problem is not None:
+            raise NotOurs(path, problem)
+        own_views(connection)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def own_views(connection: duckdb.DuckDBPyConnection) -> None:
+    """Defines each view of ``goodput_schemas/views/`` for ``connection`` alone, as a temporary
+    view, which DuckDB resolves before the file's, named alone or as ``main.NAME``: a reader never
+    runs the views a file holds. Where the file lacks a table or column a view reads (an older
+    version's file), a view it lacks too is left out, and one it holds is defined over empty
+    stand-ins of the tables, dropped again: a query reading it fails, naming what the file lacks,
+    as the file's own view would have."""
+    from pipeline.sinks.duckdb_sql import view_to_duckdb
+
+    defined = {name for name, in connection.execute(_OWN_VIEWS_SQL).fetchall()}
+    held = {name for name, in connection.execute(_VIEWS_SQL).fetchall()}
+    for name, query in views("main").items():
+        if name in defined:
+            continue
+        create = f'CREATE TEMPORARY VIEW "{name}" AS {view_to_duckdb(query)}'
+        try:
+            connection.execute(create)
+        except (duckdb.CatalogException, duckdb.BinderException):
+            if name not in held:
+                continue
+            try:
+                for table in table_names():
+                    connection.execute(create_table_sql(table, temporary=True))
+                connection.execute(create)
+            finally:
+                for table in table_names():
+                    connection.execute(f'DROP TABLE IF EXISTS temp.main."{table}"')
+
+
 class DuckDBSink:
     """Appends rows to the output tables of one DuckDB file: opened on a connection of its own,
     or attached to ``host``, a connection to an in-memory database, and detached on close (a new
@@ -142,7 +209,7 @@ class DuckDBSink:
         if not found >= wanted:
             problem = not_ours(self._connection)  # before the first write to a file
             if problem is not None:
-                raise ValueError(f"{self.path} is not a DuckDB file this pipeline wrote: {problem}")
+                raise NotOurs(self.path, problem)
             self._make_tables(wanted - found)
 
     def _make_tables(self, missing: set[tuple[str, str | None]]) -> None:

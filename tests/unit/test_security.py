@@ -1,12 +1,22 @@
-"""Abuse: SQL is never built from user data (the scan of every source file, and the scan itself)."""
+"""Abuse: SQL is never built from user data (the scan of every source file, and the scan itself),
+and a DuckDB file handed to a reader runs only what the pipeline made."""
 
 from __future__ import annotations
 
 import ast
+import io
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
+import duckdb
+import pytest
+
+from goodput_schemas import views
+from pipeline.sinks.duckdb import NotOurs, not_ours, open_reader
+from pipeline.sinks.duckdb_sql import view_to_duckdb
 from support import REPO
+from support.history import goodput_row, write_rows
 
 # -- Cloud Monitoring: label values --------------------------------------------------------------------
 
@@ -47,9 +57,6 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "earlier": "a part of a saved query or view of goodput_schemas/, or of a query the BigQuery "
                    "stand-in was sent, re-rendered",
         "_UNIT_US[unit]": "an integer constant"},
-    "pipeline/app/fleet_sql.py": {"view": "a view name from goodput_schemas/views/",
-                                  "view_to_duckdb(query)": "a view's SQL from goodput_schemas/views/, "
-                                                           "transpiled"},
     "ml_goodput_measurement/src/goodput.py": {
         "_RUN_OF_NAME.format(**self._tables)":
             "table references: names from _TABLES, project and dataset matched by _DATASET",
@@ -123,6 +130,140 @@ def test_no_sql_is_built_from_anything_but_our_own_names():
                 if expression not in allowed:
                     problems.append(f"{name}:{line}: {expression} is put into SQL text")
     assert problems == []
+
+
+# -- DuckDB files: a reader runs only what the pipeline made -------------------------------------------
+
+SECRET = "top-secret-4711"
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    """A file of the reader's that no output may show."""
+    path = tmp_path / "secret.txt"
+    path.write_text(SECRET)
+    return path
+
+
+def planted(path: Path, secret: Path, view: str, column: str = "run_id") -> Path:
+    """``path``, a file the pipeline wrote, with run r1's snapshot in it, after someone made its
+    view ``view`` again with the same name and columns: each row of ours, with ``secret`` read into
+    ``column``. The ownership check cannot tell it from ours."""
+    write_rows(path, {"goodput_snapshots": [goodput_row("r1", 600)]})
+    with duckdb.connect(str(path)) as connection:
+        connection.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT o.* REPLACE (r.content AS {column}) "
+                           f"FROM ({view_to_duckdb(views('main')[view])}) AS o, read_text('{secret}') AS r")
+        assert not_ours(connection) is None
+    return path
+
+
+def test_a_reader_reaches_no_file_but_its_own_and_cannot_be_set_to(tmp_path: Path, secret: Path):
+    """A connection that reads a DuckDB file can neither read, write nor attach another file, nor
+    be reconfigured to."""
+    with open_reader(write_rows(tmp_path / "goodput.duckdb", {})) as connection:
+        for statement in (f"SELECT content FROM read_text('{secret}')",
+                          f"SELECT * FROM glob('{tmp_path}/*')",
+                          f"COPY (SELECT 1) TO '{tmp_path / 'out.csv'}'",
+                          f"ATTACH '{tmp_path / 'x.duckdb'}'"):
+            with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+                connection.execute(statement)
+        for setting in ("enable_external_access = true", "lock_configuration = false"):
+            with pytest.raises(duckdb.InvalidInputException):
+                connection.execute(f"SET {setting}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["goodput.duckdb", "secret.txt"]
+
+
+def test_a_reader_runs_the_pipelines_views_not_the_files(tmp_path: Path, secret: Path):
+    """A view the file holds under one of our names is not the one a reader's queries read, named
+    alone or as main.NAME."""
+    path = planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")
+    with open_reader(path) as connection:
+        for name in ("latest_goodput", "main.latest_goodput"):
+            assert connection.execute(f"SELECT run_id FROM {name}").fetchall() == [("r1",)]
+
+
+@pytest.mark.parametrize("command", [["query", "run_productivity"],
+                                     ["query", "run_productivity", "--format", "csv"],
+                                     ["query", "run_productivity", "--format", "json"], ["report"]])
+def test_goodput_query_and_report_show_nothing_a_files_views_read(tmp_path: Path, secret: Path,
+                                                                   command: list[str], capsys):
+    """goodput query and report on a file whose view reads a local file show run r1, never that file."""
+    from pipeline.app.cli import main
+
+    path = planted(tmp_path / "goodput.duckdb", secret, "run_productivity_factors")
+    report = tmp_path / "report.html"
+    assert main([*command, "--duckdb", str(path), *(["--output", str(report)] if command == ["report"]
+                                                    else [])]) == 0
+    shown = capsys.readouterr().out + (report.read_text() if command == ["report"] else "")
+    assert "r1" in shown and SECRET not in shown
+
+
+def test_the_replay_summary_shows_nothing_a_files_views_read(tmp_path: Path, secret: Path):
+    """The summary a replay prints reads the pipeline's views, not the file's."""
+    from pipeline.app.summary import print_summary
+
+    out = io.StringIO()
+    print_summary(str(planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")), out)
+    assert out.getvalue().splitlines()[1].startswith("r1 ") and SECRET not in out.getvalue()
+
+
+def test_the_demo_reads_the_pipelines_views_not_the_files(tmp_path: Path, secret: Path):
+    """The demo's figures of each run come from the pipeline's views."""
+    from pipeline.demo.demo import latest_cumulative, read_live
+
+    path = planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")
+    live = read_live(path)
+    assert set(latest_cumulative(path)) == {"r1"} and live is not None and set(live[0]) == {"r1"}
+
+
+def test_the_read_api_reaches_no_file_but_its_own(tmp_path: Path, secret: Path):
+    """GoodputCalculator on a file whose view reads a local file is refused the read."""
+    from ml_goodput_measurement import goodput
+
+    path = planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")
+    with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+        goodput.GoodputCalculator("r1", duckdb_path=str(path)).get_job_goodput()
+
+
+def test_a_view_the_pipeline_cannot_make_over_the_files_tables_is_still_not_the_files(
+        tmp_path: Path, secret: Path, capsys):
+    """A file lacking a table our view reads, holding a view of that name that reads a local file:
+    the query fails as the file lacks the table, and the file's view is never run."""
+    from pipeline.app.cli import main
+
+    path = write_rows(tmp_path / "goodput.duckdb", {"goodput_snapshots": [goodput_row("r1", 600)]})
+    with duckdb.connect(str(path)) as connection:
+        columns = connection.execute("DESCRIBE run_productivity_factors").fetchall()
+        read = ", ".join("content AS run_id" if name == "run_id" else f"NULL::{kind} AS {name}"
+                         for name, kind, *_ in columns)
+        connection.execute("DROP TABLE accelerator_peaks")
+        connection.execute(f"CREATE OR REPLACE VIEW run_productivity_factors AS SELECT {read} "
+                           f"FROM read_text('{secret}')")
+    assert main(["query", "run_productivity", "--duckdb", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "lacks a table or column" in captured.err and "accelerator_peaks" in captured.err
+    assert SECRET not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("reader", ["write_report", "evaluate_file", "backfill_messages", "print_summary"])
+def test_every_library_reader_refuses_a_file_the_pipeline_did_not_write(tmp_path: Path, reader: str):
+    """The report, the alerts, the backfill and the summary refuse a file holding a macro, which
+    could stand in for a built-in function of the queries, before reading it."""
+    from pipeline.app.alerts import evaluate_file
+    from pipeline.app.report import write_report
+    from pipeline.app.summary import print_summary
+    from pipeline.sinks.raw_events import backfill_messages
+
+    path = write_rows(tmp_path / "goodput.duckdb", {"goodput_snapshots": [goodput_row("r1", 600)]})
+    with duckdb.connect(str(path)) as connection:
+        connection.execute("CREATE MACRO greatest(a, b) AS 0")
+    read = {"write_report": lambda: write_report(path, tmp_path / "report.html"),
+            "evaluate_file": lambda: evaluate_file(path),
+            "backfill_messages": lambda: list(backfill_messages(str(path))),
+            "print_summary": lambda: print_summary(str(path), io.StringIO())}
+    with pytest.raises(NotOurs, match="the macro 'greatest'"):
+        read[reader]()
+    assert not (tmp_path / "report.html").exists()
 
 
 # -- No credentials in the repository --------------------------------------------------------------
