@@ -69,6 +69,16 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+#: What a spreadsheet takes a text cell beginning with for a formula (OWASP, CSV injection).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _spreadsheet_cell(value: Any) -> Any:
+    """A CSV cell that a spreadsheet opens as the value it is: text beginning as a formula does is
+    prefixed with a single quote (OWASP's advice), which shows it as text; numbers stay numbers."""
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_STARTS) else value
+
+
 def _query(args: argparse.Namespace, out: TextIO) -> int:
     queries = saved_queries(args.dataset or "")  # their text is printed only with --dataset
     if args.list or not args.name:
@@ -112,7 +122,7 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     if args.format == "csv":
         writer = csv.writer(out)
         writer.writerow(columns)
-        writer.writerows(rows)
+        writer.writerows([_spreadsheet_cell(value) for value in row] for row in rows)
     elif args.format == "json":
         for row in rows:
             out.write(json.dumps(dict(zip(columns, row, strict=True)), default=str) + "\n")

@@ -177,6 +177,39 @@ def test_report_and_query_refuse_someone_elses_database(tmp_path: Path, command,
     assert "the table 'customers'" in one_line_error(capsys)
 
 
+def hostile_configs(path: Path) -> Path:
+    """A run group of two runs whose differing configs hold text a spreadsheet would run, or a
+    terminal obey, and a metric whose last value is negative."""
+    sink = DuckDBSink(path)
+    at = datetime.datetime(2026, 11, 2, 8, tzinfo=datetime.timezone.utc)
+    sink.write("run_metadata", [{"run_id": run, "attempt_id": "a", "start_time": at + datetime.timedelta(hours=n),
+                                 "run_group": "g", "run_name": run} for n, run in enumerate(("r1", "r2"))])
+    values = {"r1": ['=HYPERLINK("http://example.com/x","y")', "-1+2", "\tTAB", "\x1b]0;title\x07\x1b[31mred"],
+              "r2": ["+1+1", "@SUM(A1)", "\rCR", "line\nbreak\u202eevil"]}
+    sink.write("run_configs", [{"run_id": run, "attempt_id": "a", "recorded_at": at, "source": "user",
+                                "key": f"k{i}", "value": value}
+                               for run, texts in values.items() for i, value in enumerate(texts)])
+    sink.write("model_metrics", [{"run_id": "r1", "attempt_id": "a", "metric_time": at, "step": 1,
+                                  "name": "LOSS", "value": -2.5}])
+    sink.close()
+    return path
+
+
+def test_query_csv_cells_a_spreadsheet_would_run_are_text_and_numbers_stay_numbers(tmp_path: Path, capsys):
+    """goodput query --format csv prefixes text beginning with =, +, -, @, a tab or a carriage
+    return with a single quote (OWASP's advice), and leaves a negative number as it is."""
+    import csv
+    import io
+
+    path = hostile_configs(tmp_path / "goodput.duckdb")
+    assert main(["query", "run_group_comparison", "--duckdb", str(path), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out, newline="")))
+    configs = {row["value"] for row in rows if row["item"] == "config"}
+    assert {"'=HYPERLINK(\"http://example.com/x\",\"y\")", "'+1+1", "'-1+2", "'@SUM(A1)", "'\tTAB",
+            "'\rCR"} <= configs
+    assert [row["last_value"] for row in rows if row["name"] == "LOSS" and row["run_id"] == "r1"] == ["-2.5"]
+
+
 def test_the_report_overwrites_no_file_but_an_earlier_report(tmp_path: Path, capsys):
     """goodput report refuses an --output that exists and is not a report, or that is its input."""
     database = ours(tmp_path / "goodput.duckdb")
