@@ -105,8 +105,10 @@ def test_a_file_an_older_version_wrote_is_ours_and_gets_the_newer_columns(tmp_pa
      "the default or expression of the column 'events.seq'"),
     (["CREATE TABLE events (run_id VARCHAR, kind VARCHAR GENERATED ALWAYS AS (upper(run_id)))"],
      "the default or expression of the column 'events.kind'"),
-    (["CREATE TABLE events (run_id VARCHAR CHECK (run_id <> ''))"], "the CHECK constraint of the table 'events'"),
-    (["CREATE TABLE events (run_id VARCHAR PRIMARY KEY)"], "the PRIMARY KEY constraint of the table 'events'"),
+    (["CREATE TABLE events (run_id VARCHAR CHECK (run_id <> ''))"],
+     "the CHECK constraint of the table 'events'"),
+    (["CREATE TABLE events (run_id VARCHAR PRIMARY KEY)"],
+     "the PRIMARY KEY constraint of the table 'events'"),
     (["CREATE TABLE events (run_id VARCHAR)", "CREATE INDEX by_run ON events (upper(run_id))"],
      "the index 'by_run'"),
 ])
@@ -182,9 +184,11 @@ def hostile_configs(path: Path) -> Path:
     terminal obey, and a metric whose last value is negative."""
     sink = DuckDBSink(path)
     at = datetime.datetime(2026, 11, 2, 8, tzinfo=datetime.timezone.utc)
-    sink.write("run_metadata", [{"run_id": run, "attempt_id": "a", "start_time": at + datetime.timedelta(hours=n),
-                                 "run_group": "g", "run_name": run} for n, run in enumerate(("r1", "r2"))])
-    values = {"r1": ['=HYPERLINK("http://example.com/x","y")', "-1+2", "\tTAB", "\x1b]0;title\x07\x1b[31mred"],
+    sink.write("run_metadata", [{"run_id": run, "attempt_id": "a", "run_group": "g", "run_name": run,
+                                 "start_time": at + datetime.timedelta(hours=n)}
+                                for n, run in enumerate(("r1", "r2"))])
+    values = {"r1": ['=HYPERLINK("http://example.com/x","y")', "-1+2", "\tTAB",
+                     "\x1b]0;title\x07\x1b[31mred"],
               "r2": ["+1+1", "@SUM(A1)", "\rCR", "line\nbreak\u202eevil"]}
     sink.write("run_configs", [{"run_id": run, "attempt_id": "a", "recorded_at": at, "source": "user",
                                 "key": f"k{i}", "value": value}
