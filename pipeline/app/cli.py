@@ -66,7 +66,15 @@ def _text(value: Any) -> str:
         return "-"
     if isinstance(value, datetime.datetime):
         return value.isoformat(sep=" ")
-    return str(value)
+    return printable(str(value))
+
+
+def printable(text: str) -> str:
+    """Text from a table as a terminal shows it, character for character: each character that is
+    not printable (a control character, such as the start of an escape sequence or a line break,
+    a bidi override, a zero-width one) as its Python escape, so that it cannot move the cursor,
+    recolor, retitle or reorder what is printed."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 #: What a spreadsheet takes a text cell beginning with for a formula (OWASP, CSV injection).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from pipeline.app.cli import printable
 from pipeline.sinks.duckdb import open_reader
 
 SUMMARY_RUNS = 50  # runs listed by the summary; a larger fleet lists its lowest goodput first
@@ -30,11 +31,11 @@ def print_summary(duckdb_path: str, out: TextIO, max_runs: int = SUMMARY_RUNS) -
                   "has them all)\n")
     top_by_run: dict[object, list[str]] = {}
     for run_id, source, pct in top:
-        top_by_run.setdefault(run_id, []).append(f"{source} {pct:.2f}%")
+        top_by_run.setdefault(run_id, []).append(f"{printable(source)} {pct:.2f}%")
     out.write(f"{'run':30} {'goodput':>8} {'elapsed':>10} {'disruptions':>11} {'max step':>9}  ended\n")
     for run_id, goodput, total, disruptions, max_step, ended in shown:
         figure = "-" if goodput is None else f"{goodput:.2f}%"
-        out.write(f"{run_id:30} {figure:>8} {total:>9.0f}s {disruptions:>11} {max_step:>9}  "
+        out.write(f"{printable(run_id):30} {figure:>8} {total:>9.0f}s {disruptions:>11} {max_step:>9}  "
                   f"{'yes' if ended else 'no'}\n")
         badput = ", ".join(top_by_run.get(run_id, ()))
         if badput:

@@ -214,6 +214,17 @@ def test_query_csv_cells_a_spreadsheet_would_run_are_text_and_numbers_stay_numbe
     assert [row["last_value"] for row in rows if row["name"] == "LOSS" and row["run_id"] == "r1"] == ["-2.5"]
 
 
+def test_query_table_shows_control_characters_as_escapes(tmp_path: Path, capsys):
+    """goodput query's table shows an escape sequence, a line break or a bidi override in a value
+    as its escape, one row a line."""
+    path = hostile_configs(tmp_path / "goodput.duckdb")
+    assert main(["query", "run_group_comparison", "--duckdb", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.splitlines())
+    assert "\\x1b]0;title\\x07\\x1b[31mred" in out and "line\\nbreak\\u202eevil" in out
+    assert len(out.splitlines()) == int(out.splitlines()[-1].strip("()").split()[0]) + 3
+
+
 def test_the_report_overwrites_no_file_but_an_earlier_report(tmp_path: Path, capsys):
     """goodput report refuses an --output that exists and is not a report, or that is its input."""
     database = ours(tmp_path / "goodput.duckdb")

@@ -207,6 +207,27 @@ def test_the_replay_summary_shows_nothing_a_files_views_read(tmp_path: Path, sec
     assert out.getvalue().splitlines()[1].startswith("r1 ") and SECRET not in out.getvalue()
 
 
+def test_the_replay_summary_shows_control_characters_as_escapes(tmp_path: Path):
+    """A run id or badput source holding an escape sequence (written to the file by hand: the sink
+    makes ids printable) is printed as its escape."""
+    from pipeline.app.summary import print_summary
+
+    path = write_rows(tmp_path / "goodput.duckdb", {})
+    snapshot = goodput_row("\x1b]0;title\x07r1", 600)
+    badput = {"run_id": snapshot["run_id"], "snapshot_time": snapshot["snapshot_time"], "window_s": 0,
+              "badput_source": "\x1b[2JOTHER", "seconds": 6.0, "pct": 10.0}
+    with duckdb.connect(str(path)) as connection:
+        for table, row in (("goodput_snapshots", snapshot), ("badput_snapshots", badput)):
+            names = [name for name in row if row[name] is not None]
+            marks = ", ".join("?" for _ in names)
+            connection.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks})",
+                               [row[name] for name in names])
+    out = io.StringIO()
+    print_summary(str(path), out)
+    assert all(line.isprintable() for line in out.getvalue().splitlines())
+    assert "\\x1b]0;title\\x07r1" in out.getvalue() and "\\x1b[2JOTHER 10.00%" in out.getvalue()
+
+
 def test_the_demo_reads_the_pipelines_views_not_the_files(tmp_path: Path, secret: Path):
     """The demo's figures of each run come from the pipeline's views."""
     from pipeline.demo.demo import latest_cumulative, read_live
