@@ -20,10 +20,16 @@ as the fraction of the sample period before each point, as GKE's dashboards read
 (``avg_over_time``).
 
 Each point read becomes one row (``point_rows``): the resource's labels as columns, the value,
-and for a distribution its mean and its number of samples. Reading a range again appends its
-points again: the ``latest_jobset_metrics`` view holds each point once, by series and end time,
-as last imported, on BigQuery and DuckDB alike (BigQuery's insert ids only drop a retried
-insert within minutes, never a re-import hours later)::
+and for a distribution its mean and its number of samples. A point is held to the limits an
+event's values are (``point_problem``): a goodput is a fraction in 0..1, any other value seconds
+in 0..MAX_DURATION_S, its times in the years 2000 to 2200 and its labels names as an event's are.
+A point that breaks them (a NaN, a goodput of 5, a negative uptime) is refused, said and kept as a
+``dead_letter`` row with its reason, and the others are imported: one JobSet's bad point never
+reaches a figure that it would make NaN or wrong, its own run's or the fleet's.
+
+Reading a range again appends its points again: the ``latest_jobset_metrics`` view holds each
+point once, by series and end time, as last imported, on BigQuery and DuckDB alike (BigQuery's
+insert ids only drop a retried insert within minutes, never a re-import hours later)::
 
     goodput import gke-metrics --project P --duckdb goodput.duckdb           # the last 2 hours
     goodput import gke-metrics --project P --cluster C --start 2026-11-01T00:00:00Z \\
@@ -35,12 +41,15 @@ The same reading runs in the stream with ``--gke_metrics_project`` (``pipeline.b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
+from goodput_schemas.limits import MAX_COUNT, MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US, text_problem
 from pipeline.app.checks import OneLineParser, UsageError
 from pipeline.app.outputs import (
     MONITORING_ENDPOINT_HELP,
@@ -52,7 +61,8 @@ from pipeline.app.outputs import (
     time_us,
     write_rows,
 )
-from pipeline.core.rows import Row, timestamp
+from pipeline.core.events import DeadLetter
+from pipeline.core.rows import DEAD_LETTER, Row, dead_letter_row, timestamp
 
 #: The table the points go to.
 JOBSET_METRICS = "jobset_metrics"
@@ -60,6 +70,8 @@ JOBSET_METRICS = "jobset_metrics"
 METRICS = {name: f"kubernetes.io/jobset/{name}" for name in (
     "scheduling_goodput", "proxy_runtime_goodput", "times_between_interruptions", "times_to_recover",
     "uptime")}
+#: GKE's goodputs, fractions of the sample period; the other metrics are seconds.
+FRACTIONS = frozenset({"scheduling_goodput", "proxy_runtime_goodput"})
 #: The monitored resource of every JobSet metric.
 RESOURCE_TYPE = "k8s_entity"
 #: The ``k8s_entity`` label holding the JobSet's namespace. Its other labels (``project_id``,
@@ -92,23 +104,79 @@ def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def point_rows(ts: Any, metric: str, project: str, imported_at: datetime.datetime) -> Iterator[Row]:
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """A point that was not imported: its series (``series_key``), its end time in microseconds
+    since the epoch, and its dead letter (the point as read, and why)."""
+
+    series: tuple[Any, ...]
+    end_us: int
+    letter: DeadLetter
+
+
+def point_rows(ts: Any, metric: str, project: str,
+               imported_at: datetime.datetime) -> tuple[list[Row], list[Refused]]:
     """The rows of the points of one time series (a ``google.monitoring.v3.TimeSeries`` protobuf)
-    of ``metric`` (a short name) read in ``project``: a label GKE leaves empty (``entity_uid``
-    when it did not find the uid) is NULL."""
+    of ``metric`` (a short name) read in ``project``, and the points refused (``point_problem``,
+    or a label that is no name): a label GKE leaves empty (``entity_uid`` when it did not find
+    the uid) is NULL."""
     labels = ts.resource.labels
     series_row = {column: labels.get(label) or None for column, label in LABEL_COLUMNS.items()}
     series_row.update(project=labels.get("project_id") or project, metric=metric, imported_at=imported_at)
+    series = series_key(series_row)
+    names = (text_problem(f"the {label} label", labels.get(label, "")) for label in (*LABEL_COLUMNS.values(),
+                                                                                     "project_id"))
+    label_problem = next(filter(None, names), None)
+    rows: list[Row] = []
+    refused: list[Refused] = []
     for point in ts.points:
-        end = point.interval.end_time
-        start = point.interval.start_time if point.interval.HasField("start_time") else end
+        problem = label_problem or point_problem(point, metric)
+        end_us = _us(point.interval.end_time)
+        if problem is not None:
+            payload = json.dumps({"resource": dict(labels), "point": _text(point)})
+            refused.append(Refused(series, end_us, DeadLetter(payload, f"{METRICS[metric]}: {problem}",
+                                                              f"monitoring:{METRICS[metric]}")))
+            continue
+        start_us = _us(point.interval.start_time) if point.interval.HasField("start_time") else end_us
         value, count = _value(point.value)
-        yield {**series_row, "start_time": _time(start), "end_time": _time(end), "value": value,
-               "sample_count": count}
+        rows.append({**series_row, "start_time": timestamp(start_us), "end_time": timestamp(end_us),
+                     "value": value, "sample_count": count})
+    return rows, refused
 
 
-def _time(stamp: Any) -> datetime.datetime:
-    return timestamp(stamp.seconds * 1_000_000 + stamp.nanos // 1000)
+def point_problem(point: Any, metric: str) -> str | None:
+    """Why a point (a ``google.monitoring.v3.Point`` protobuf) of ``metric`` (a short name) may
+    not be imported, or None. It is held to the limits of the event contract, as an event's
+    values are: its times in the years 2000 to 2200 and its start not after its end; a goodput a
+    fraction in 0..1, any other value seconds in 0..MAX_DURATION_S (a NaN or an infinity in
+    neither); a distribution of 0..MAX_COUNT samples."""
+    end_us = _us(point.interval.end_time)
+    start_us = _us(point.interval.start_time) if point.interval.HasField("start_time") else end_us
+    for name, moment_us in (("end_time", end_us), ("start_time", start_us)):
+        if not MIN_TIME_US <= moment_us < MAX_TIME_US:
+            return f"{name} ({moment_us // 1_000_000} s after 1970) is outside 2000-01-01..2200-01-01 UTC"
+    if start_us > end_us:
+        return "start_time is after end_time"
+    value, count = _value(point.value)
+    if count is not None and not 0 <= count <= MAX_COUNT:
+        return f"a distribution's count must be in 0..MAX_COUNT (2**53-1), got {count}"
+    high, what = ((1.0, "a fraction in 0..1") if metric in FRACTIONS
+                  else (MAX_DURATION_S, f"seconds in 0..MAX_DURATION_S ({MAX_DURATION_S:.0f})"))
+    if value is not None and not 0 <= value <= high:  # a NaN fails it too
+        return f"{metric} must be {what}, got {value!r}"
+    return None
+
+
+def _us(stamp: Any) -> int:
+    return int(stamp.seconds * 1_000_000 + stamp.nanos // 1000)
+
+
+def _text(point: Any) -> str:
+    """A point as protobuf text, which writes any time and value (JSON's format takes neither a
+    time outside the years 1 to 9999 nor a NaN)."""
+    from google.protobuf import text_format
+
+    return str(text_format.MessageToString(point, as_one_line=True))
 
 
 def _value(value: Any) -> tuple[float | None, int | None]:
@@ -130,10 +198,10 @@ def series_key(row: Row) -> tuple[Any, ...]:
 
 def read_metric(client: Any, project: str, metric: str, start_us: int, end_us: int,
                 cluster: str | None = None, namespace: str | None = None,
-                imported_at: datetime.datetime | None = None) -> list[Row]:
-    """The rows of every point of one metric (a short name) in ``project`` with an end time in
-    (``start_us``, ``end_us``], read with ``client`` (a ``MetricServiceClient``), every page.
-    ``imported_at`` defaults to now. Raises the client's ``GoogleAPIError`` if a page fails."""
+                imported_at: datetime.datetime | None = None) -> tuple[list[Row], list[Refused]]:
+    """``point_rows`` of every point of one metric (a short name) in ``project`` with an end
+    time in (``start_us``, ``end_us``], read with ``client`` (a ``MetricServiceClient``), every
+    page. ``imported_at`` defaults to now. Raises the client's ``GoogleAPIError`` if a page fails."""
     from google.cloud import monitoring_v3
 
     imported_at = imported_at or datetime.datetime.now(datetime.timezone.utc)
@@ -141,17 +209,28 @@ def read_metric(client: Any, project: str, metric: str, start_us: int, end_us: i
         name=f"projects/{project}", filter=series_filter(METRICS[metric], cluster, namespace),
         interval=monitoring_v3.TimeInterval(start_time=timestamp(start_us), end_time=timestamp(end_us)),
         view=monitoring_v3.ListTimeSeriesRequest.TimeSeriesView.FULL, page_size=PAGE_SIZE))
-    return [row for series in pages
-            for row in point_rows(monitoring_v3.TimeSeries.pb(series), metric, project, imported_at)]
+    rows: list[Row] = []
+    refused: list[Refused] = []
+    for series in pages:
+        made, refusals = point_rows(monitoring_v3.TimeSeries.pb(series), metric, project, imported_at)
+        rows += made
+        refused += refusals
+    return rows, refused
 
 
 def read_all(client: Any, project: str, start_us: int, end_us: int, cluster: str | None = None,
-             namespace: str | None = None, imported_at: datetime.datetime | None = None) -> list[Row]:
+             namespace: str | None = None,
+             imported_at: datetime.datetime | None = None) -> tuple[list[Row], list[Refused]]:
     """``read_metric`` of every metric of ``METRICS``, with one ``imported_at``."""
     imported_at = imported_at or datetime.datetime.now(datetime.timezone.utc)
-    return [row for metric in METRICS
-            for row in read_metric(client, project, metric, start_us, end_us, cluster, namespace,
-                                   imported_at)]
+    rows: list[Row] = []
+    refused: list[Refused] = []
+    for metric in METRICS:
+        made, refusals = read_metric(client, project, metric, start_us, end_us, cluster, namespace,
+                                     imported_at)
+        rows += made
+        refused += refusals
+    return rows, refused
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -167,9 +246,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "  goodput query jobset_goodput --duckdb goodput.duckdb\n\n"
         "GKE writes a point up to an hour after it samples it: the default range, the last 2\n"
         "hours, takes that in. Importing a range again appends its points again; the view\n"
-        "latest_jobset_metrics holds each point once. Credentials are the application default\n"
-        "ones (monitoring.timeSeries.list on the project). Exit status: 0 if any point was\n"
-        "imported, 1 if none was or a service failed, 2 for a usage error.")
+        "latest_jobset_metrics holds each point once. A point an event could not hold (a NaN, a\n"
+        "goodput outside 0..1, a negative or huge number of seconds, a time outside the years\n"
+        "2000 to 2200) is refused, said on its metric's line and appended to the dead_letter\n"
+        "table with its reason. Credentials are the application default ones\n"
+        "(monitoring.timeSeries.list on the project). Exit status: 0 if any point was imported,\n"
+        "1 if none was or a service failed, 2 for a usage error.")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--project", required=True, metavar="PROJECT",
                         help="the Google Cloud project of the GKE clusters")
@@ -214,23 +296,36 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     client = make_client(args.monitoring_endpoint)
     imported_at = datetime.datetime.now(datetime.timezone.utc)
     rows: list[Row] = []
+    refused: list[Refused] = []
     for metric in METRICS:
         try:
-            read = read_metric(client, args.project, metric, start_us, end_us, args.cluster, args.namespace,
-                               imported_at)
+            read, refusals = read_metric(client, args.project, metric, start_us, end_us, args.cluster,
+                                         args.namespace, imported_at)
         except exceptions.GoogleAPIError as error:
             print(f"goodput import gke-metrics: reading {METRICS[metric]} of projects/{args.project} failed: "
                   f"{first_line(error)}", file=sys.stderr)
             return 1
-        print(f"{metric}: {len(read)} points of {len({series_key(row) for row in read})} series", file=out)
+        said = f"; {len(refusals)} refused, e.g. {refusals[0].letter.reason}" if refusals else ""
+        series = len({series_key(row) for row in read})
+        print(f"{metric}: {len(read)} points of {series} series{said}", file=out)
         rows += read
+        refused += refusals
     where = f"{timestamp(start_us).isoformat()} to {timestamp(end_us).isoformat()}"
-    if not rows:
+    if not rows and not refused:
         print(f"no point from {where}: GKE writes these metrics only for JobSets, up to an hour late; "
               "check --project, --cluster and --namespace", file=out)
         return 1
-    what = f"{len(rows)} points from {where}"
-    return write_rows(args, JOBSET_METRICS, rows, what, "goodput import gke-metrics", out)
+    command = "goodput import gke-metrics"
+    if rows:
+        code = write_rows(args, JOBSET_METRICS, rows, f"{len(rows)} points from {where}", command, out)
+    else:
+        print(f"no point from {where} was imported: each was refused", file=out)
+        code = 1
+    if refused:  # kept where the stream keeps them, each with its reason
+        letters = [dead_letter_row(point.letter, imported_at) for point in refused]
+        code = max(code, write_rows(args, DEAD_LETTER, letters, f"{len(refused)} refused points", command,
+                                    out))
+    return code
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

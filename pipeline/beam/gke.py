@@ -20,7 +20,7 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.app.gke import JOBSET_METRICS, LOOKBACK_S, read_all, series_key
-from pipeline.core.rows import Element, timestamp
+from pipeline.core.rows import DEAD_LETTER, Element, dead_letter_row, timestamp
 from pipeline.sinks.retries import never
 
 _LOG = logging.getLogger(__name__)
@@ -32,7 +32,8 @@ class ImportGkeMetrics(beam.PTransform):
 
     Each read takes the ``LOOKBACK_S`` before it, since GKE's points come up to an hour late; of
     those, only the points after the last one emitted of their series are emitted, so that the
-    table grows by what is new. (A relaunched stream reads its first lookback again: the
+    table grows by what is new; a point refused (``pipeline.app.gke.point_problem``) is emitted
+    once, as a ("dead_letter", row) element. (A relaunched stream reads its first lookback again: the
     ``latest_jobset_metrics`` view counts each point once.) A read that fails is logged and
     counted, and the next one takes its points in, up to the lookback.
 
@@ -72,6 +73,7 @@ class _ReadEveryInterval(beam.DoFn):
         self.stopping, self.clock = stopping, clock
         self.points = Metrics.counter("goodput", "gke_metrics_points_imported")
         self.failures = Metrics.counter("goodput", "gke_metrics_reads_failed")
+        self.refused = Metrics.counter("goodput", "gke_metrics_points_refused")
 
     def setup(self) -> None:
         from pipeline.sinks.monitoring import make_client
@@ -91,19 +93,25 @@ class _ReadEveryInterval(beam.DoFn):
 
         end_us = due.micros
         try:
-            rows = read_all(self._client, self.project, end_us - LOOKBACK_S * 1_000_000, end_us)
+            rows, refused = read_all(self._client, self.project, end_us - LOOKBACK_S * 1_000_000, end_us)
         except GoogleAPIError as error:
             self.failures.inc()
             _LOG.warning("Reading GKE's JobSet metrics of projects/%s failed: %s; the next read, in %g s, "
                          "takes their points in", self.project, error, self.interval_s)
             return
+        # A refused point is a dead letter, once: it counts as emitted for its series, as a row
+        # does (a read's points all end within its interval, so its end time is a time).
+        read = [(series_key(row), row["end_time"], (JOBSET_METRICS, row)) for row in rows] + [
+            (point.series, timestamp(point.end_us), (DEAD_LETTER, dead_letter_row(point.letter)))
+            for point in refused]
         seen: dict[tuple[Any, ...], datetime.datetime] = latest.read() or {}
-        new = [row for row in rows if series_key(row) not in seen or row["end_time"] > seen[series_key(row)]]
-        for row in new:
-            key = series_key(row)
-            seen[key] = max(seen.get(key, row["end_time"]), row["end_time"])
+        new = [(key, end, element) for key, end, element in read if key not in seen or end > seen[key]]
+        for key, end, _ in new:
+            seen[key] = max(seen.get(key, end), end)
         oldest = timestamp(end_us - LOOKBACK_S * 1_000_000)
         latest.write({key: end for key, end in seen.items() if end > oldest})
-        self.points.inc(len(new))
-        for row in new:
-            yield JOBSET_METRICS, row
+        letters = sum(table == DEAD_LETTER for *_, (table, _) in new)
+        self.points.inc(len(new) - letters)
+        self.refused.inc(letters)
+        for *_, element in new:
+            yield element

@@ -4,6 +4,7 @@ every read takes the last two hours again; and its options."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,36 +24,41 @@ from support.beam import streaming_options
 from support.gke import PROJECT, jobset_series
 
 INTERVAL_S = 600
+#: The stream's clock at its start, and the epoch of the points' times: points are dated in the
+#: years the event contract allows, and TestStream's processing time, which starts at 0, is moved
+#: to T0 first.
+T0 = 1_790_000_000.0
 
 
 @pytest.fixture
 def emulator() -> Iterator[MonitoringEmulator]:
     """js-a's scheduling goodput each minute from 60 s to 1800 s of processing time, and its
-    times to recover once, at 900 s (the stream's clock starts at 0)."""
+    times to recover once, at 900 s (the stream's clock starts at T0)."""
     store = MetricStore()
     store.preload(f"projects/{PROJECT}", [
-        jobset_series("scheduling_goodput", "js-a", [(60.0 * m, 0.5) for m in range(1, 31)]),
-        jobset_series("times_to_recover", "js-a", [(900.0, (1, 75.0))])])
+        jobset_series("scheduling_goodput", "js-a", [(T0 + 60.0 * m, 0.5) for m in range(1, 31)]),
+        jobset_series("times_to_recover", "js-a", [(T0 + 900.0, (1, 75.0))])])
     with MonitoringEmulator(store=store) as running:
         yield running
 
 
 def imported(emulator: MonitoringEmulator, stream: Stream, stopping: Any = lambda: False,
              start: float = 0.0) -> Any:
-    """A pipeline of ``stream`` and the import, and its (table, metric, end time in seconds, value)
-    per element emitted."""
+    """A pipeline of ``stream`` and the import (its clock ``start`` seconds after T0), and its
+    (table, metric, end time in seconds after T0, value) per element emitted."""
     pipeline = BeamTestPipeline(options=streaming_options())
     rows = (pipeline
             | stream
-            | ImportGkeMetrics(PROJECT, INTERVAL_S, emulator.host, stopping=stopping, clock=lambda: start)
+            | ImportGkeMetrics(PROJECT, INTERVAL_S, emulator.host, stopping=stopping,
+                               clock=lambda: T0 + start)
             | beam.Map(lambda element: (element[0], element[1]["metric"],
-                                        element[1]["end_time"].timestamp(), element[1]["value"])))
+                                        element[1]["end_time"].timestamp() - T0, element[1]["value"])))
     return pipeline, rows
 
 
 def messages() -> Stream:
     return Stream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.BytesCoder()])).add_elements(
-        [("message-1", b"{}")])
+        [("message-1", b"{}")]).advance_processing_time(T0)
 
 
 def test_reads_every_interval_emit_each_point_once(emulator):
@@ -84,6 +90,29 @@ def test_a_failed_read_is_made_up_by_the_next(emulator):
     assert_that(rows, equal_to([*expected, ("jobset_metrics", "times_to_recover", 900.0, 75.0)]))
     pipeline.run().wait_until_finish()
     assert emulator.store.reads == 1 + 5  # the failed call, then one per metric
+
+
+def test_a_refused_point_is_one_dead_letter(emulator):
+    """js-b's latest point, a NaN, is emitted once as a dead letter with its reason, though each
+    read takes it in again; the points before it are rows."""
+    emulator.store.preload(f"projects/{PROJECT}", [jobset_series(
+        "scheduling_goodput", "js-b", [(T0 + 60.0, 0.5), (T0 + 120.0, 0.5), (T0 + 180.0, math.nan)])])
+    stream = (messages()
+              .advance_processing_time(601)   # the read at 600 s: 60 .. 180 s, the NaN refused
+              .advance_processing_time(600)   # at 1200 s: the same points again, none emitted
+              .advance_watermark_to_infinity())
+    pipeline = BeamTestPipeline(options=streaming_options())
+    emitted = (pipeline
+               | stream
+               | ImportGkeMetrics(PROJECT, INTERVAL_S, emulator.host, clock=lambda: T0 + 600.0)
+               | beam.Filter(lambda element: element[1].get("jobset_name", "js-b") == "js-b")
+               | beam.Map(lambda element: (element[0], element[1]["reason"] if element[0] == "dead_letter"
+                                           else element[1]["end_time"].timestamp() - T0)))
+    assert_that(emitted, equal_to([
+        ("jobset_metrics", 60.0), ("jobset_metrics", 120.0),
+        ("dead_letter", "kubernetes.io/jobset/scheduling_goodput: scheduling_goodput must be a fraction in "
+                        "0..1, got nan")]))
+    pipeline.run().wait_until_finish()
 
 
 def test_a_stopping_stream_reads_nothing(emulator):

@@ -303,6 +303,25 @@ def test_an_import_that_finds_nothing_says_so_and_exits_1(emulator, tmp_path):
     assert not path.exists()
 
 
+def test_a_point_past_the_limits_is_refused_and_the_others_imported(store, emulator, tmp_path):
+    """A NaN among js-a's scheduling goodputs is refused, said on its metric's line and kept in
+    dead_letter with its reason; every other point is a row, none of them NaN, and the exit code is 0."""
+    store.preload(NAME, [jobset_series("scheduling_goodput", "js-a", [(NOW - 90, float("nan"))])])
+    path = tmp_path / "goodput.duckdb"
+    code, out = import_gke(emulator, "--duckdb", str(path), "--start", iso(NOW - 1800), "--end", iso(NOW))
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "scheduling_goodput: 50 points of 2 series; 1 refused, e.g. kubernetes.io/jobset/scheduling_goodput: "
+        "scheduling_goodput must be a fraction in 0..1, got nan")
+    assert out.splitlines()[-1] == f"1 refused points appended to {path}"
+    assert table(path, "SELECT count(*), count(*) FILTER (isnan(value)) FROM jobset_metrics") == [(110, 0)]
+    ((source, reason, payload),) = table(path, "SELECT source, reason, payload FROM dead_letter")
+    assert (source, reason) == (
+        "monitoring:kubernetes.io/jobset/scheduling_goodput",
+        "kubernetes.io/jobset/scheduling_goodput: scheduling_goodput must be a fraction in 0..1, got nan")
+    assert '"entity_name": "js-a"' in payload and "double_value: nan" in payload
+
+
 def test_an_import_into_bigquery(emulator, tmp_path):
     """The rows go to BigQuery's jobset_metrics table, through the BigQuery stand-in."""
     with BigQueryEmulator() as bigquery:

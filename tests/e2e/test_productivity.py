@@ -43,6 +43,7 @@ import datetime
 import html
 import math
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client
 from pipeline.sinks.duckdb import DuckDBSink
 from support.browser import opened
+from support.gke import jobset_series
 from support.history import section
 
 UTC = datetime.timezone.utc
@@ -325,3 +327,41 @@ def test_the_same_fleet_in_bigquery_gives_the_same_capacity_goodput_and_points(
     assert found == CAPACITY_GOODPUT
     assert written == {("run-a", "v5p", 27.0), ("run-b", "v5p", 25.0), ("run-c", "h100", 40.0),
                        ("fleet", "v5p", 25.67), ("fleet", "h100", 40.0)}
+
+
+def test_a_nan_among_gkes_points_changes_no_runs_mpg_nor_the_fleets(
+        fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """The fleet's GKE points imported from the Cloud Monitoring stand-in with goodput import
+    gke-metrics, and a NaN among js-a's (between two of its minutes, where a point kept would take
+    half a minute's weight): the NaN is refused, and goodput productivity writes the hand-worked
+    MPG of every run and of the fleet, none of them NaN."""
+    path = tmp_path / "fleet.duckdb"
+    shutil.copy(fleet, path)
+    with duckdb.connect(str(path)) as connection:
+        connection.execute("DELETE FROM jobset_metrics")
+    series = {}
+    for row in (*scheduling("js-a", range(1, 241), 22, lambda m: 1.0 if m <= 180 else 0.6),
+                *scheduling("js-c", range(1, 121), 23, lambda m: 0.5),
+                *scheduling("js-c", range(150, 151), 23, lambda m: 0.0)):
+        series.setdefault(row["jobset_name"], []).append((row["end_time"].timestamp(), row["value"]))
+    series["js-a"].append((at(22 + 90.5 / 60).timestamp(), math.nan))
+    store = MetricStore(clock=at(AS_OF).timestamp)
+    store.preload("projects/fleet-project", [
+        jobset_series("scheduling_goodput", jobset, points, uid="", location="us-east5",
+                      project="fleet-project") for jobset, points in series.items()])
+    now = at(AS_OF + 1 / 6)
+    monkeypatch.setattr(productivity, "_now", lambda: now)
+    written_to = MetricStore(clock=now.timestamp)
+    with MonitoringEmulator(store=store) as gke, MonitoringEmulator(store=written_to) as out:
+        assert main(["import", "gke-metrics", "--project", "fleet-project", "--duckdb", str(path),
+                     "--monitoring_endpoint", gke.host, "--start", at(21).isoformat(),
+                     "--end", at(AS_OF).isoformat()]) == 0
+        said = capsys.readouterr().out
+        assert main(["productivity", "--project", "fleet-project", "--duckdb", str(path),
+                     "--monitoring_endpoint", out.host]) == 0
+        written = {(resource["job"], labels["accelerator_type"], round(value, 2))
+                   for metric in (productivity.RUN_METRIC, productivity.FLEET_METRIC)
+                   for labels, resource, _, value in out.store.points(metric)}
+    assert written == {("run-a", "v5p", 27.0), ("run-b", "v5p", 25.0), ("run-c", "h100", 40.0),
+                       ("fleet", "v5p", 25.67), ("fleet", "h100", 40.0)}
+    assert "1 refused, e.g. kubernetes.io/jobset/scheduling_goodput" in said
