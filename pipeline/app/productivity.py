@@ -57,15 +57,24 @@ Rows = list[dict[str, Any]]
 
 
 def productivity_points(runs: Iterable[dict[str, Any]], fleet: Iterable[dict[str, Any]],
-                        now: datetime.datetime, location: str = "global") -> list[Point]:
+                        now: datetime.datetime, location: str = "global") -> tuple[list[Point], list[str]]:
     """The points of ``run_productivity`` and ``fleet_productivity`` rows as of ``now`` (aware,
-    UTC), stamped ``now``; ``location`` is the resource's where a run has none, and the fleet's."""
+    UTC), stamped ``now``; ``location`` is the resource's where a run has none, and the fleet's.
+
+    And the figures not made points, one line each: MPG is a fraction, and one that is not in
+    0..1 (a NaN, or a product of factors past 1, as an MFU recorded in percent gives) is said
+    rather than written, so no dashboard or alert reads it as a percentage."""
     end_us = round(now.timestamp() * 1_000_000)
     recent = now - datetime.timedelta(seconds=RECENT_S)
     points = []
+    refused = []
     for row in runs:
         mpg = row["ml_productivity_goodput"]
         if mpg is None or (row["ended"] and _utc(row["run_end"]) < recent):
+            continue
+        if not 0 <= mpg <= 1:  # a NaN fails it too
+            refused.append(f"run {row['run_id']}: ML Productivity Goodput {mpg!r} is not a fraction in 0..1 "
+                           f"(its factors: {row['known_factors']})")
             continue
         labels = (("accelerator_type", row["accelerator_type"] or UNKNOWN_ACCELERATOR),
                   ("known_factors", row["known_factors"]))
@@ -73,10 +82,16 @@ def productivity_points(runs: Iterable[dict[str, Any]], fleet: Iterable[dict[str
                             end_us))
     today = now.astimezone(datetime.timezone.utc).date()
     for row in fleet:
-        if row["day"] == today and row["ml_productivity_goodput"] is not None:
-            points.append(Point(FLEET_METRIC, (("accelerator_type", row["accelerator_type"]),), FLEET_JOB,
-                                location, 100.0 * row["ml_productivity_goodput"], end_us))
-    return points
+        mpg = row["ml_productivity_goodput"]
+        if row["day"] != today or mpg is None:
+            continue
+        if not 0 <= mpg <= 1:
+            refused.append(f"the fleet's {row['accelerator_type']}: ML Productivity Goodput {mpg!r} is not a "
+                           "fraction in 0..1")
+            continue
+        points.append(Point(FLEET_METRIC, (("accelerator_type", row["accelerator_type"]),), FLEET_JOB,
+                            location, 100.0 * mpg, end_us))
+    return points, refused
 
 
 def _utc(moment: datetime.datetime) -> datetime.datetime:
@@ -130,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                f"Runs not ended, or ended in the last {RECENT_S // 3600} hours, get a point of\n"
                f"{RUN_METRIC.removeprefix(CUSTOM)}; each accelerator type one of\n"
                f"{FLEET_METRIC.removeprefix(CUSTOM)} for the day so far (UTC). Points are stamped\n"
-               "now. Credentials are the application default ones (monitoring.timeSeries.create on\n"
+               "now. An MPG that is not a fraction in 0..1 (a NaN, or past 1 from an MFU recorded\n"
+               "in percent) is said, not written.\n"
+               "Credentials are the application default ones (monitoring.timeSeries.create on\n"
                "the project). Exit status: 0 if every point was written, 1 if a point or a query\n"
                "failed, 2 for a usage error.")
     parser.add_argument("--project", required=True, metavar="PROJECT",
@@ -169,16 +186,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except UsageError as error:
         print(f"goodput productivity: {error}", file=sys.stderr)
         return 2
-    points = productivity_points(runs, fleet, _now(), args.location)
+    points, refused = productivity_points(runs, fleet, _now(), args.location)
     failed = MetricWriter(make_client(args.monitoring_endpoint), args.project).write(points)
     written = [point for point in points if point.metric == RUN_METRIC]
     print(f"{len(written)} runs and {len(points) - len(written)} accelerator types of the fleet: "
           f"{len(points) - failed} points written to projects/{args.project}", file=out)
+    for figure in refused:
+        print(f"goodput productivity: {figure}: not written", file=sys.stderr)
     if failed:
         print(f"goodput productivity: {failed} points were not written (see the log for why)",
               file=sys.stderr)
-        return 1
-    return 0
+    return 1 if failed or refused else 0
 
 
 def _now() -> datetime.datetime:

@@ -106,7 +106,7 @@ def run_row(run_id: str, mpg: float | None, ended: bool = False, end_hours_ago: 
 def test_runs_running_or_ended_within_a_day_get_their_mpg_in_percent():
     """A run ended more than 25 hours ago, or with no MPG, gets no point; the others theirs, on their
     location or the default one, stamped now."""
-    points = productivity_points([run_row("running", 0.25), run_row("ended-24h", 0.5, True, 24),
+    points, _ = productivity_points([run_row("running", 0.25), run_row("ended-24h", 0.5, True, 24),
                                   run_row("ended-26h", 0.5, True, 26), run_row("unknown", None),
                                   run_row("nowhere", 0.125, location=None)], [], NOW, location="global")
     assert [(p.metric, p.run_id, p.location, p.value, p.end_us) for p in points] == [
@@ -121,16 +121,31 @@ def test_the_fleet_gets_todays_mpg_per_accelerator_type():
     fleet = [{"day": datetime.date(2026, 11, 1), "accelerator_type": "v5p", "ml_productivity_goodput": 0.3},
              {"day": datetime.date(2026, 11, 2), "accelerator_type": "v5p", "ml_productivity_goodput": 0.2},
              {"day": datetime.date(2026, 11, 2), "accelerator_type": "h100", "ml_productivity_goodput": None}]
-    (point,) = productivity_points([], fleet, NOW, location="us")
+    (point,), _ = productivity_points([], fleet, NOW, location="us")
     assert (point.metric, point.run_id, point.location, point.labels, point.value) == (
         FLEET_METRIC, FLEET_JOB, "us", (("accelerator_type", "v5p"),), 20.0)
+
+
+def test_an_mpg_that_is_no_fraction_is_said_not_written():
+    """A run's or the fleet's MPG that is NaN, past 1 or below 0 becomes no point but a line saying
+    so; the figures beside it are written."""
+    fleet = [{"day": NOW.date(), "accelerator_type": "v5p", "ml_productivity_goodput": math.nan},
+             {"day": NOW.date(), "accelerator_type": "h100", "ml_productivity_goodput": 0.2}]
+    points, refused = productivity_points([run_row("nan", math.nan), run_row("percent", 30.0),
+                                           run_row("negative", -0.1), run_row("fine", 0.25)], fleet, NOW)
+    assert [(point.run_id, point.value) for point in points] == [("fine", 25.0), (FLEET_JOB, 20.0)]
+    assert refused == [
+        "run nan: ML Productivity Goodput nan is not a fraction in 0..1 (its factors: runtime,program)",
+        "run percent: ML Productivity Goodput 30.0 is not a fraction in 0..1 (its factors: runtime,program)",
+        "run negative: ML Productivity Goodput -0.1 is not a fraction in 0..1 (its factors: runtime,program)",
+        "the fleet's v5p: ML Productivity Goodput nan is not a fraction in 0..1"]
 
 
 @pytest.mark.parametrize("metric_type", sorted(PRODUCTIVITY_METRICS))
 def test_each_point_carries_exactly_its_metrics_declared_labels(metric_type: str):
     """PRODUCTIVITY_METRICS (what dashboards may use) is what the points carry."""
     fleet = [{"day": NOW.date(), "accelerator_type": "v5p", "ml_productivity_goodput": 0.2}]
-    points = [p for p in productivity_points([run_row("r", 0.2)], fleet, NOW) if p.metric == metric_type]
+    points = [p for p in productivity_points([run_row("r", 0.2)], fleet, NOW)[0] if p.metric == metric_type]
     assert points and all({key for key, _ in p.labels} == PRODUCTIVITY_METRICS[metric_type] for p in points)
 
 
