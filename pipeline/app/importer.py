@@ -47,7 +47,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO, TypeGuard
 
 from emitter.transports import PubSubTransport
 from goodput_schemas.limits import (
@@ -302,21 +302,27 @@ def _checked(entry: _Entry) -> _Entry:
     return entry
 
 
+def _number(value: object) -> TypeGuard[int | float]:
+    """Whether a JSON value is a finite number: a boolean is not one, and an integer of any size
+    is (compared, never converted to a float, which an integer past 1e308 cannot be)."""
+    return not isinstance(value, bool) and (
+        isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)))
+
+
 def _time_us(payload: dict[str, Any], key: str) -> int:
     value = payload.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not _number(value):
         raise _Reject("bad time", f"{key} must be a number of seconds since the epoch, got {value!r}")
-    time_us = round(value * 1_000_000)
+    time_us = value * 1_000_000  # a float past 1e302 becomes an infinity here: compared, not rounded
     if not MIN_TIME_US <= time_us < MAX_TIME_US:
         raise _Reject("bad time", f"{key} {value!r} is outside 2000-01-01..2200-01-01 UTC")
-    return time_us
+    return round(time_us)
 
 
 def _count(name: str, value: object, ours: str) -> int:
     """A count of the reference's field ``name``, held to the limit of our field ``ours``."""
     limit = int_limit(ours)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= limit or value != int(value):
+    if not _number(value) or not 0 <= value <= limit or value != int(value):
         raise _Reject("bad field", f"{name} must be a whole number in 0..{int_name(limit)}, got {value!r}")
     return int(value)
 
@@ -332,8 +338,7 @@ def _string(name: str, value: object) -> str:
 
 def _seconds(payload: dict[str, Any], key: str) -> float:
     value = payload.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= MAX_DURATION_S:
+    if not _number(value) or not 0 <= value <= MAX_DURATION_S:
         raise _Reject("incomplete checkpoint entry",
                       f"{key} must be seconds in 0..MAX_DURATION_S ({MAX_DURATION_S:.0f}), got {value!r}")
     return float(value)

@@ -295,3 +295,23 @@ def test_the_command_lists_a_deep_entry_in_the_rejected_file(tmp_path, capsys: p
     assert [(r["source"], r["reason"]) for r in map(json.loads, rejected.read_text().splitlines())] == [
         (f"{export}#1", "too deep")]
     assert "2 events" in capsys.readouterr().out
+
+
+def test_a_number_past_a_floats_range_is_rejected_alone():
+    """A time, count or duration too large for a float (an integer of 400 digits, or 1e308 seconds,
+    which is no microsecond count) is rejected as a bad time or field; the others are imported."""
+    big = 10**400
+    save = {"job_name": "run", "event_type": "save", "step": 1.0, "wait_for_prev_start_time": 1_793_520_002.0,
+            "checkpoint_manager_blocking_duration_secs": 1.0}
+    payloads = [GOOD[0],
+                {"job_name": "run", "step_count": 1.0, "step_start_time": 1e308},
+                {"job_name": "run", "step_count": 1.0, "step_start_time": -1e308},
+                {"job_name": "run", "step_count": 1.0, "step_start_time": big},
+                {"job_name": "run", "step_count": big, "step_start_time": 1_793_520_001.0},
+                {**save, "wait_for_prev_start_time": 1e308},
+                {**save, "checkpoint_manager_blocking_duration_secs": big},
+                GOOD[1]]
+    text = "\n".join(json.dumps(payload) for payload in payloads)
+    result = importer.import_entries(importer.read_entries(text, "h.jsonl"))
+    assert result.events == 2
+    assert result.reasons == {"bad time": 4, "bad field": 1, "incomplete checkpoint entry": 1}
