@@ -12,6 +12,10 @@ behaviour (``docs/differences.md`` on the ideal step time says where the pipelin
 * ``get_anomalous_and_normal_step_times``, ``get_extra_time_from_anomalous_steps`` and
   ``get_timestamp_from_log_entry``: kept for code that calls them.
 
+Where the reference answers an argument out of range with an IndexError, an AttributeError or a
+figure of the wrong steps (a percentile over 100 or under 0, a window of 0 steps, a list for a
+mapping), these raise a clear ValueError or TypeError.
+
 Left out, because they only make sense against the GCE metadata server: ``get_gcp_metadata``,
 ``get_gcp_project_id``, ``get_node_zone``, ``get_accelerator_type``, ``get_cluster_name`` (and the
 machine-type table behind the accelerator lookup). The pipeline takes the location and the
@@ -24,6 +28,7 @@ import dataclasses
 import datetime
 import enum
 import math
+import numbers
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
@@ -142,7 +147,17 @@ _SPIKE_PERCENTILE = 90
 
 
 def compute_percentile(values: Sequence[float], percentile: float) -> float:
-    """The ``percentile`` (0 to 100) of ``values``, interpolated linearly; 0.0 for no values."""
+    """The ``percentile`` (0 to 100) of ``values``, interpolated linearly; 0.0 for no values.
+
+    Raises:
+        TypeError: ``percentile`` is not a number (as the reference's).
+        ValueError: ``percentile`` is not from 0 to 100 (the reference raises IndexError above 100
+            and answers the largest value below 0).
+    """
+    if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real):
+        raise TypeError(f"percentile must be a number from 0 to 100, got {type(percentile).__name__}")
+    if not 0 <= percentile <= 100:
+        raise ValueError(f"percentile must be a number from 0 to 100, got {percentile!r}")
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -166,8 +181,17 @@ def compute_step_deviation_from_baseline(
     less the median of the ``baseline_window_size`` before those (so it can be negative).
 
     Raises:
-        ValueError: ``mode`` is not a ``MonitoringWindowType``.
+        ValueError: ``mode`` is not a ``MonitoringWindowType``; a window size is not a positive
+            whole number (the reference reads the wrong steps for one that is not).
+        TypeError: ``step_time_deviation`` is not a mapping (the reference's is an AttributeError).
     """
+    for name, size in (("recent_window_size", recent_window_size),
+                       ("baseline_window_size", baseline_window_size)):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+            raise ValueError(f"{name} must be a positive whole number of steps, got {size!r}")
+    if step_time_deviation is not None and not isinstance(step_time_deviation, Mapping):
+        raise TypeError("step_time_deviation must be a mapping of step to deviation, got "
+                        f"{type(step_time_deviation).__name__}")
     if not step_time_deviation:
         return 0.0
     deviations = [abs(value) for value in step_time_deviation.values()]
@@ -202,7 +226,9 @@ def compute_ideal_step_time(step_times: Sequence[float]) -> float | None:
 
 
 def get_anomalous_and_normal_step_times(step_times: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """The step times above median + 3 MAD, and the others."""
+    """The step times above median + 3 MAD, and the others; none of either for none."""
+    if not step_times:
+        return [], []
     median, mad = _median_and_mad(step_times)
     anomalous = [step_time for step_time in step_times if step_time > median + 3 * mad]
     normal = [step_time for step_time in step_times if step_time <= median + 3 * mad]
@@ -210,14 +236,22 @@ def get_anomalous_and_normal_step_times(step_times: Sequence[Any]) -> tuple[list
 
 
 def get_extra_time_from_anomalous_steps(step_times: Sequence[Any]) -> float:
-    """The time anomalous steps took beyond the mean of the normal ones."""
+    """The time anomalous steps took beyond the mean of the normal ones (NaN for no steps, as the
+    reference's)."""
     anomalous, normal = get_anomalous_and_normal_step_times(step_times)
     mean = statistics.fmean(normal) if normal else math.nan
     return float(sum(anomalous) - len(anomalous) * mean)
 
 
 def get_timestamp_from_log_entry(entry: Mapping[str, Any]) -> datetime.datetime | None:
-    """The time of a reference log payload: its first field whose name contains ``time``."""
+    """The time of a reference log payload: its first field whose name contains ``time``.
+
+    Raises:
+        TypeError: ``entry`` is not a mapping (the reference's is an AttributeError), or that
+            field is not a number.
+    """
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"entry must be a log payload (a mapping), got {type(entry).__name__}")
     for name, value in entry.items():
         if "time" in name:
             return datetime.datetime.fromtimestamp(value, UTC)

@@ -26,6 +26,14 @@ snapshot yet is polled on quietly. ``stop_*`` wakes the thread, lets it write on
 ``monitoring_enabled=False`` nothing starts; here also without a ``tensorboard_dir``, or when the
 tables cannot be located (``duckdb_path=``, ``bigquery_dataset=`` or their environment variables,
 as for the calculator). Each of those says why once, through ``logging``.
+
+The reference takes its intervals and options as they are, and its worker fails later on one that
+is not a number (or spins on zero). Here a number given as text (``"60"``) is that number; an
+interval under ``MIN_INTERVAL_S`` (zero, negative) is ``MIN_INTERVAL_S``, so that no uploader
+spins; one that is not a number at all is 10 s (the reference's default step-deviation interval);
+an infinite one, like None, writes only on stopping. Likewise a ``final_flush_timeout_seconds``
+that is not a number is the default, and a ``configured_ideal_step_time`` that is not a positive
+number is left out (the run's own is used). Each of those is logged once.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
+import math
+import numbers
 import os
 import threading
 from collections.abc import Callable
@@ -59,8 +69,28 @@ _FLUSH_S = 1
 _WRITERS = itertools.count()
 
 _CUMULATIVE, _STEP_DEVIATION = "cumulative", "step_deviation"
+#: The shortest wait between an uploader's polls: each poll queries the tables (in BigQuery, a
+#: billed query), and the pipeline writes a run's snapshot every 30 s by default.
+MIN_INTERVAL_S = 1.0
+#: The wait of an uploader whose interval is not a number: the reference's default
+#: ``step_deviation_interval_seconds``.
+_FALLBACK_INTERVAL_S = 10.0
 #: Makes an uploader's cycle, writing with the given writer.
 _CycleFactory = Callable[["_Writer"], Callable[[], None]]
+
+
+def _seconds(value: object) -> float | None:
+    """A number of seconds given as a number or as its text; None for anything else or NaN."""
+    if isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            return None
+    elif isinstance(value, numbers.Real):
+        seconds = float(value)
+    else:
+        return None
+    return None if math.isnan(seconds) else seconds
 
 
 def _scalars(breakdown: BadputBreakdown) -> list[tuple[str, float, str]]:
@@ -121,7 +151,7 @@ class _Uploader:
     """One daemon thread that runs ``cycle`` every ``interval_s`` until stopped, and once more on
     a final flush; whatever ``cycle`` raises is logged, never raised."""
 
-    def __init__(self, name: str, interval_s: float, cycle: Callable[[], None],
+    def __init__(self, name: str, interval_s: float | None, cycle: Callable[[], None],
                  close: Callable[[], None]) -> None:
         self.name = name
         self._interval_s = interval_s
@@ -256,14 +286,15 @@ class GoodputMonitor:
                     bigquery_client=bigquery_client)
             except ValueError as error:
                 self._idle = (logging.WARNING, f"this GoodputMonitor writes no TensorBoard scalars: {error}")
-        self._logdir = os.path.join(tensorboard_dir or "", _TENSORBOARD_SUBDIR)
+        # Only a monitor that writes needs the path: the reference's disabled one takes any value.
+        self._logdir = "" if self._calculator is None else os.path.join(tensorboard_dir, _TENSORBOARD_SUBDIR)
         self._writer = _Writer(self._logdir)
 
     # -- the reference's API ---------------------------------------------------------------------
 
     def start_goodput_uploader(self) -> None:
         """Writes goodput (and badput) to TensorBoard every ``upload_interval`` seconds."""
-        self._start(_CUMULATIVE, self.upload_interval, self._goodput_cycle)
+        self._start(_CUMULATIVE, self._interval("upload_interval", self.upload_interval), self._goodput_cycle)
 
     def stop_goodput_uploader(self, skip_final_flush: bool | None = None) -> None:
         """Stops the goodput uploader, after a final write unless ``skip_final_flush``."""
@@ -276,7 +307,9 @@ class GoodputMonitor:
             self._tell("Step deviation monitoring is disabled (include_step_deviation=False): no step "
                        "deviation uploader starts", logging.INFO)
             return
-        self._start(_STEP_DEVIATION, self.step_deviation_interval_seconds, self._step_deviation_cycle)
+        self._start(_STEP_DEVIATION, self._interval("step_deviation_interval_seconds",
+                                                    self.step_deviation_interval_seconds),
+                    self._step_deviation_cycle)
 
     def stop_step_deviation_uploader(self, skip_final_flush: bool | None = None) -> None:
         """Stops the step deviation uploader, after a final write unless ``skip_final_flush``."""
@@ -286,7 +319,10 @@ class GoodputMonitor:
     def start_rolling_window_goodput_uploader(self, rolling_windows_seconds: list[int]) -> None:
         """Starts nothing: the reference sends rolling windows to Cloud Monitoring only, and the
         pipeline uploads those for every run (its ``--windows``)."""
-        self.rolling_windows_seconds = list(rolling_windows_seconds)
+        try:
+            self.rolling_windows_seconds = list(rolling_windows_seconds)
+        except TypeError:  # the reference keeps it as it is, and its worker fails on it
+            self.rolling_windows_seconds = []
         if self._idle is not None:
             self._tell_idle()
             return
@@ -326,9 +362,10 @@ class GoodputMonitor:
         calculator = self._calculator
         assert calculator is not None
         written: dict[int, float] = {}
+        ideal = self._ideal_step_time()
 
         def cycle() -> None:
-            deviations = calculator.get_step_deviation(self.configured_ideal_step_time)
+            deviations = calculator.get_step_deviation(ideal)
             changed = {step: value for step, value in deviations.items() if written.get(step) != value}
             for step, value in changed.items():
                 writer.scalar(_STEP_DEVIATION_LABEL, float(value), step)
@@ -339,7 +376,49 @@ class GoodputMonitor:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def _start(self, name: str, interval_s: float, make_cycle: _CycleFactory) -> None:
+    def _interval(self, name: str, value: object) -> float | None:
+        """The wait between an uploader's polls for the interval argument ``name``; None: no
+        periodic write (the reference's for None)."""
+        seconds = _seconds(value)
+        if value is None or (seconds is not None and seconds > threading.TIMEOUT_MAX):
+            self._tell(f"{name}={value!r}: the uploader writes only when it is stopped", logging.INFO)
+            return None
+        if seconds is None:
+            self._tell(f"{name}={value!r} is not a number of seconds: the uploader writes every "
+                       f"{_FALLBACK_INTERVAL_S:g} s", logging.WARNING)
+            return _FALLBACK_INTERVAL_S
+        if seconds < MIN_INTERVAL_S:
+            self._tell(f"{name}={value!r} is under {MIN_INTERVAL_S:g} s: the uploader writes every "
+                       f"{MIN_INTERVAL_S:g} s", logging.WARNING)
+            return MIN_INTERVAL_S
+        if isinstance(value, str):
+            self._tell(f"{name}={value!r}: the uploader writes every {seconds:g} s", logging.INFO)
+        return seconds
+
+    def _final_flush_timeout(self) -> float | None:
+        """How long a stop waits for the final write (None: until it is done)."""
+        value = self.final_flush_timeout_seconds
+        seconds = _seconds(value)
+        if value is None or (seconds is not None and seconds > threading.TIMEOUT_MAX):
+            return None
+        if seconds is None:
+            self._tell(f"final_flush_timeout_seconds={value!r} is not a number of seconds: a stop waits "
+                       f"{_TERMINATION_TIMEOUT_S} s for the final write", logging.WARNING)
+            return _TERMINATION_TIMEOUT_S
+        return max(0.0, seconds)
+
+    def _ideal_step_time(self) -> float | None:
+        """``configured_ideal_step_time`` as the calculator takes it: a positive number of seconds,
+        or None (the run's own)."""
+        value = self.configured_ideal_step_time
+        seconds = _seconds(value)
+        if value is None or (seconds is not None and 0 < seconds < math.inf):
+            return seconds
+        self._tell(f"configured_ideal_step_time={value!r} is not a positive number of seconds: step "
+                   "deviation is against the run's own ideal step time", logging.WARNING)
+        return None
+
+    def _start(self, name: str, interval_s: float | None, make_cycle: _CycleFactory) -> None:
         if self._calculator is None:
             self._tell_idle()
             return
@@ -363,7 +442,7 @@ class GoodputMonitor:
         skip = self.skip_final_flush if skip_final_flush is None else skip_final_flush
         # As the reference's: the final write may take final_flush_timeout_seconds; a stop
         # without one waits a fixed while for the thread to notice.
-        timeout_s = _TERMINATION_TIMEOUT_S if skip else self.final_flush_timeout_seconds
+        timeout_s = _TERMINATION_TIMEOUT_S if skip else self._final_flush_timeout()
         with self._lock:
             uploader = self._uploaders.pop(name, None)
         if uploader is not None:

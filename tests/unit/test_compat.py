@@ -461,6 +461,32 @@ def test_step_deviation_from_baseline_follows_the_references_windows():
     assert goodput_utils.compute_step_deviation_from_baseline({}) == 0.0
 
 
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: goodput_utils.compute_percentile([1.0, 2.0], 150), ValueError, "from 0 to 100, got 150"),
+    (lambda: goodput_utils.compute_percentile([1.0, 2.0], -50), ValueError, "from 0 to 100, got -50"),
+    (lambda: goodput_utils.compute_percentile([1.0, 2.0], "90"), TypeError, "number from 0 to 100, got str"),
+    (lambda: goodput_utils.compute_step_deviation_from_baseline([1.0, 2.0]), TypeError, "mapping"),
+    (lambda: goodput_utils.compute_step_deviation_from_baseline({1: 1.0}, recent_window_size=0), ValueError,
+     "recent_window_size must be a positive whole number"),
+    (lambda: goodput_utils.compute_step_deviation_from_baseline({1: 1.0}, baseline_window_size=-5),
+     ValueError, "baseline_window_size must be a positive whole number"),
+    (lambda: goodput_utils.get_timestamp_from_log_entry(None), TypeError, "log payload"),
+], ids=["percentile-above", "percentile-below", "percentile-text", "deviations-list", "recent-window-0",
+        "baseline-window-negative", "entry-none"])
+def test_goodput_utils_refuse_arguments_out_of_range_clearly(call: Callable[[], Any], error: type[Exception],
+                                                             message: str):
+    """An argument out of range or of the wrong type raises a clear ValueError or TypeError, never
+    an IndexError, AttributeError or a figure of the wrong steps."""
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_anomalous_steps_of_no_steps_are_none():
+    """As the reference: no step times have no anomalous or normal ones, and NaN extra time."""
+    assert goodput_utils.get_anomalous_and_normal_step_times([]) == ([], [])
+    assert math.isnan(goodput_utils.get_extra_time_from_anomalous_steps([]))
+
+
 # -- BigQuery ---------------------------------------------------------------------------------------
 
 
@@ -834,6 +860,115 @@ def test_elastic_monitor_writes_the_elastic_buckets(elastic: Path, tmp_path: Pat
     written = scalars(tmp_path / "tb" / "goodput")
     assert written["badput/elastic_slice_down"] == [(90, pytest.approx(40.0))]
     assert {"badput/elastic_scale_up", "badput/elastic_reinitialization"} <= set(written)
+
+
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The calculator methods the monitor's uploaders call, by name, as they call them."""
+    made: list[str] = []
+    for name in ("get_job_goodput", "get_step_deviation"):
+        original = getattr(goodput.GoodputCalculator, name)
+
+        def counted(self: goodput.GoodputCalculator, *args: Any, _original: Any = original, _name: str = name,
+                    **kwargs: Any) -> Any:
+            made.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(goodput.GoodputCalculator, name, counted)
+    return made
+
+
+#: Intervals the reference's monitor takes, and its worker then fails on or spins with.
+ODD_INTERVALS = {"zero": 0, "negative": -5, "NaN": math.nan, "text": "often", "infinite": math.inf,
+                 "list": [60]}
+#: Each interval argument: the uploader's start and stop, and the calculator method it polls.
+UPLOADERS = {"upload_interval": ("start_goodput_uploader", "stop_goodput_uploader", "get_job_goodput"),
+             "step_deviation_interval_seconds": ("start_step_deviation_uploader",
+                                                 "stop_step_deviation_uploader", "get_step_deviation")}
+
+
+MONITORS = {"monitor": monitoring.GoodputMonitor, "elastic": monitoring_elastic.ElasticGoodputMonitor}
+
+
+@pytest.mark.parametrize("monitor_class", MONITORS.values(), ids=list(MONITORS))
+@pytest.mark.parametrize("argument", list(UPLOADERS))
+@pytest.mark.parametrize("interval", ODD_INTERVALS.values(), ids=list(ODD_INTERVALS))
+def test_monitor_neither_dies_nor_spins_on_an_odd_interval(
+        stepped: Path, tmp_path: Path, polls: list[str], monitor_class: type[monitoring.GoodputMonitor],
+        argument: str, interval: Any):
+    """An interval the reference takes but cannot wait on keeps the uploader alive, polling at most
+    once a second, and its stop still writes once."""
+    start, stop, method = UPLOADERS[argument]
+    intervals = {"upload_interval": 3600, "step_deviation_interval_seconds": 3600, argument: interval}
+    monitor = monitor_class("hand", "goodput_hand", str(tmp_path / "tb"), monitoring_enabled=True,
+                            include_step_deviation=True, duckdb_path=stepped, **intervals)
+    getattr(monitor, start)()
+    try:
+        time.sleep(0.3)  # a bounded look at the uploader: the polls it makes meanwhile are its rate
+        alive = [thread.is_alive() for thread in uploader_threads()]
+        polled = polls.count(method)
+    finally:
+        getattr(monitor, stop)()
+    assert alive == [True] and polled <= 1
+    assert polls.count(method) == polled + 1 and uploader_threads() == []
+
+
+def test_monitor_takes_an_interval_given_as_text_as_its_number(hand: Path, tmp_path: Path, polls: list[str],
+                                                                caplog: pytest.LogCaptureFixture):
+    """upload_interval="1" polls every second, as 1 does, and says so once."""
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), "1",  # type: ignore[arg-type]
+                                        monitoring_enabled=True, duckdb_path=hand)
+    with caplog.at_level(logging.INFO, logger=MONITOR_LOGGER):
+        monitor.start_goodput_uploader()
+        try:
+            assert wait_until(lambda: polls.count("get_job_goodput") >= 2)
+            assert [thread.is_alive() for thread in uploader_threads()] == [True]
+        finally:
+            monitor.stop_goodput_uploader(skip_final_flush=True)
+    said = [r for r in caplog.records if r.name == MONITOR_LOGGER and "upload_interval='1'" in r.getMessage()]
+    assert [r.levelname for r in said] == ["INFO"] and "every 1 s" in said[0].getMessage()
+
+
+@pytest.mark.parametrize("timeout", ["5", "soon"])
+def test_monitor_stop_takes_a_final_flush_timeout_the_reference_takes(hand: Path, tmp_path: Path,
+                                                                      timeout: str):
+    """A final_flush_timeout_seconds given as text (a number, or not one: the default) bounds the
+    final write; the stop writes and raises nothing."""
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), 3600,
+                                        monitoring_enabled=True, final_flush_timeout_seconds=timeout,  # type: ignore[arg-type]
+                                        duckdb_path=hand)
+    monitor.start_goodput_uploader()
+    monitor.stop_goodput_uploader()
+    assert scalars(tmp_path / "tb" / "goodput") == {"goodput/goodput": [(130, pytest.approx(200 / 3))]}
+    assert uploader_threads() == []
+
+
+@pytest.mark.parametrize(("ideal", "expected"), [
+    ("2.5", {0: 2.5, 1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5}),  # its number
+    ("fast", {0: 3.0, 1: 0.0, 2: 0.0, 3: 1.0, 4: 0.0}),  # not one: the run's own, 2 s
+], ids=["number", "not-a-number"])
+def test_monitor_takes_an_ideal_step_time_given_as_text(stepped: Path, tmp_path: Path, ideal: str,
+                                                       expected: dict[int, float]):
+    """A configured_ideal_step_time given as text is its number, or, if it is none, the run's own."""
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), 3600,
+                                        monitoring_enabled=True, include_step_deviation=True,
+                                        configured_ideal_step_time=ideal, duckdb_path=stepped)  # type: ignore[arg-type]
+    monitor.stop_step_deviation_uploader()  # none ran: one final write
+    assert scalars(tmp_path / "tb" / "goodput") == {
+        "step_deviation": [(step, pytest.approx(value)) for step, value in expected.items()]}
+
+
+def test_monitor_raises_nothing_for_what_the_references_takes(hand: Path, tmp_path: Path):
+    """As the reference's: a disabled monitor takes a tensorboard_dir that is not a path, and rolling
+    windows that are not a list start nothing."""
+    disabled = monitoring.GoodputMonitor("run", "goodput_run", 123, 30)  # type: ignore[arg-type]
+    disabled.start_goodput_uploader()
+    disabled.stop_goodput_uploader()
+    monitor = monitoring.GoodputMonitor("hand", "goodput_hand", str(tmp_path / "tb"), 30,
+                                        monitoring_enabled=True, duckdb_path=hand)
+    monitor.start_rolling_window_goodput_uploader(None)  # type: ignore[arg-type]
+    monitor.stop_rolling_window_goodput_uploader()
+    assert monitor.rolling_windows_seconds == [] and uploader_threads() == []
 
 
 # -- the swap is one import -------------------------------------------------------------------------
