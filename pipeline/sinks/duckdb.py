@@ -7,7 +7,9 @@ in BigQuery: a later snapshot is a new row, and "latest" is a view. The views ar
 ``accelerator_prices`` and ``accelerator_peaks``, are seeded from their CSV files in
 ``goodput_schemas/`` while empty.
 Timestamps are stored as ``TIMESTAMP`` in UTC. Text is made storable as for BigQuery
-(``pipeline.core.sanitize``), so both hold the same values.
+(``pipeline.core.sanitize``), so both hold the same values. Every reader opens a file with
+``open_reader``: read-only, reaching no other file, with the pipeline's own views rather than
+the file's (a view is SQL the file brings, and may be anyone's).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def not_ours(connection: duckdb.DuckDBPyConnection) -> str | None:
 
 
 class NotOurs(ValueError):
-    """A DuckDB file this pipeline did not write, or not one to trust: ``problem`` says why."""
+    """A DuckDB file this pipeline did not write (``not_ours``): ``problem`` says what it holds."""
 
     def __init__(self, path: str | Path, problem: str) -> None:
         super().__init__(f"{path} is not a DuckDB file this pipeline wrote: {problem}")

@@ -165,7 +165,7 @@ def test_a_reader_reaches_no_file_but_its_own_and_cannot_be_set_to(tmp_path: Pat
                           f"SELECT * FROM glob('{tmp_path}/*')",
                           f"COPY (SELECT 1) TO '{tmp_path / 'out.csv'}'",
                           f"ATTACH '{tmp_path / 'x.duckdb'}'"):
-            with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+            with pytest.raises(duckdb.PermissionException, match="disabled"):
                 connection.execute(statement)
         for setting in ("enable_external_access = true", "lock_configuration = false"):
             with pytest.raises(duckdb.InvalidInputException):
@@ -242,7 +242,7 @@ def test_the_read_api_reaches_no_file_but_its_own(tmp_path: Path, secret: Path):
     from ml_goodput_measurement import goodput
 
     path = planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")
-    with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+    with pytest.raises(duckdb.PermissionException, match="disabled"):
         goodput.GoodputCalculator("r1", duckdb_path=str(path)).get_job_goodput()
 
 
