@@ -107,6 +107,26 @@ def test_goodput_matches_the_reference_calculator(build: Any, tmp_path: Path):
     assert_same_as_reference(ours, reference_result(run.attempts, tmp_path))
 
 
+def test_exclusions_equal_a_replay_with_exclude(simulated: Path, tmp_path: Path):
+    """After a batch replay (one snapshot per run), exclusions give the figures a replay of the same
+    events with --exclude writes, not those of the whole run or of nothing."""
+    with duckdb.connect(str(simulated), read_only=True) as connection:
+        (started, ended), = connection.execute("SELECT window_start, window_end FROM latest_goodput "
+                                               "WHERE run_id = 'sim' AND window_s = 0").fetchall()
+    quarter = (ended - started).total_seconds() // 4
+    start, end = (started.replace(tzinfo=datetime.timezone.utc, microsecond=0)
+                  + datetime.timedelta(seconds=quarter * n) for n in (1, 2))
+    replay([simulated.parent / "events.jsonl"], tmp_path / "excluded.duckdb",
+           f"--exclude={start.isoformat()}/{end.isoformat()}")
+    calculator = goodput.GoodputCalculator("sim", duckdb_path=simulated)
+    goodput_pct, breakdown, max_step, excluded_s = calculator.get_job_goodput_with_exclusions(
+        [(start, end)], include_badput_breakdown=True)
+    replayed = goodput.GoodputCalculator("sim", duckdb_path=tmp_path / "excluded.duckdb")
+    assert (goodput_pct, breakdown, max_step) == replayed.get_job_goodput(include_badput_breakdown=True)
+    assert excluded_s == pytest.approx(quarter)
+    assert goodput_pct != calculator.get_job_goodput()[0]
+
+
 def test_unknown_run_raises_value_error(simulated: Path):
     """As the reference with no entries: a ValueError, not zeros."""
     with pytest.raises(ValueError, match="no goodput snapshot"):
