@@ -246,6 +246,9 @@ class _BigQuerySource:
 
     def __init__(self, dataset: str, client: Any = None) -> None:
         self.project, self.dataset = parse_dataset(dataset)
+        if client is not None and not callable(getattr(client, "query_and_wait", None)):
+            raise TypeError("bigquery_client must be a google.cloud.bigquery.Client, got "
+                            f"{type(client).__name__}")
         self._client = client
 
     def table(self, name: str) -> str:

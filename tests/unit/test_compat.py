@@ -143,22 +143,28 @@ NOT_AWARE = {"text": ("2026-11-01T08:00:00Z", "2026-11-01T09:00:00Z"),
 INTERVAL_METHODS = ["get_job_goodput_interval", "get_interval_metric_details"]
 
 
+CALCULATORS = {"base": goodput.GoodputCalculator, "elastic": goodput_elastic.ElasticGoodputCalculator}
+
+
+@pytest.mark.parametrize("calculator_class", CALCULATORS.values(), ids=list(CALCULATORS))
 @pytest.mark.parametrize("method", INTERVAL_METHODS)
 @pytest.mark.parametrize("bounds", NOT_AWARE.values(), ids=list(NOT_AWARE))
-def test_interval_bounds_that_are_not_aware_datetimes_raise_type_error(hand: Path, method: str,
-                                                                        bounds: tuple[Any, Any]):
+def test_interval_bounds_that_are_not_aware_datetimes_raise_type_error(
+        hand: Path, calculator_class: type[goodput.GoodputCalculator], method: str, bounds: tuple[Any, Any]):
     """A bound that is not a timezone-aware datetime raises the reference's TypeError, naming it."""
-    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    calculator = calculator_class("hand", duckdb_path=hand)
     with pytest.raises(TypeError, match=r"^interval_(start|end) must be (a )?timezone-aware"):
         getattr(calculator, method)(*bounds)
 
 
+@pytest.mark.parametrize("calculator_class", CALCULATORS.values(), ids=list(CALCULATORS))
 @pytest.mark.parametrize("method", INTERVAL_METHODS)
 @pytest.mark.parametrize("bounds", [(at(250), at(150)), (at(150), at(150))], ids=["reversed", "empty"])
-def test_interval_not_in_order_raises_value_error(hand: Path, method: str,
-                                                  bounds: tuple[datetime.datetime, datetime.datetime]):
+def test_interval_not_in_order_raises_value_error(
+        hand: Path, calculator_class: type[goodput.GoodputCalculator], method: str,
+        bounds: tuple[datetime.datetime, datetime.datetime]):
     """An interval that ends before or where it starts raises ValueError, never a size of 0 or less."""
-    calculator = goodput.GoodputCalculator("hand", duckdb_path=hand)
+    calculator = calculator_class("hand", duckdb_path=hand)
     with pytest.raises(ValueError, match="must be before interval_end"):
         getattr(calculator, method)(*bounds)
 
@@ -621,6 +627,13 @@ def test_bigquery_answers_the_new_methods_as_duckdb(stepped: Path, bigquery_clie
     assert remote.get_job_goodput_with_exclusions(exclusions, True) == local.get_job_goodput_with_exclusions(
         exclusions, True)
     assert all("hand" not in request["query"] and request["queryParameters"] for request in requests)
+
+
+def test_a_bigquery_client_that_is_not_one_is_a_type_error():
+    """A bigquery_client without the client's query method raises TypeError at construction, not
+    an AttributeError from the first query."""
+    with pytest.raises(TypeError, match=r"^bigquery_client must be a google\.cloud\.bigquery\.Client, got"):
+        goodput.GoodputCalculator("hand", bigquery_dataset="goodput-local.goodput", bigquery_client="client")
 
 
 def test_a_dataset_without_the_pipelines_tables_is_a_value_error(tmp_path: Path):
