@@ -161,7 +161,9 @@ class BigQueryWriter:
     A request that fails transiently (5xx, rate limits, quotas, a lost connection) is retried with
     exponential backoff and full jitter, from ``initial_backoff_s`` up to ``max_backoff_s``, for
     at most ``retry_deadline_s`` per ``write`` in all (a long outage costs a bundle that much once),
-    and no more once ``give_up()`` is true (a job that is stopping).
+    and no more once ``give_up()`` is true (a job that is stopping). A request waits up to
+    ``request_timeout_s`` for its answer; once the job is stopping, no later than the stop's bound
+    (``pipeline.sinks.retries.stop_requests_by``), and none is made past it.
     Rows BigQuery rejects one by one for a transient reason are tried again, ``row_attempts``
     times in all. Then a row that is still not written — rejected for its content, or its request
     failed for good (a missing table, a bad request, an outage past the deadline) — becomes a
@@ -211,10 +213,9 @@ class BigQueryWriter:
                     errors = call_with_retries(
                         functools.partial(self.client.insert_rows_json, reference, pending,
                                           row_ids=[insert_id(table, row) for row in pending],
-                                          skip_invalid_rows=True, retry=None,
-                                          timeout=self.request_timeout_s),
-                        _retryable, deadline, pauses, self.give_up)
-                except exceptions.GoogleAPIError as error:  # RetryError too: the deadline passed
+                                          skip_invalid_rows=True, retry=None),
+                        _retryable, deadline, pauses, self.give_up, self.request_timeout_s)
+                except exceptions.GoogleAPIError as error:  # RetryError too: a deadline or bound passed
                     _LOG.warning("BigQuery insert of %d rows into %s failed: %s", len(pending), table, error)
                     failed += [(row, f"BigQuery insert into {table} failed: {error}") for row in pending]
                     break

@@ -264,9 +264,11 @@ class MetricWriter:
     retried with exponential backoff and full jitter, from ``initial_backoff_s`` up to
     ``max_backoff_s`` between tries, for at most ``retry_deadline_s`` per ``write`` in all: a long
     outage costs a bundle that much time once, not once per request; and not at all once
-    ``give_up()`` is true (a job that is stopping). A point that is still not
-    written — refused by the service (logged with its series), or its request failed for good — is
-    counted and handed to ``on_failure``, which the pipeline turns into a dead-letter row; the
+    ``give_up()`` is true (a job that is stopping). A request waits up to ``request_timeout_s`` for
+    its answer; once the job is stopping, no later than the stop's bound
+    (``pipeline.sinks.retries.stop_requests_by``), and none is made past it. A point that is still
+    not written — refused by the service (logged with its series), or its request failed for good —
+    is counted and handed to ``on_failure``, which the pipeline turns into a dead-letter row; the
     write never raises for it. Monitoring is telemetry: the run's next snapshot writes the series
     again (BigQuery is the record).
     """
@@ -318,10 +320,9 @@ class MetricWriter:
                                                                   time_series=series)
                 request = monitoring_v3.CreateTimeSeriesRequest.wrap(made)
                 call_with_retries(
-                    functools.partial(self.client.create_time_series, request=request, retry=None,
-                                      timeout=self.request_timeout_s),
+                    functools.partial(self.client.create_time_series, request=request, retry=None),
                     _retryable, deadline, backoff(self.initial_backoff_s, self.max_backoff_s),
-                    self.give_up)
+                    self.give_up, self.request_timeout_s)
             except exceptions.InvalidArgument as error:  # the valid series of the request are kept
                 message = str(error.message)
                 for index in _refused_indexes(message, len(sent)):
