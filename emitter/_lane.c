@@ -18,8 +18,8 @@ Two types:
   (_lane) when the call is plain (the step an int, the metrics floats or None, no explicit time)
   and the lane has room; every other call, and every call while _lane is None (recording off,
   closed, or an injected clock), goes to the recorder's Python method of the same signature
-  (_slow_step_start, ...), which checks, converts, counts and logs as the recorder does. A call
-  that does not fit the method's signature raises the TypeError Python raises for it.
+  (_slow_step_start, ...), which checks, converts, counts and logs as the recorder does. So does
+  a call that does not fit the method's signature: no call raises into the training loop.
 
 And one function, encode_events: the worker thread's goodput_schemas.wire.encode_events for a
 batch of those events, written here rather than through a dict per event (emitter.lane).
@@ -219,14 +219,30 @@ Lane_put(Lane *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
-PyDoc_STRVAR(Lane_draw_doc,
-"draw($self, /)\n--\n\n"
-"The next sequence number, for an event queued elsewhere (the worker's slow path).");
+PyDoc_STRVAR(Lane_draw_into_doc,
+"draw_into($self, slot, /)\n--\n\n"
+"Appends the next sequence number to the list slot, for an event queued elsewhere (the worker's\n"
+"slow path): in one step, so that no signal handler runs between the number's drawing and its\n"
+"being seen where the worker looks for it.");
 
 static PyObject *
-Lane_draw(Lane *self, PyObject *Py_UNUSED(ignored))
+Lane_draw_into(Lane *self, PyObject *slot)
 {
-    return PyLong_FromLongLong(self->next_seq++);
+    if (!PyList_Check(slot)) {
+        PyErr_Format(PyExc_TypeError, "draw_into() takes a list, not %.100s", Py_TYPE(slot)->tp_name);
+        return NULL;
+    }
+    PyObject *seq = PyLong_FromLongLong(self->next_seq);
+    if (seq == NULL) {
+        return NULL;
+    }
+    int failed = PyList_Append(slot, seq);
+    Py_DECREF(seq);
+    if (failed) {
+        return NULL;
+    }
+    self->next_seq++;
+    Py_RETURN_NONE;
 }
 
 /* The record (seq, time_us, kind, body) of a slot, as emitter.recorder queues it; NULL (no
@@ -313,6 +329,23 @@ Lane_take(Lane *self, PyObject *Py_UNUSED(ignored))
     return records;
 }
 
+PyDoc_STRVAR(Lane_take_into_doc,
+"take_into($self, queue, /)\n--\n\n"
+"Empties the lane onto the end of queue (anything with extend), in one step: a signal handler\n"
+"never finds the lane's events in neither.");
+
+static PyObject *
+Lane_take_into(Lane *self, PyObject *queue)
+{
+    PyObject *records = Lane_take(self, NULL);
+    if (records == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_CallMethod(queue, "extend", "O", records);
+    Py_DECREF(records);
+    return result;
+}
+
 static Py_ssize_t
 Lane_length(Lane *self)
 {
@@ -342,8 +375,9 @@ Lane_set_room(Lane *self, PyObject *value, void *Py_UNUSED(closure))
 
 static PyMethodDef Lane_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Lane_put, METH_FASTCALL, Lane_put_doc},
-    {"draw", (PyCFunction)Lane_draw, METH_NOARGS, Lane_draw_doc},
+    {"draw_into", (PyCFunction)Lane_draw_into, METH_O, Lane_draw_into_doc},
     {"take", (PyCFunction)Lane_take, METH_NOARGS, Lane_take_doc},
+    {"take_into", (PyCFunction)Lane_take_into, METH_O, Lane_take_into_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -407,17 +441,15 @@ same_name(PyObject *given, PyObject *name)
 }
 
 /* Fills values[] (NULL where not given) from a vectorcall's arguments against the parameters
-   names[] of the method fname, of which the first n_positional may be given by position and the
-   first n_required must be given. Returns 0, or -1 with the TypeError Python raises for a call
-   that does not fit the signature. */
+   names[] of a method, of which the first n_positional may be given by position and the first
+   n_required must be given. Returns 0, or -1 (no error set) for a call that does not fit the
+   signature: the slow path takes it, whose Python method of the same signature counts and logs
+   the TypeError instead of raising it into the training loop. */
 static int
-parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-      PyObject *const *names, Py_ssize_t n_positional, Py_ssize_t n_required, Py_ssize_t n_names,
-      PyObject **values)
+parse(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject *const *names,
+      Py_ssize_t n_positional, Py_ssize_t n_required, Py_ssize_t n_names, PyObject **values)
 {
     if (nargs > n_positional) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %zd positional arguments (%zd given)",
-                     fname, n_positional, nargs);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n_names; i++) {
@@ -430,19 +462,13 @@ parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         while (i < n_names && !same_name(given, names[i])) {
             i++;
         }
-        if (i == n_names) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%S'", fname, given);
-            return -1;
-        }
-        if (values[i] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%S'", fname, given);
+        if (i == n_names || values[i] != NULL) {  /* unknown, or given twice */
             return -1;
         }
         values[i] = args[nargs + k];
     }
     for (Py_ssize_t i = 0; i < n_required; i++) {
         if (values[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%S'", fname, names[i]);
             return -1;
         }
     }
@@ -501,9 +527,8 @@ record_step_start_time(FastPath *self, PyObject *const *args, size_t nargsf, PyO
 {
     PyObject *parameters[2] = {NAME_STEP, NAME_START_TIME};
     PyObject *values[2];
-    if (parse("record_step_start_time", args, PyVectorcall_NARGS(nargsf), kwnames, parameters, 2, 1, 2,
-              values) < 0) {
-        return NULL;
+    if (parse(args, PyVectorcall_NARGS(nargsf), kwnames, parameters, 2, 1, 2, values) < 0) {
+        return slow((PyObject *)self, SLOW_STEP_START, args, nargsf, kwnames);
     }
     Lane *lane = self->lane;
     long long step, time_us;
@@ -520,12 +545,12 @@ record_step_start_time(FastPath *self, PyObject *const *args, size_t nargsf, PyO
 }
 
 static PyObject *
-data_loading(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames, const char *fname,
-             PyObject *parameter, unsigned char type, PyObject *slow_name)
+data_loading(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames, PyObject *parameter,
+             unsigned char type, PyObject *slow_name)
 {
     PyObject *values[1];
-    if (parse(fname, args, PyVectorcall_NARGS(nargsf), kwnames, &parameter, 1, 0, 1, values) < 0) {
-        return NULL;
+    if (parse(args, PyVectorcall_NARGS(nargsf), kwnames, &parameter, 1, 0, 1, values) < 0) {
+        return slow((PyObject *)self, slow_name, args, nargsf, kwnames);
     }
     Lane *lane = self->lane;
     long long time_us;
@@ -546,8 +571,8 @@ PyDoc_STRVAR(record_data_loading_start_time_doc,
 static PyObject *
 record_data_loading_start_time(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    return data_loading(self, args, nargsf, kwnames, "record_data_loading_start_time", NAME_START_TIME,
-                        SLOT_DATA_LOADING_START, SLOW_DATA_LOADING_START);
+    return data_loading(self, args, nargsf, kwnames, NAME_START_TIME, SLOT_DATA_LOADING_START,
+                        SLOW_DATA_LOADING_START);
 }
 
 PyDoc_STRVAR(record_data_loading_end_time_doc,
@@ -557,8 +582,8 @@ PyDoc_STRVAR(record_data_loading_end_time_doc,
 static PyObject *
 record_data_loading_end_time(FastPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    return data_loading(self, args, nargsf, kwnames, "record_data_loading_end_time", NAME_END_TIME,
-                        SLOT_DATA_LOADING_END, SLOW_DATA_LOADING_END);
+    return data_loading(self, args, nargsf, kwnames, NAME_END_TIME, SLOT_DATA_LOADING_END,
+                        SLOW_DATA_LOADING_END);
 }
 
 PyDoc_STRVAR(record_model_metrics_doc,
@@ -577,9 +602,8 @@ record_model_metrics(FastPath *self, PyObject *const *args, size_t nargsf, PyObj
         parameters[1 + i] = METRIC_NAME_OBJECTS[i];
     }
     parameters[N - 1] = NAME_TIME_;
-    if (parse("record_model_metrics", args, PyVectorcall_NARGS(nargsf), kwnames, parameters, 1, 1, N,
-              values) < 0) {
-        return NULL;
+    if (parse(args, PyVectorcall_NARGS(nargsf), kwnames, parameters, 1, 1, N, values) < 0) {
+        return slow((PyObject *)self, SLOW_MODEL_METRICS, args, nargsf, kwnames);
     }
     Lane *lane = self->lane;
     long long step, time_us;

@@ -6,7 +6,8 @@ left the caches cold by the time they run: every object, page and function a cal
 memory access, so these calls do as little as they can. A plain call (the step an ``int``, the
 metrics ``float`` or ``None``, no explicit time) stamps the time and appends the event to its
 ``Lane``, the front of the worker's queue; every other call goes to the recorder's Python method of
-the same signature (``_slow_step_start``, ...), which checks, converts, counts and logs.
+the same signature (``_slow_step_start``, ...), which checks, converts, counts and logs. So does a
+call that does not fit the signature: none raises into the training loop.
 
 Two implementations with one behaviour: the compiled one (``emitter/_lane.c``, built where a C
 compiler was at hand when the emitter was installed), whose plain calls create no Python object
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import importlib
 import itertools
 import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -40,14 +42,17 @@ from goodput_schemas.wire import encode_events as wire_encode_events
 
 #: Asks for the Python implementation even where the compiled one is built ("1").
 PURE_PYTHON_ENV = "GOODPUT_EMITTER_PURE_PYTHON"
+_Method = TypeVar("_Method", bound=Callable[..., None])
 
 
 class PythonLane:
     """The front of a worker's queue: events in the order recorded, numbered as they come.
 
-    ``put`` runs in the caller without a lock: an append to a deque is atomic, and the number is
-    drawn in the same step (a signal handler may run between any two). Several threads recording
-    at once may each find room, so a lane may hold a few events more than ``room``.
+    ``put`` runs in the caller without a lock: the number is drawn and the event appended in one
+    step, the deque pulling both from iterators in C, where no signal handler runs (one may run
+    between any two bytecodes: a number drawn in one and appended in the next would be lost to a
+    handler that ends the process in between). Several threads recording at once may each find
+    room, so a lane may hold a few events more than ``room``.
     """
 
     def __init__(self, capacity: int, max_count: int, wake: Callable[[], object] | None = None) -> None:
@@ -87,26 +92,57 @@ class PythonLane:
         whether it did."""
         events = self._events
         if len(events) < self._room:
-            events.append((next(self._seqs), time_us, kind, body))
+            events.extend(zip(itertools.islice(self._seqs, 1), (time_us,), (kind,), (body,), strict=True))
             if len(events) == self.wake_at and self._wake is not None:
                 with contextlib.suppress(RuntimeError):  # the thread woken already
                     self._wake()
             return True
         return False
 
-    def draw(self) -> int:
-        """The next sequence number, for an event queued elsewhere (the worker's slow path)."""
-        seq = next(self._seqs)
-        self._taken = max(self._taken, seq + 1)
-        return seq
+    def draw_into(self, slot: list[Any]) -> None:
+        """Appends the next sequence number to ``slot``, for an event queued elsewhere (the
+        worker's slow path): drawn and appended in one step (the list pulls it from the counter in
+        C), so that no signal handler runs between the number's drawing and its being seen where
+        the worker looks for it."""
+        slot.extend(itertools.islice(self._seqs, 1))
+        self._taken = max(self._taken, slot[-1] + 1)
 
     def take(self) -> list[Record]:
         """Empties the lane: its events, in the order queued."""
-        events = self._events
-        taken = [events.popleft() for _ in range(len(events))]
-        if taken:
-            self._taken = max(self._taken, *(record[0] + 1 for record in taken[-2:]))
+        taken: list[Record] = []
+        self.take_into(taken)
         return taken
+
+    def take_into(self, queue: list[Record] | collections.deque[Record]) -> None:
+        """Empties the lane onto the end of ``queue``, in one step (the queue pulls the events from
+        the lane in C): a signal handler never finds the lane's events in neither."""
+        events = self._events
+        queue.extend(itertools.starmap(events.popleft, itertools.repeat((), len(events))))
+        if queue:
+            last = itertools.islice(reversed(queue), 2)
+            self._taken = max(self._taken, *(record[0] + 1 for record in last))
+
+
+#: The slow path of each per-step call.
+_SLOW = {"record_step_start_time": "_slow_step_start",
+         "record_data_loading_start_time": "_slow_data_loading_start",
+         "record_data_loading_end_time": "_slow_data_loading_end",
+         "record_model_metrics": "_slow_model_metrics"}
+
+
+def _total(method: _Method) -> _Method:
+    """``method``, or, for a call that does not fit its signature, the slow path of the same
+    signature, which counts and logs the ``TypeError`` instead of raising it into the loop."""
+    slow_name = _SLOW[method.__name__]
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except TypeError:  # the slow path raises none: only the call's binding can
+            getattr(self, slow_name)(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 class PythonFastPath:
@@ -115,6 +151,7 @@ class PythonFastPath:
     #: The lane the per-step calls record into, or None: every call takes the slow path.
     _lane: PythonLane | None = None
 
+    @_total
     def record_step_start_time(self, step: int, start_time: Any = None) -> None:
         """Records the start of training step ``step``."""
         lane = self._lane
@@ -122,6 +159,7 @@ class PythonFastPath:
                 and lane.put(time.time_ns() // 1000, "step_start", step)):
             self._slow_step_start(step, start_time)
 
+    @_total
     def record_data_loading_start_time(self, start_time: Any = None) -> None:
         """Records the start of a data-loading span."""
         lane = self._lane
@@ -129,6 +167,7 @@ class PythonFastPath:
                 and lane.put(time.time_ns() // 1000, "data_loading_start", {})):
             self._slow_data_loading_start(start_time)
 
+    @_total
     def record_data_loading_end_time(self, end_time: Any = None) -> None:
         """Records the end of a data-loading span."""
         lane = self._lane
@@ -136,6 +175,7 @@ class PythonFastPath:
                 and lane.put(time.time_ns() // 1000, "data_loading_end", {})):
             self._slow_data_loading_end(end_time)
 
+    @_total
     def record_model_metrics(
         self,
         step: int,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -54,9 +55,9 @@ from emitter.discovery import DiscoveredTransport
 from emitter.lane import FastPath
 from emitter.settings import EmitterSettings, destination_from_env
 from emitter.spool import Spool
-from emitter.transports import Transport, transport_for
-from emitter.worker import BatchWorker, EmitterStats
-from emitter.workload import WorkloadDiscovery, local_workload, on_google_cloud, uid_of
+from emitter.transports import Transport, Undeliverable, transport_for
+from emitter.worker import BatchWorker, EmitterStats, SendCancelled
+from emitter.workload import WorkloadDiscovery, read_local_sources, uid_of
 from goodput_schemas.limits import (
     MAX_COUNT,
     MAX_DURATION_S,
@@ -78,6 +79,11 @@ from goodput_schemas.wire import MODEL_METRICS, Message, json_double
 __version__ = "0.1.0"
 
 _LOG = logging.getLogger("emitter")
+#: Earlier attempts of one recorder that deliver at once after restarts, at most (see
+#: ``GoodputRecorder._start_new_attempt``).
+MAX_RETIRING = 4
+#: How often a send waiting for another looks whether its worker stopped.
+_SHARED_POLL_S = 0.05
 _UTC = datetime.timezone.utc
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 _MICROSECOND = datetime.timedelta(microseconds=1)
@@ -259,10 +265,12 @@ class GoodputRecorder(FastPath):
         logging_enabled: As in the reference: ``False`` (the default) makes every call a no-op,
             so that only one process of a job (e.g. ``jax.process_index() == 0``) records.
         cloud_logger: The reference's test hook; accepted and ignored.
-        destination: ``file:PATH`` (one JSON line per message) or ``projects/P/topics/T``;
-            defaults to ``$GOODPUT_DESTINATION``, else the fleet's topic in the project the job
-            runs in (``emitter.discovery``; found in the background, never an error). An object
-            with the ``emitter.transports.Transport`` methods is used as it is.
+        destination: ``file:PATH`` (one JSON line per message; a path object is a file too) or
+            ``projects/P/topics/T``; defaults to ``$GOODPUT_DESTINATION``, else the fleet's topic
+            in the project the job runs in (``emitter.discovery``; found in the background, never
+            an error). An object with the ``emitter.transports.Transport`` methods is used as it
+            is. One not understood is logged, and events wait in the spool for a process of the
+            run that has a destination it understands.
         configured_ideal_step_time: The ideal step time in seconds, if the user knows it.
         run_group: Groups runs in fleet queries (an experiment, a team, a model family).
         accelerator_type: E.g. ``"v5p"`` or ``"h100"``.
@@ -284,19 +292,21 @@ class GoodputRecorder(FastPath):
             call, instead of logging and counting it (for tests; never in a training job).
 
     Raises:
-        ValueError: Only with ``strict=True``: an argument cannot be recorded. Otherwise a
-            ``job_name`` the pipeline would refuse disables recording (logged), and invalid run
-            metadata or settings are left out (logged).
+        ValueError: Only with ``strict=True``: an argument cannot be recorded (``TypeError``: an
+            argument it does not take). Otherwise a ``job_name`` the pipeline would refuse, or
+            anything else that keeps the recorder from starting, disables recording (logged);
+            invalid run metadata or settings are left out, and arguments it does not take are
+            ignored (logged, counted in ``stats.invalid_calls``).
     """
 
     def __init__(
         self,
-        job_name: str,
+        job_name: str = "",
         logger_name: str | None = None,
         logging_enabled: bool = False,
         cloud_logger: object = None,
-        *,
-        destination: str | Transport | None = None,
+        *unexpected_args: Any,
+        destination: str | os.PathLike[str] | Transport | None = None,
         configured_ideal_step_time: float | None = None,
         run_group: str = "",
         accelerator_type: str = "",
@@ -310,13 +320,16 @@ class GoodputRecorder(FastPath):
         background_max_latency_s: float | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
         strict: bool = False,
+        **unexpected_keywords: Any,
     ) -> None:
-        self._strict = bool(strict)
+        self._strict = strict is True
         self._worker: BatchWorker | None = None
         # The per-step calls record into the worker's lane themselves (``emitter.lane``) while
         # recording on the real clock; None when disabled or closed, or on an injected clock.
         self._lane = None
         self._closed = False
+        self._closed_at_exit = False
+        self._dropped_after_close = False
         self._close_lock = threading.RLock()  # a signal handler may close while close() runs
         self._explicit_time = False
         self._in_job = False
@@ -329,46 +342,81 @@ class GoodputRecorder(FastPath):
         self.workload_uid = ""
         self.job_name = job_name
         self.logger_name = logger_name
+        self.destination = "none"
+        self.settings = EmitterSettings()
         self._now_ns = wall_clock_ns if callable(wall_clock_ns) else time.time_ns
-        problem = (id_problem("job_name", job_name) if isinstance(job_name, str)
-                   else f"job_name must be a str, got {type(job_name).__name__}")
-        if problem is not None:
+        if unexpected_args or unexpected_keywords:
+            given = [f"{len(unexpected_args)} positional after cloud_logger"] if unexpected_args else []
+            given += [repr(name) for name in unexpected_keywords]
+            unexpected = f"GoodputRecorder() got arguments it does not take: {', '.join(given)}"
             if self._strict:
-                raise ValueError(problem)
-            _LOG.error("goodput recording is disabled: %s", problem)
-            logging_enabled = False
-        self._metadata = self._job_start_body(configured_ideal_step_time, run_group,
-                                              accelerator_type, chip_count, labels, location)
-        settings = self._lenient(
-            lambda: _with_reference_keywords(
-                _settings(settings), background_grace_period_s, background_batch_size,
-                background_max_latency_s),
-            EmitterSettings(), "settings")
-        self.settings = settings
-        if not logging_enabled:
-            _LOG.debug("goodput recording is disabled in this process (logging_enabled=False)")
-            return
-        self._workload = self._discover_workload(workload_uid)
+                raise TypeError(unexpected)
+            self._invalid["GoodputRecorder"] = 1
+            _LOG.error("goodput recorder for %r: %s; ignored them (counted in stats.invalid_calls)",
+                       job_name, unexpected)
+        # Nothing a job's arguments, environment, files or process do may end it: a recorder
+        # that cannot start records nothing (logged), unless it is strict.
+        try:
+            problem = (id_problem("job_name", job_name) if isinstance(job_name, str)
+                       else f"job_name must be a str, got {type(job_name).__name__}")
+            if problem is not None:
+                if self._strict:
+                    raise ValueError(problem)
+                _LOG.error("goodput recording is disabled: %s", problem)
+                logging_enabled = False
+            self._metadata = self._job_start_body(configured_ideal_step_time, run_group,
+                                                  accelerator_type, chip_count, labels, location)
+            self.settings = self._lenient(
+                lambda: _with_reference_keywords(
+                    _settings(settings), background_grace_period_s, background_batch_size,
+                    background_max_latency_s),
+                EmitterSettings(), "settings")
+            if not logging_enabled:
+                _LOG.debug("goodput recording is disabled in this process (logging_enabled=False)")
+                return
+            self._start(destination, workload_uid)
+        except Exception as error:
+            if self._strict:
+                raise
+            _LOG.error("goodput recording is disabled: the recorder for %r could not start: %s: %s",
+                       job_name, type(error).__name__, error)
+            self._abandon()
 
+    def _start(self, destination: object, workload_uid: str | None) -> None:
+        """Starts recording: the workload, the destination, the first attempt's worker."""
+        self._workload = self._discover_workload(workload_uid)
+        settings = self.settings
         capture = testing.active_capture()
         transport: Transport
         if capture is not None:
             transport = capture.transport()
             self.destination = "memory:capture"
             self.settings = dataclasses.replace(settings, spool_dir=Path(capture.spool_dir))
-        elif destination is not None and not isinstance(destination, str):
-            transport = destination
+        elif destination is not None and not isinstance(destination, (str, os.PathLike)):
+            if not callable(getattr(destination, "send", None)):
+                raise ValueError(f"destination must be a str, a path or a Transport, got "
+                                 f"{type(destination).__name__}")
+            transport = destination  # type: ignore[assignment]
             self.destination = repr(destination)
         else:
-            resolved = destination or destination_from_env()
+            resolved = (f"file:{os.fspath(destination)}" if isinstance(destination, os.PathLike)
+                        else destination or destination_from_env())
             if resolved is None:
                 transport = DiscoveredTransport(send_timeout_s=settings.send_timeout_s)
                 self.destination = "discovered"
             else:
-                transport = transport_for(resolved, send_timeout_s=settings.send_timeout_s)
                 self.destination = resolved
-        self._transport = _Shared(transport)
-        self._retired: list[_Retired] = []
+                try:
+                    transport = transport_for(resolved, send_timeout_s=settings.send_timeout_s)
+                except ValueError as error:
+                    if self._strict:
+                        raise
+                    _LOG.error("goodput recorder for %r: %s; events are kept in memory and in the "
+                               "spool, for a process of the run with a destination it understands "
+                               "to send", self.job_name, error)
+                    transport = Undeliverable(str(error))
+        self._transport = _Shared(transport, settings.send_timeout_s)
+        self._retired: list[BatchWorker] = []  # earlier attempts' workers, still delivering
         self._closed_stats = EmitterStats()  # of earlier attempts closed and forgotten
         self._worker = self._new_worker()
         self._open_lane()
@@ -377,6 +425,13 @@ class GoodputRecorder(FastPath):
         atexit.register(self._exit_hook)
         reference = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork_in_child(reference))
+
+    def _abandon(self) -> None:
+        """Records nothing from now on: what a recorder that failed to start does."""
+        worker, self._worker, self._lane = self._worker, None, None
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                worker.close(0.0)
 
     def _lenient(self, build: Callable[[], _T], fallback: _T, what: str) -> _T:
         """``build()``; its fallback, logged, if it raises and the recorder is not strict."""
@@ -394,9 +449,8 @@ class GoodputRecorder(FastPath):
         server later), put on the job start, and the uid every message carries."""
         discovery = None
         if self.settings.discover_workload:
-            nothing: dict[str, str] = {}
-            local = self._lenient(lambda: local_workload(self.settings.podinfo_dir), nothing, "workload")
-            discovery = WorkloadDiscovery(local, ask_server=on_google_cloud())
+            local, ask_server = read_local_sources(self.settings.podinfo_dir)
+            discovery = WorkloadDiscovery(local, ask_server)
             if local:
                 self._metadata["workload"] = local
             if uid is None:
@@ -464,12 +518,21 @@ class GoodputRecorder(FastPath):
         self.attempt_id = uuid.uuid4().hex
         self._metric_names = set()
         settings = self.settings
-        spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, self._now_ns(),
-                      max_bytes=settings.max_spool_bytes,
-                      segment_bytes=settings.spool_segment_bytes, workload_uid=self.workload_uid)
+        if self._worker is None:
+            spool = Spool(settings.spool_dir, self.job_name, self.attempt_id, self._now_ns(),
+                          max_bytes=settings.max_spool_bytes,
+                          segment_bytes=settings.spool_segment_bytes, workload_uid=self.workload_uid)
+        else:
+            spool = self._worker.spool.next_attempt(self.attempt_id, self._now_ns(), self.workload_uid)
         return BatchWorker(self.job_name, self.attempt_id, self._transport, spool, settings,
                            heartbeat=self._automatic_heartbeat, workload_uid=self.workload_uid,
-                           derive=self._collector())
+                           derive=self._collector(), may_start=self._may_start_thread,
+                           restart=self._worker is not None)
+
+    def _may_start_thread(self) -> bool:
+        """Whether a worker's thread may start: fewer than MAX_RETIRING earlier attempts still
+        deliver (their threads end first)."""
+        return sum(not worker.done() for worker in self._retired) < MAX_RETIRING
 
     def _collector(self) -> AttemptCollector:
         """What the background thread adds to a new attempt's events (``emitter.collect``)."""
@@ -478,14 +541,23 @@ class GoodputRecorder(FastPath):
                                                   "collected configs"))
 
     def _start_new_attempt(self) -> None:
-        """Hands the current attempt's events to a thread that delivers them (within the close
-        timeout, the rest to the spool) and records from now on under a new attempt."""
+        """Has the current attempt's worker retire (deliver within the close timeout, from its own
+        thread, the rest to the spool) and records from now on under a new attempt."""
         assert self._worker is not None
-        # Attempts closed already leave only their counters, so many restarts hold little.
-        done = [retired for retired in self._retired if retired.done()]
-        self._closed_stats = _summed([self._closed_stats, *(retired.worker.stats for retired in done)])
-        self._retired = [retired for retired in self._retired if retired not in done]
-        self._retired.append(_Retired(self._worker, self.settings.close_timeout_s))
+        # Attempts that ended leave only their counters, so many restarts hold little; and at
+        # most MAX_RETIRING deliver at once: the oldest spools what it holds instead, and a new
+        # attempt's thread starts once fewer deliver, so that restarts, however fast, start no
+        # more threads than that.
+        done = [worker for worker in self._retired if worker.done()]
+        self._closed_stats = _summed([self._closed_stats, *(worker.stats for worker in done)])
+        self._retired = [worker for worker in self._retired if worker not in done]
+        for worker in self._retired[:len(self._retired) + 1 - MAX_RETIRING]:
+            worker.retire_now()
+        self._worker.retire(self.settings.close_timeout_s)
+        if self._worker.done():  # it had no thread: it spooled what it held at once
+            self._closed_stats = _summed([self._closed_stats, self._worker.stats])
+        else:
+            self._retired.append(self._worker)
         self._worker = self._new_worker()
         self._open_lane()
 
@@ -502,8 +574,14 @@ class GoodputRecorder(FastPath):
         if worker is None:
             return
         if self._closed:
+            if self._closed_at_exit:  # an exit hook that ran after the recorder's (the job's end)
+                worker.deliver_late(time_us, kind, body, self.settings.close_timeout_s)
+                return
             worker.count_dropped_after_close()
-            _LOG.warning("goodput recorder for %r is closed; dropping %s event", self.job_name, kind)
+            if not self._dropped_after_close:
+                self._dropped_after_close = True
+                _LOG.warning("goodput recorder for %r is closed; dropping %s event and any later one "
+                             "(logged once; counted in stats.dropped)", self.job_name, kind)
             return
         worker.put(time_us, kind, body)
 
@@ -758,6 +836,7 @@ class GoodputRecorder(FastPath):
             self._count_dropped("dropped_config_entries", "record_configs", fitted.dropped, fitted.reason)
         self._record("configs", time_, "time_", {"source": "user", "values": fitted.values})
 
+    @_guarded
     def record_metrics(self, values: Mapping[str, float], step: int | None = None,
                        time_: datetime.datetime | None = None) -> None:
         """Records named metrics at ``step`` (``None``: at the event time alone), dated ``time_``
@@ -772,42 +851,39 @@ class GoodputRecorder(FastPath):
         recorder raises ``ValueError``). More than ``MAX_METRICS_PER_EVENT`` values make
         several events.
         """
-        try:
-            if self._worker is None:
-                return
-            if not isinstance(values, Mapping) or not values:
-                raise ValueError(f"values must be a non-empty mapping of metric names to numbers, got "
-                                 f"{values!r:.80}")
-            if step is not None and (type(step) is not int or not 0 <= step <= MAX_COUNT):
-                step = _count(step, "step")
-            if time_ is not None:
-                _time_us(time_, "time_")
-            known = self._metric_names
-            checked = {(name if name in known else _metric_name(name)):
-                       (value if type(value) is float and value - value == 0.0 else _metric(value, name))
-                       for name, value in values.items()}
-            new = [name for name in checked if name not in known]
-            room = MAX_METRIC_NAMES - len(known)
-            if len(new) > room:
-                over = new[room:]
-                reason = (f"{len(known) + len(new)} metric names in this attempt, more than "
-                          f"MAX_METRIC_NAMES ({MAX_METRIC_NAMES}): left out {over[0]!r:.80}")
-                if self._strict:
-                    raise ValueError(reason)
-                for name in over:
-                    del checked[name]
-                self._count_dropped("dropped_metric_values", "record_metrics", len(over), reason)
-                new = new[:room]
-            known.update(new)
-            names = list(checked)
-            for first in range(0, len(names), MAX_METRICS_PER_EVENT):
-                body: dict[str, Any] = {"values": {name: checked[name]
-                                                   for name in names[first:first + MAX_METRICS_PER_EVENT]}}
-                if step is not None:
-                    body["step"] = step
-                self._record("metrics", time_, "time_", body)
-        except Exception as error:  # noqa: BLE001 - never into the training job: counted, logged
-            self._invalid_call("record_metrics", error)
+        if self._worker is None:
+            return
+        if not isinstance(values, Mapping) or not values:
+            raise ValueError(f"values must be a non-empty mapping of metric names to numbers, got "
+                             f"{values!r:.80}")
+        if step is not None and (type(step) is not int or not 0 <= step <= MAX_COUNT):
+            step = _count(step, "step")
+        if time_ is not None:
+            _time_us(time_, "time_")
+        known = self._metric_names
+        checked = {(name if name in known else _metric_name(name)):
+                   (value if type(value) is float and value - value == 0.0 else _metric(value, name))
+                   for name, value in values.items()}
+        new = [name for name in checked if name not in known]
+        room = MAX_METRIC_NAMES - len(known)
+        if len(new) > room:
+            over = new[room:]
+            reason = (f"{len(known) + len(new)} metric names in this attempt, more than "
+                      f"MAX_METRIC_NAMES ({MAX_METRIC_NAMES}): left out {over[0]!r:.80}")
+            if self._strict:
+                raise ValueError(reason)
+            for name in over:
+                del checked[name]
+            self._count_dropped("dropped_metric_values", "record_metrics", len(over), reason)
+            new = new[:room]
+        known.update(new)
+        names = list(checked)
+        for first in range(0, len(names), MAX_METRICS_PER_EVENT):
+            body: dict[str, Any] = {"values": {name: checked[name]
+                                               for name in names[first:first + MAX_METRICS_PER_EVENT]}}
+            if step is not None:
+                body["step"] = step
+            self._record("metrics", time_, "time_", body)
 
     @_guarded
     def record_host_steps(self, host: str, count: int, mean_s: float, max_s: float,
@@ -866,7 +942,7 @@ class GoodputRecorder(FastPath):
             invalid = EmitterStats(invalid_calls=sum(self._invalid.values()), **self._dropped_values)
         if self._worker is None:
             return invalid
-        return _summed([self._closed_stats, *(retired.worker.stats for retired in self._retired),
+        return _summed([self._closed_stats, *(worker.stats for worker in self._retired),
                         self._worker.stats, invalid])
 
     @_guarded
@@ -879,7 +955,7 @@ class GoodputRecorder(FastPath):
             timeout = self._seconds(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         delivered = self._worker.flush(timeout)
-        return all([retired.wait(deadline) for retired in self._retired]) and delivered
+        return all([worker.wait(deadline) for worker in self._retired]) and delivered
 
     @_guarded
     def close(self, timeout: float | None = None) -> bool:
@@ -896,11 +972,17 @@ class GoodputRecorder(FastPath):
             self._closed = True
             self._lane = None
         atexit.unregister(self._exit_hook)
-        if isinstance(self._transport.inner, DiscoveredTransport):
-            limit = self._transport.inner.delivery_time(limit)  # nowhere: to the spool at once
+        delivery_time = getattr(self._transport.inner, "delivery_time", None)
+        if delivery_time is not None:  # nowhere to deliver: to the spool at once
+            limit = delivery_time(limit)
         deadline = time.monotonic() + limit
         delivered = self._worker.close(limit)
-        delivered = all([retired.wait(deadline) for retired in self._retired]) and delivered
+        for worker in self._retired:  # earlier attempts: delivered by the deadline, else spooled
+            if not worker.wait(deadline):
+                delivered = False
+                if not worker.done():
+                    worker.retire_now()
+                    worker.close(max(0.0, deadline - time.monotonic()))
         self._transport.close_inner(max(0.0, deadline - time.monotonic()))
         stats = self.stats
         if stats.dropped:
@@ -909,6 +991,9 @@ class GoodputRecorder(FastPath):
         return delivered
 
     def _exit_hook(self) -> None:
+        # An exit hook the job registered before the recorder was made runs after this one: what
+        # it records (the job's end) is sent at once (``BatchWorker.deliver_late``), not dropped.
+        self._closed_at_exit = not self._closed
         self.close()
 
     def __enter__(self) -> GoodputRecorder:
@@ -936,29 +1021,6 @@ class GoodputRecorder(FastPath):
 ElasticGoodputRecorder = GoodputRecorder
 
 
-class _Retired:
-    """An earlier attempt of a recorder, delivered (within ``timeout``, the rest to the spool)
-    and closed by a thread of its own."""
-
-    def __init__(self, worker: BatchWorker, timeout: float) -> None:
-        self.worker = worker
-        self._delivered = False
-        self._thread = threading.Thread(target=self._close, args=(timeout,),
-                                        name="goodput-emitter-retire", daemon=True)
-        self._thread.start()
-
-    def _close(self, timeout: float) -> None:
-        self._delivered = self.worker.close(timeout)
-
-    def wait(self, deadline: float | None) -> bool:
-        """Whether it delivered everything, waiting until ``deadline`` at most."""
-        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not self._thread.is_alive() and self._delivered
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-
 def _summed(parts: list[EmitterStats]) -> EmitterStats:
     return EmitterStats(**{field.name: sum(getattr(part, field.name) for part in parts)
                            for field in dataclasses.fields(EmitterStats)})
@@ -966,15 +1028,32 @@ def _summed(parts: list[EmitterStats]) -> EmitterStats:
 
 class _Shared:
     """One recorder's transport, shared by the workers of its attempts: one send at a time,
-    closed once, when the recorder closes."""
+    closed once, when the recorder closes. A send waits for another at most ``wait_s``, and
+    gives up once its worker stops (``send_unless``): a send stuck on its destination holds no
+    other worker's thread."""
 
-    def __init__(self, inner: Transport) -> None:
+    def __init__(self, inner: Transport, wait_s: float) -> None:
         self.inner = inner
+        self._wait_s = wait_s
         self._lock = threading.Lock()
 
     def send(self, message: Message) -> None:
-        with self._lock:
+        self.send_unless(message, lambda: False)
+
+    def send_unless(self, message: Message, stopping: Callable[[], bool]) -> None:
+        """Sends ``message``; raises ``SendCancelled`` if ``stopping()`` while another send holds
+        the transport, ``TimeoutError`` if it holds it for ``wait_s``."""
+        deadline = time.monotonic() + self._wait_s
+        while not self._lock.acquire(timeout=_SHARED_POLL_S):
+            if stopping():
+                raise SendCancelled
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"another send to {self.inner!r} has been under way for "
+                                   f"{self._wait_s:g} s")
+        try:
             self.inner.send(message)
+        finally:
+            self._lock.release()
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()

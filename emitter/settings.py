@@ -29,6 +29,16 @@ def _env_path(name: str, default: Path) -> Path:
     return Path(value) if value else default
 
 
+def _default_spool_dir() -> Path:
+    """``<tmp>/goodput-spool-<uid>``; ``/tmp`` where no temporary directory can be written (the
+    spool then refuses events, logged, and they wait in memory)."""
+    try:
+        tmp = tempfile.gettempdir()
+    except OSError:
+        tmp = "/tmp"
+    return Path(tmp) / f"goodput-spool-{os.geteuid()}"
+
+
 def _env_flag(name: str, default: bool) -> bool:
     """A yes/no environment variable; unset, blank or unreadable (logged): ``default``."""
     value = os.environ.get(name, "").strip().lower()
@@ -82,10 +92,7 @@ class EmitterSettings:
     max_latency_s: float = 2.0
     max_queue_events: int = 100_000
     spool_dir: Path = dataclasses.field(
-        default_factory=lambda: _env_path(
-            SPOOL_DIR_ENV, Path(tempfile.gettempdir()) / f"goodput-spool-{os.geteuid()}"
-        )
-    )
+        default_factory=lambda: _env_path(SPOOL_DIR_ENV, _default_spool_dir()))
     max_spool_bytes: int = 512 * 1024 * 1024
     spool_segment_bytes: int = 4 * 1024 * 1024
     close_timeout_s: float = 10.0

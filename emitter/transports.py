@@ -44,6 +44,36 @@ class Transport(Protocol):
         """Releases resources; ``send`` is not called afterwards."""
 
 
+class DestinationUnusable(Exception):
+    """The destination cannot take messages (not configured, or not understood)."""
+
+
+class Undeliverable:
+    """The transport of a destination the emitter does not understand (a ``$GOODPUT_DESTINATION``
+    of ``garbage``, say): every send fails, so that events wait in memory and in the spool, where
+    the next process of the run, with a destination it understands, sends them. A job never ends
+    for a setting of its metrics."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def send(self, message: Message) -> None:
+        raise DestinationUnusable(self.reason)
+
+    def delivery_time(self, timeout: float) -> float:
+        """How much of ``timeout`` delivering is worth: none."""
+        return 0.0
+
+    def after_fork(self) -> None:
+        """Nothing inherited."""
+
+    def close(self) -> None:
+        """Nothing held."""
+
+    def __repr__(self) -> str:
+        return "Undeliverable()"
+
+
 class FileTransport:
     """Appends each message's JSON encoding as one line to a local file.
 
@@ -53,6 +83,10 @@ class FileTransport:
     cut off before the next line is appended, so it can never swallow that line. A FIFO or a
     device gets each line whole, written on until it is; opening a FIFO nobody reads fails at
     once (and is retried) instead of hanging.
+
+    The file follows its path: once the path names another file (a log rotation renamed it, or
+    removed it), the next message opens the path again. A line written to a file that was removed
+    meanwhile is lost with it: the send fails and is retried at the path, never counted sent.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -63,6 +97,8 @@ class FileTransport:
 
     def send(self, message: Message) -> None:
         with self._lock:
+            if self._fd is not None and self._regular and not self._at_path(self._fd):
+                self._forget()
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
@@ -82,6 +118,22 @@ class FileTransport:
                 while written < len(line):
                     written += os.write(self._fd, line[written:])
 
+    def _at_path(self, fd: int) -> bool:
+        """Whether the path still names the open file."""
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+    def _forget(self) -> None:
+        """Closes the open file: the next send opens the path again."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def _append(self, fd: int, line: bytes) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -91,8 +143,14 @@ class FileTransport:
                 os.ftruncate(fd, end)
                 raise OSError(errno.ENOSPC, f"short write to {self.path} ({written} of "
                                             f"{len(line)} bytes), cut off again")
+            if os.fstat(fd).st_nlink == 0:
+                # Removed before or while the line was written: the line went with it.
+                self._forget()
+                raise OSError(errno.ENOENT, f"{self.path} was removed while a message was written "
+                                            "to it; writing it again at the path")
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if self._fd == fd:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _repair_tail(self, fd: int, end: int) -> int:
         """Cuts off a last line with no end (its writer was killed mid-write); the new end."""
@@ -117,9 +175,7 @@ class FileTransport:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._forget()
 
     def __repr__(self) -> str:
         return f"FileTransport({str(self.path)!r})"
@@ -249,7 +305,8 @@ def transport_for(destination: str, *, send_timeout_s: float = 30.0) -> Transpor
     each send taking at most about ``send_timeout_s``.
 
     Raises:
-        ValueError: The destination is not understood.
+        ValueError: The destination is not understood (the recorder sends to ``Undeliverable``
+            then).
     """
     if destination.startswith("file:"):
         path = destination[len("file:"):]

@@ -19,7 +19,19 @@ SIGTERM handler that records the job's end and closes the recorder): the lock is
 every wait releases it, and sequence numbers are drawn in one atomic step, so the handler
 neither deadlocks nor gives its event the number of the one it interrupted. (Its event may be
 queued before the interrupted one, whose number is lower: the pipeline orders an attempt's
-events by number.)
+events by number.) Nor does it lose the interrupted one: a slow-path event is numbered and
+put where the worker looks for it (``_pending``) in that same step, before it is queued or
+spilled, and a ``close`` from the handler spools it with the rest (a copy spilled by the call
+it interrupted as well is dropped by the pipeline). While the interrupted call writes the spool,
+the handler's events stay in memory, the handler's ``close`` writes segments of its own, and
+the thread leaves the open segment alone (a handler's wait lets it run).
+
+A worker whose attempt ended (the job recorded a new start) retires: its own thread delivers what
+it holds within a deadline, spools the rest and ends; no other thread is started for it. Where no
+thread can be started (an isolated subinterpreter, a process out of threads, or, for a while, the
+recorder's restarts: ``may_start``), the worker works without one: events wait in memory and in
+the spool, and ``flush`` and ``close`` deliver them from the caller's thread, within their timeout;
+a wake starts the thread once it may.
 
 The thread sends, in order: segments left in the spool by earlier attempts of the run, then the
 queue, then this attempt's own spooled events. A failed send is retried with exponential backoff
@@ -41,6 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -70,6 +83,9 @@ PROTECTED_KINDS = frozenset({"job_start"})
 #: up to this (a larger batch fills from several moves).
 MAX_LANE_SLOTS = 4096
 
+#: How long ``close`` waits for the thread to let go of the worker's lock, past its deadline.
+CLOSE_LOCK_GRACE_S = 0.25
+
 #: Room left in a message for what a destination adds to its data (Pub/Sub's topic, attributes
 #: and ordering key count against its 10 MB request limit).
 MESSAGE_HEADROOM_BYTES = 16 * 1024
@@ -79,10 +95,11 @@ MESSAGE_HEADROOM_BYTES = 16 * 1024
 class EmitterStats:
     """Counters of one recorder (one attempt): what it recorded and where each event went.
 
-    ``GoodputRecorder.stats`` returns a snapshot of them. No loss is silent: once ``flush()``
-    returns True, every event this attempt recorded is counted in ``sent`` or in ``dropped``.
-    ``close()`` leaves what it could not deliver in time in the spool for the next attempt of
-    the run (and says so in the log); the next attempt counts it in ``backlog_sent``.
+    ``GoodputRecorder.stats`` returns a snapshot of them. No loss is silent: every event
+    recorded is in ``sent``, ``dropped``, ``queued`` (in memory) or ``kept`` (in the spool), and
+    once ``flush()`` returns True, in ``sent`` or ``dropped``. ``close()`` leaves what it could
+    not deliver in time in the spool for the next attempt of the run (``kept``, and says so in the
+    log); the next attempt counts it in ``backlog_sent``.
 
     Attributes:
         recorded: Events accepted by ``record_*`` calls; their sequence numbers are
@@ -99,6 +116,8 @@ class EmitterStats:
         messages_sent: Messages delivered (this attempt's and the backlog's).
         queued: Events held in memory at the moment: at most ``max_queue_events``, but for the
             attempt's ``job_start`` and for a few more while several threads record at once.
+        kept: Events of this attempt in the on-disk spool: spilled and not sent yet, or left
+            there by ``close()`` for the next process of the run.
         backlog_sent: Events left in the spool by earlier attempts of the run (a crash, a
             ``close()`` that ran out of time), delivered by this attempt.
         backlog_dropped: Events of earlier attempts dropped from a full spool to make room, or
@@ -119,11 +138,16 @@ class EmitterStats:
     send_errors: int = 0
     messages_sent: int = 0
     queued: int = 0
+    kept: int = 0
     backlog_sent: int = 0
     backlog_dropped: int = 0
     invalid_calls: int = 0
     dropped_config_entries: int = 0
     dropped_metric_values: int = 0
+
+
+class SendCancelled(Exception):
+    """A send gave up before it began: its worker stopped while it waited for the transport."""
 
 
 class BatchWorker:
@@ -140,8 +164,14 @@ class BatchWorker:
         *,
         workload_uid: str = "",
         derive: Derive | None = None,
+        may_start: Callable[[], bool] | None = None,
+        restart: bool = False,
     ) -> None:
         self._run_id = run_id
+        self._restart = restart  # the attempt of a restart in this process: see _serve
+        # Whether the thread may start now (None: always); until it may, the worker waits without
+        # one, and starts it at a wake that finds it may.
+        self._may_start = may_start
         self._attempt_id = attempt_id
         self._workload_uid = workload_uid
         self._derive = derive
@@ -162,12 +192,24 @@ class BatchWorker:
         self._wakeup = threading.Lock()
         self._wakeup.acquire()
         #: Where the recorder's calls queue events: see the module docstring.
+        # Woken by releasing the lock, a call into C: a signal handler that ends the process (a
+        # SystemExit) must not run inside a wake, which the lane does not let fail. A worker
+        # waiting to start its thread starts it at the slow path's wake instead.
         self.lane = Lane(min(2 * self._batch, MAX_LANE_SLOTS), MAX_COUNT, self._wakeup.release)
         self._queue: collections.deque[Record] = collections.deque()
+        # Slow-path events being queued or spilled: (the recording thread, [time_us, kind, body,
+        # seq once numbered, True once a signal handler's flush queued it]).
+        self._pending: list[tuple[int, list[Any]]] = []
         self._spilling = False
         self._finished = 0  # own events sent or dropped; flush waits on it
+        self._spool_dropped = self._spool.dropped_events  # of them, dropped by the spool
         self._finished_changed = threading.Condition(self._lock)
         self._closing = threading.Event()
+        self._closed = False
+        self._retiring = False
+        self._delivered = False  # whether close (or retirement) delivered every event
+        # When sending stops: a retiring worker's, or a flush's from the caller's thread (no thread).
+        self._deadline: float | None = None
         self._inflight: list[Record] = []  # a batch taken from the queue, being sent
         # (lowest seq of a batch, numbers drawn once the events derived from it were queued)
         self._derived: list[tuple[int, int]] = []
@@ -177,8 +219,27 @@ class BatchWorker:
         self._last_activity = time.monotonic()
         self._counts: collections.Counter[str] = collections.Counter()
         self._logged: set[str] = set()
-        self._thread = threading.Thread(target=self._run, name="goodput-emitter", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._start_thread()
+
+    def _start_thread(self) -> None:
+        """Starts the thread, where it may start and can."""
+        if self._may_start is not None and not self._may_start():
+            return
+        thread = threading.Thread(target=self._run, name="goodput-emitter", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as error:  # an isolated subinterpreter, a process out of threads
+            self._may_start = lambda: False
+            _LOG.warning("goodput emitter: no background thread for %r (%s): events wait in memory "
+                         "and in the spool, and flush() and close() deliver them", self._run_id, error)
+            return
+        self._thread = thread
+
+    @property
+    def spool(self) -> Spool:
+        """Where the attempt's events wait on disk."""
+        return self._spool
 
     # -- caller side ------------------------------------------------------------------------
 
@@ -190,48 +251,85 @@ class BatchWorker:
     def _absorb(self) -> None:
         """Moves the lane's events to the queue (holding the lock)."""
         if len(self.lane):
-            self._queue.extend(self.lane.take())
+            self.lane.take_into(self._queue)
 
     def _update_room(self) -> None:
         """Sets the lane's room from the queue's state (holding the lock): what is left in memory,
         none while spilling; and has it wake the thread when the queue and the lane hold a batch."""
         lane, queued = self.lane, len(self._queue)
-        lane.room = 0 if self._spilling else self._capacity - len(self._inflight) - queued
+        lane.room = 0 if self._spilling or self._closed else self._capacity - len(self._inflight) - queued
         lane.wake_at = max(1, self._batch - queued)
         if len(lane) >= lane.wake_at:
             self._wake()
 
     def _put_with_lock(self, time_us: int, kind: str, body: Any) -> None:
         """Queues or spills one event when the lane has no room or events wait in the spool."""
-        with self._lock:
-            self._absorb()
-            record = (self.lane.draw(), time_us, kind, body)
-            try:
-                if not self._spilling or kind in PROTECTED_KINDS:
-                    queued = len(self._queue)
-                    if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
-                        self._queue.append(record)
-                        if queued + 1 >= self._batch:
-                            self._wake()
-                        return
-                    self._spilling = True
-                self._spill(record)
-            finally:
+        slot = [time_us, kind, body]
+        pending = (threading.get_ident(), slot)
+        self._pending.append(pending)
+        self.lane.draw_into(slot)  # numbered where a signal handler's close finds it: one step
+        try:
+            with self._lock:
+                self._absorb()
+                if len(slot) == 4:  # else a signal handler placed it
+                    self._place((slot[3], time_us, kind, body))
+                    slot.append(True)
+                self._pending.remove(pending)
                 self._update_room()
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                self._pending.remove(pending)
+            raise
+
+    def _adopt_interrupted(self) -> None:
+        """Places the events that calls on this thread were placing when a signal handler (this
+        call's caller) interrupted them, so that the handler's flush delivers them and its close
+        counts each once (holding the lock). One a spill under way is writing is left to it."""
+        me = threading.get_ident()
+        interrupted = [slot for owner, slot in list(self._pending) if owner == me and len(slot) == 4]
+        if not interrupted:
+            return
+        queued = {record[0] for record in itertools.chain(self._inflight, self._queue)}
+        for slot in interrupted:
+            if slot[3] in queued:
+                slot.append(True)  # queued just before the handler came
+            elif not self._spool.busy:
+                self._place((slot[3], slot[0], slot[1], slot[2]))
+                slot.append(True)
+
+    def _place(self, record: Record) -> None:
+        """Queues an event, or spills it while memory is full (holding the lock)."""
+        kind = record[2]
+        if not self._spilling or kind in PROTECTED_KINDS:
+            queued = len(self._queue)
+            if queued + len(self._inflight) < self._capacity or kind in PROTECTED_KINDS:
+                self._queue.append(record)
+                if queued + 1 >= self._batch:
+                    self._wake()
+                return
+            self._spilling = True
+        if self._spool.busy or self._closed:
+            # A signal handler interrupted a spill on this thread (its own events wait in memory,
+            # behind none: the pipeline orders them by number), or recorded after a close.
+            self._queue.append(record)
+            return
+        self._spill(record)
 
     def _recorded(self) -> int:
         """How many numbers were drawn for events now queued or gone (holding the lock)."""
-        return self.lane.next_seq
+        drawn = [slot[3] + 1 for _, slot in list(self._pending) if len(slot) >= 4]
+        return max(self.lane.next_seq, *drawn) if drawn else self.lane.next_seq
 
     def _wake(self) -> None:
-        """Wakes the thread (holding the lock)."""
+        """Wakes the thread (starts it, if it waits to start and now may)."""
+        if self._thread is None and not self._closed:
+            self._start_thread()
         if self._wakeup.locked():
             # A signal handler's wake may come between the check and the release.
             with contextlib.suppress(RuntimeError):
                 self._wakeup.release()
 
     def _spill(self, record: Record) -> None:
-        dropped_before = self._spool.dropped_events
         try:
             stored = self._spool.append(record)
         except OSError as error:
@@ -241,14 +339,21 @@ class BatchWorker:
                            self._spool.directory, error, self._capacity)
             self._keep_in_memory(record)
             return
+        finally:
+            self._finish_spool_drops()
         if stored:
             self._counts["spilled"] += 1
-        dropped = self._spool.dropped_events - dropped_before
-        if dropped:
-            self._finish(dropped)  # never delivered: flush must not wait for them
+
+    def _finish_spool_drops(self) -> None:
+        """Counts the events the spool dropped since last asked (full, or removed by someone
+        else) as finished: never delivered, flush must not wait for them (holding the lock)."""
+        dropped = self._spool.dropped_events - self._spool_dropped
+        if dropped > 0:
+            self._spool_dropped += dropped
+            self._finish(dropped)
             self._log_once("spool-full", logging.ERROR,
-                           "goodput spool %s is full: dropping the oldest events",
-                           self._spool.directory)
+                           "goodput spool %s is full (or its files were removed): dropping events, "
+                           "the oldest first, counted in stats.dropped", self._spool.directory)
 
     def _keep_in_memory(self, record: Record) -> None:
         """Queues an event the spool refused, dropping the oldest queued one if memory is full.
@@ -279,7 +384,11 @@ class BatchWorker:
     def flush(self, timeout: float | None) -> bool:
         """Waits until every event queued before the call is delivered (or dropped)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._wake()
+        if self._thread is None:
+            return self._flush_here(deadline)
         with self._lock:
+            self._adopt_interrupted()
             target = self._recorded()
             self._force = True
             self._wake()
@@ -289,6 +398,22 @@ class BatchWorker:
                     return False
                 self._finished_changed.wait(remaining)
             return True
+
+    def _flush_here(self, deadline: float | None) -> bool:
+        """``flush`` without a thread: the thread's work, done by the caller until ``deadline``."""
+        with self._lock:
+            self._adopt_interrupted()
+            target = self._recorded()
+            self._force = True
+            self._deadline = deadline
+        try:
+            self._send_backlog()
+            while self._drain(partial=True) and self._finished < self._covering(target):
+                pass
+        finally:
+            self._deadline = None
+        with self._lock:
+            return self._finished >= self._covering(target)
 
     def _covering(self, target: int) -> int:
         """How many numbers a flush waiting for the first ``target`` waits for: those, and the
@@ -304,7 +429,9 @@ class BatchWorker:
         deadline = time.monotonic() + timeout
         delivered = self.flush(timeout)
         self._closing.set()
-        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        # The thread holds the lock for moments (past the deadline too: a close of 0 s must not
+        # leave the events in memory for that), unless a disk it touches under it hangs.
+        if not self._lock.acquire(timeout=max(CLOSE_LOCK_GRACE_S, deadline - time.monotonic())):
             _LOG.error("goodput emitter: the worker of %r is stuck; closing without it",
                        self._run_id)
             return False
@@ -312,16 +439,54 @@ class BatchWorker:
             self._wake()
         finally:
             self._lock.release()
-        self._thread.join(max(0.0, min(deadline - time.monotonic(), 1.0)))
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, min(deadline - time.monotonic(), 1.0)))
+        return self._end(delivered)
+
+    def retire(self, timeout: float) -> None:
+        """Ends the attempt without waiting: the thread delivers what the worker holds within
+        ``timeout``, spools the rest and stops (at once without a thread, to the spool)."""
+        if self._thread is None:  # to the spool at once, from the caller's thread
+            self._closing.set()
+            self._end(False)
+            return
+        # Without the lock, which the thread may hold for a while (listing the spool): flags the
+        # thread reads, set in the order it reads them.
+        self._deadline = time.monotonic() + timeout
+        self._force = True
+        self._retiring = True
+        self._wake()
+
+    def retire_now(self) -> None:
+        """Has a retiring worker stop delivering and spool what it holds, as soon as it can."""
+        self._closing.set()
+        self._wake()  # without its lock, which its thread may hold while it spools: not waited on
+
+    def done(self) -> bool:
+        """Whether a retiring (or closed) worker has ended."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self, deadline: float | None) -> bool:
+        """Whether a retiring worker delivered everything, waiting until ``deadline`` at most."""
+        if self._thread is not None:
+            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.done() and self._delivered
+
+    def _end(self, delivered: bool) -> bool:
+        """Spools what memory holds, closes the spool and the transport; whether everything was
+        delivered."""
         with self._lock:
+            if self._closed:
+                return self._delivered
+            self._closed = True
             self.lane.room = 0
             self._absorb()
-            leftover = list(self._inflight) + list(self._queue)
+            leftover = self._leftover()
             self._queue.clear()
             self._inflight = []
             if leftover:
                 full_before = self._spool.dropped_events
-                refused = self._spool.write_segment(sorted(leftover))
+                refused = self._spool.write_segment(leftover)
                 self._counts["dropped"] += refused
                 kept = len(leftover) - refused - (self._spool.dropped_events - full_before)
                 if kept:
@@ -333,17 +498,66 @@ class BatchWorker:
                 _LOG.error("goodput emitter: closing spool %s failed: %s",
                            self._spool.directory, error)
             dropped = self._counts["dropped"] + self._spool.dropped_events
+            self._delivered = delivered and not dropped and not self._spool.kept_events
         try:
             self._transport.close()
         except Exception as error:  # noqa: BLE001 - a transport must not break close()
             _LOG.warning("goodput emitter: closing %r failed: %s", self._transport, error)
-        return delivered and not dropped
+        return self._delivered
+
+    def _leftover(self) -> list[Record]:
+        """Every event in memory, in seq order, once each: in flight, queued, and being spilled by
+        a call a signal handler interrupted (holding the lock; a copy the call writes as well is
+        dropped by the pipeline)."""
+        self._adopt_interrupted()
+        records = {record[0]: record for record in [*self._inflight, *self._queue]}
+        for _, slot in list(self._pending):
+            if len(slot) == 4:
+                records.setdefault(slot[3], (slot[3], slot[0], slot[1], slot[2]))
+        return [records[seq] for seq in sorted(records)]
+
+    def deliver_late(self, time_us: int, kind: str, body: Any, timeout: float) -> None:
+        """Records an event after the worker closed (from an exit hook that ran after the
+        recorder's): sends it within ``timeout``, else spools it for the next process of the run."""
+        slot = [time_us, kind, body]
+        self.lane.draw_into(slot)
+        record: Record = (slot[3], time_us, kind, body)
+        if not self._send_within([record], timeout):
+            with self._lock:
+                self._counts["dropped"] += self._spool.write_segment([record])
+
+    def _send_within(self, records: list[Record], timeout: float) -> bool:
+        """Sends ``records`` once, on a thread waited for ``timeout`` at most (a send may hang);
+        whether they were delivered (and counted)."""
+        messages = list(encode_batches(self._run_id, self._attempt_id, records,
+                                       MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES, self._workload_uid,
+                                       encode_events))
+        delivered = threading.Event()
+
+        def send() -> None:
+            if all(self._send(message) for message in messages):
+                delivered.set()
+
+        try:
+            sender = threading.Thread(target=send, name="goodput-emitter-late", daemon=True)
+            sender.start()
+        except RuntimeError:  # no threads here: the spool is what a hung send cannot block
+            return False
+        sender.join(timeout)
+        if not delivered.is_set():  # a send still under way may deliver it too: a copy, dropped
+            return False
+        with self._lock:
+            self._counts["messages_sent"] += len(messages)
+            self._counts["sent"] += len(records)
+            self._finish(len(records))
+        return True
 
     def after_fork(self, attempt_id: str, attempt_start_ns: int, derive: Derive | None = None) -> None:
         """Starts afresh in a forked child: empty queue, new thread, the child's own attempt (and
         the recorder's hook for it)."""
         self._attempt_id = attempt_id
         self._derive = derive
+        self._may_start = None
         self._transport.after_fork()
         self._spool.after_fork(attempt_id, attempt_start_ns)
         self._init_runtime_state()
@@ -361,6 +575,7 @@ class BatchWorker:
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
                 queued=len(self._queue) + len(self._inflight) + len(self.lane),
+                kept=self._spool.kept_events,
                 backlog_sent=counts["backlog_sent"],
                 backlog_dropped=counts["backlog_dropped"] + self._spool.dropped_backlog_events,
             )
@@ -375,30 +590,49 @@ class BatchWorker:
         while True:
             try:
                 self._serve()
-                return
+                break
             except Exception:  # noqa: BLE001 - the thread must neither die nor die silently
                 if "thread" not in self._logged:
                     self._logged.add("thread")
                     _LOG.exception("goodput emitter thread failed; it carries on after a pause")
             if self._closing.wait(self._settings.retry_max_backoff_s):
-                return
+                break
+        if self._retiring:
+            self._end(self._retired_empty())
 
     def _serve(self) -> None:
+        # Woken for a full batch, a flush or a close; else the latency has passed since the last
+        # wake, and whatever is queued is due. The spool is listed for what earlier attempts
+        # left at once, or after the first wake in a restart's attempt: one that the next restart
+        # ends at once never lists it.
+        woken = self._wait() if self._restart else False
         self._send_backlog()
-        latency = self._settings.max_latency_s
-        while not self._closing.is_set():
-            # Woken for a full batch, a flush or a close; else the latency has passed since the
-            # last wake, and whatever is queued is due.
-            woken = self._wakeup.acquire(timeout=latency)
+        while not self._stopping():
             if not self._drain(partial=not woken):
-                self._maybe_heartbeat()  # only an idle recorder needs one
+                if self._retiring:
+                    if self._retired_empty():
+                        return
+                else:
+                    self._maybe_heartbeat()  # only an idle recorder needs one
+            woken = self._wait()
+
+    def _wait(self) -> bool:
+        """Waits for a wake, at most the latency (or until the deadline); whether woken."""
+        latency = self._settings.max_latency_s
+        wait = latency if self._deadline is None else min(latency, self._deadline - time.monotonic())
+        return self._wakeup.acquire(timeout=max(0.0, wait))
+
+    def _retired_empty(self) -> bool:
+        """Whether a retiring worker has delivered everything it held."""
+        with self._lock:
+            return self._finished >= self._covering(self._recorded())
 
     def _drain(self, *, partial: bool) -> bool:
         """Sends the full batches queued now, and a partial one if ``partial`` or a flush asks
         for everything. The queue goes first, then this attempt's spool. Returns whether it sent
         anything."""
         sent = False
-        while not self._closing.is_set():
+        while not self._stopping():
             segment = None
             with self._lock:
                 self._absorb()
@@ -407,15 +641,17 @@ class BatchWorker:
                 if self._inflight:
                     pass  # a batch whose sending an error interrupted: it goes first
                 elif queued >= self._batch or (queued and (partial or self._force)):
-                    if queued <= self._batch:
-                        self._inflight = list(queue)
-                        queue.clear()
-                    else:
-                        self._inflight = [queue.popleft() for _ in range(self._batch)]
+                    # Copied, then taken from the queue: always in one or both (a signal
+                    # handler's close finds them, when this runs on the caller's thread).
+                    self._inflight = list(itertools.islice(queue, self._batch))
+                    for _ in range(len(self._inflight)):
+                        queue.popleft()
                     self._update_room()
                 elif queued:
                     return sent  # a partial batch that is not due yet
                 elif self._spilling:
+                    if self._spool.busy:
+                        return sent  # a spill a signal handler interrupted: its segment is open
                     try:
                         self._spool.seal()
                         own = self._spool.segments(own=True)
@@ -424,6 +660,8 @@ class BatchWorker:
                                        "goodput spool %s cannot be read (%s); retrying",
                                        self._spool.directory, error)
                         return sent
+                    finally:
+                        self._finish_spool_drops()
                     if not own:
                         self._spilling = False
                         self._update_room()
@@ -448,6 +686,11 @@ class BatchWorker:
                 self._update_room()
         return sent
 
+    def _stopping(self) -> bool:
+        """Whether sending must stop now: closing, or past the deadline of a retirement or of a
+        flush from the caller's thread."""
+        return self._closing.is_set() or (self._deadline is not None and time.monotonic() >= self._deadline)
+
     def _derive_from(self, batch: list[Record]) -> None:
         """Queues the events the recorder's hook derives from a batch about to be sent."""
         if self._derive is None:
@@ -469,7 +712,10 @@ class BatchWorker:
                 self._derived.append((min(record[0] for record in batch), self._recorded()))
 
     def _send_backlog(self) -> None:
-        """Sends what earlier attempts of this run left in the spool."""
+        """Sends what earlier attempts of this run left in the spool (not once it retires: the
+        next attempt does)."""
+        if self._retiring or self._stopping():
+            return
         with self._lock:
             try:
                 backlog = self._spool.segments(own=False)
@@ -478,7 +724,7 @@ class BatchWorker:
                            "left there are not sent", self._spool.directory, error)
                 return
         for path in backlog:
-            if self._closing.is_set() or not self._send_segment(path, own=False):
+            if self._stopping() or not self._send_segment(path, own=False):
                 return
 
     def _send_segment(self, path: Path, *, own: bool) -> bool:
@@ -504,8 +750,8 @@ class BatchWorker:
     def _deliver(self, run_id: str, attempt_id: str, workload_uid: str, records: list[Record], *,
                  own: bool) -> bool:
         """Sends one batch, as one message unless it is too large for one, retrying with
-        backoff; False if closing interrupted the retries (a part sent already is sent again
-        with the rest: the pipeline drops the repeated events)."""
+        backoff; False if closing (or the caller's deadline) interrupted the retries (a part sent
+        already is sent again with the rest: the pipeline drops the repeated events)."""
         refused = messages = 0
         for message in encode_batches(run_id, attempt_id, records, MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES,
                                       workload_uid, encode_events):
@@ -515,7 +761,7 @@ class BatchWorker:
                     refused += sum(message.first_seq <= seq <= message.last_seq
                                    for seq, *_ in records)
                     break
-                if self._closing.wait(backoff):
+                if self._closing.wait(self._backoff(backoff)) or self._stopping():
                     with self._lock:
                         self._counts["messages_sent"] += messages
                     return False
@@ -534,10 +780,22 @@ class BatchWorker:
                 self._counts["backlog_dropped"] += refused
         return True
 
+    def _backoff(self, backoff: float) -> float:
+        """The wait before the next try: ``backoff``, cut at the deadline."""
+        if self._deadline is None:
+            return backoff
+        return max(0.0, min(backoff, self._deadline - time.monotonic()))
+
     def _send(self, message: Message) -> bool | None:
         """Sends one message: True if delivered, False to retry, None if refused for good."""
+        send_unless = getattr(self._transport, "send_unless", None)
         try:
-            self._transport.send(message)
+            if send_unless is None:
+                self._transport.send(message)
+            else:  # the recorder's transport, shared by its attempts (one send at a time)
+                send_unless(message, self._stopping)
+        except SendCancelled:
+            return False
         except MessageRefused as error:
             self._log_once("refused", logging.ERROR,
                            "goodput emitter: %r refused a message of %d bytes for good (%s); its "

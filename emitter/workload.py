@@ -21,6 +21,11 @@ GKE cluster's name and the node pool (from the ``kube-labels`` attribute, where 
 it). It is asked only on Google Cloud (``$GCE_METADATA_HOST`` or ``$GCE_METADATA_ROOT`` set, as
 google-auth reads them, or a machine whose DMI product name says Google), once per recorder,
 with a timeout of ``METADATA_TIMEOUT_S`` a request; the first request that fails ends the search.
+
+The files are the platform's, not the job's: one may be a FIFO or lie on a mount that hangs. So
+only regular files are read, without ever waiting for a writer, and ``read_local_sources`` reads
+them on a thread of its own, waited for ``LOCAL_SOURCES_TIMEOUT_S`` at most: past that, the
+recorder goes on with what the environment variables say (logged).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -64,19 +70,24 @@ METADATA_PATHS = {"project": "project/project-id", "instance": "instance/name", 
                   "node_pool": "instance/attributes/kube-labels"}
 #: The GKE node label naming the node pool, in ``kube-labels``.
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+#: How long a recorder waits for the local sources' files (see the module docstring).
+LOCAL_SOURCES_TIMEOUT_S = 1.0
 _MAX_FILE_BYTES = 1 << 20
 
 
-def local_workload(podinfo_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """What the local sources say of the workload: only fields found, none of them empty."""
-    pod_info = {**_key_values(podinfo_dir / "annotations"), **_key_values(podinfo_dir / "labels")}
+def local_workload(podinfo_dir: Path, environ: Mapping[str, str] = os.environ, *,
+                   files: bool = True) -> dict[str, str]:
+    """What the local sources say of the workload: only fields found, none of them empty.
+    ``files=False``: the environment variables alone."""
+    pod_info = ({**_key_values(podinfo_dir / "annotations"), **_key_values(podinfo_dir / "labels")}
+                if files else {})
     found: dict[str, str] = {}
     for field in FIELDS:
         value = environ.get(ENVIRONMENT[field], "").strip() if field in ENVIRONMENT else ""
         value = value or next((pod_info[key] for key in POD_KEYS.get(field, ()) if pod_info.get(key)), "")
         if value:
             found[field] = value
-    if "namespace" not in found:
+    if "namespace" not in found and files:
         namespace = _read(NAMESPACE_FILE).strip()
         if namespace:
             found["namespace"] = namespace
@@ -87,15 +98,45 @@ def local_workload(podinfo_dir: Path, environ: Mapping[str, str] = os.environ) -
     return _valid(found)
 
 
+def read_local_sources(podinfo_dir: Path,
+                       timeout_s: float = LOCAL_SOURCES_TIMEOUT_S) -> tuple[dict[str, str], bool]:
+    """``(local_workload(podinfo_dir), on_google_cloud())``, read on a thread of its own and
+    waited for ``timeout_s`` at most; past that (a hung mount), what the environment says alone."""
+    found: list[tuple[dict[str, str], bool]] = []
+
+    def read() -> None:
+        try:
+            found.append((local_workload(podinfo_dir), on_google_cloud()))
+        except Exception as error:  # noqa: BLE001 - a platform's odd files must not stop a job
+            _LOG.warning("goodput emitter: reading the pod's files failed (%s); going on with what "
+                         "the environment variables say of the workload", error)
+            found.append((local_workload(podinfo_dir, files=False), on_google_cloud(dmi=False)))
+
+    try:
+        reader = threading.Thread(target=read, name="goodput-emitter-workload", daemon=True)
+        reader.start()
+    except RuntimeError:  # no threads here (an isolated subinterpreter): FIFOs are safe anyway
+        read()
+    else:
+        reader.join(timeout_s)
+    if found:
+        return found[0]
+    _LOG.warning("goodput emitter: the pod's files (%s, %s) could not be read within %.1f s (a hung "
+                 "mount?); going on with what the environment variables say of the workload",
+                 podinfo_dir, NAMESPACE_FILE, timeout_s)
+    return local_workload(podinfo_dir, files=False), on_google_cloud(dmi=False)
+
+
 def uid_of(workload: Mapping[str, str]) -> str:
     """The uid that names a workload: its JobSet's, else its Job's; empty if neither is known."""
     return workload.get("jobset_uid") or workload.get("job_uid") or ""
 
 
-def on_google_cloud(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a metadata server is worth asking: one is named, or the machine is Google's."""
+def on_google_cloud(environ: Mapping[str, str] = os.environ, *, dmi: bool = True) -> bool:
+    """Whether a metadata server is worth asking: one is named, or the machine is Google's
+    (``dmi=False``: the environment alone)."""
     named = any(environ.get(name) for name in METADATA_HOST_ENV)
-    return named or _read(DMI_PRODUCT_NAME).startswith("Google")
+    return named or (dmi and _read(DMI_PRODUCT_NAME).startswith("Google"))
 
 
 def metadata_host(environ: Mapping[str, str] = os.environ) -> str:
@@ -200,12 +241,20 @@ def _key_values(path: Path) -> dict[str, str]:
 
 
 def _read(path: Path) -> str:
-    """A small text file's content; empty if it is missing or cannot be read."""
+    """A small regular file's content; empty if it is missing, cannot be read, or is no regular
+    file (a FIFO is never waited on)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(_MAX_FILE_BYTES).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                _LOG.debug("goodput emitter: %s is not a regular file; not read", path)
+                return ""
+            return handle.read(_MAX_FILE_BYTES).decode("utf-8", "replace")
+        except OSError:
+            return ""
 
 
 def _valid(found: dict[str, str]) -> dict[str, str]:

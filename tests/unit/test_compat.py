@@ -989,9 +989,11 @@ def test_monitor_raises_nothing_for_what_the_references_takes(hand: Path, tmp_pa
 
 def parameters(function: Any) -> list[str]:
     """The parameters a reference call can pass: ours may add keyword-only ones after them (where
-    to read the tables), which no reference call names."""
+    to read the tables), which no reference call names, and take what it does not (logged)."""
     return [name for name, parameter in inspect.signature(function).parameters.items()
-            if name != "self" and parameter.kind is not inspect.Parameter.KEYWORD_ONLY]
+            if name != "self" and parameter.kind not in (
+                inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_POSITIONAL,
+                inspect.Parameter.VAR_KEYWORD)]
 
 
 @pytest.mark.parametrize("dotted", [

@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -112,25 +113,29 @@ def test_a_group_readable_spool_of_the_users_own_is_made_private(make_recorder, 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
-def test_a_spool_directory_another_user_owns_is_never_used(make_recorder, make_settings,
-                                                          spool_dir, caplog):
-    """A spool root owned by another user is refused, logged: events stay in memory, nothing is
-    read from or written to it."""
+def test_a_spool_root_another_user_made_first_is_never_used_and_loses_nothing(
+        make_recorder, make_settings, spool_dir, tmp_path, monkeypatch, caplog):
+    """A spool root another user made first (the predictable <tmp>/goodput-spool-<uid>) is
+    neither read nor written: the spool moves to a new private directory, logged, and every
+    event the job records is delivered."""
     spool_dir.mkdir(mode=0o700)
     os.chown(spool_dir, 65534, 65534)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     transport = GatedTransport()
     recorder = make_recorder(destination=transport, settings=make_settings(
         max_queue_events=5, max_latency_s=60))
-    for step in range(3):
+    for step in range(8):
         recorder.record_step_start_time(step, at(step))
-    recorder.record_step_start_time(3, at(3))
-    for step in range(4, 8):
-        recorder.record_step_start_time(step, at(step))
-    assert recorder.stats.spilled == 0
+    assert recorder.stats.spilled == 3 and recorder.stats.kept == 3
     assert list(spool_dir.iterdir()) == []
-    assert any("belongs to uid 65534" in r.getMessage() for r in caplog.records)
+    [moved] = tmp_path.glob(f"goodput-spool-{os.geteuid()}-*")
+    assert stat.S_IMODE(moved.stat().st_mode) == 0o700 and moved.stat().st_uid == os.geteuid()
+    assert any("belongs to uid 65534" in r.getMessage() and str(moved) in r.getMessage()
+               for r in caplog.records)
     transport.open()
     assert recorder.flush(10)
+    assert transport.seqs() == list(range(8))
+    assert recorder.stats.sent == 8 and recorder.stats.kept == 0
 
 
 def planted_segment(spool_dir: Path, run_id: str, header: dict[str, str], name: str) -> Path:
@@ -308,11 +313,12 @@ def test_a_message_the_destination_refuses_for_good_is_dropped_and_counted_not_r
 
 
 def test_with_memory_and_spool_full_the_job_start_is_kept_and_close_reports_the_loss(
-        make_recorder, make_settings, tmp_path):
+        make_recorder, make_settings, tmp_path, monkeypatch):
     """Memory full and the spool refusing: the oldest events are dropped but never the attempt's
     job_start (its chips and accelerator), and close() says that not everything arrived."""
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(blocked))  # nowhere to move the spool to either
     transport = GatedTransport()
     recorder = make_recorder(destination=transport, chip_count=512, settings=make_settings(
         spool_dir=blocked, max_queue_events=10, max_batch_events=10, max_latency_s=60))

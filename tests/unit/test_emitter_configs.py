@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -110,15 +111,67 @@ def test_a_strict_recorder_raises_for_a_config_entry_it_would_leave_out(make_set
     assert captured.events == []
 
 
-def test_a_mapping_that_contains_itself_is_cut_at_max_depth():
-    """A cycle is walked MAX_DEPTH containers deep and its rest dropped, never looping forever."""
+def test_a_container_that_holds_itself_drops_the_entry_that_repeats_it():
+    """A cycle's repeating entry is dropped, counted and named; everything else is kept."""
     loop: dict[str, Any] = {"name": "loop"}
     loop["self"] = loop
     fitted = fit_configs(loop)
-    assert fitted.values["name"] == "loop"
-    assert fitted.values["self." * MAX_DEPTH + "name"] == "loop"
-    assert len(fitted.values) == MAX_DEPTH + 1
-    assert fitted.dropped == 1 and "MAX_DEPTH" in fitted.reason
+    assert fitted.values == {"name": "loop"}
+    assert fitted.dropped == 1 and "'self' is a container holding itself" in fitted.reason
+
+
+def test_a_list_holding_itself_twice_returns_at_once():
+    """A list holding itself twice (2**32 paths to the depth limit) is two dropped entries, at
+    once."""
+    twice: list[Any] = []
+    twice += [twice, twice]
+    started = time.monotonic()
+    fitted = fit_configs({"x": twice, "after": 1})
+    assert time.monotonic() - started < 1.0
+    assert fitted.values == {"after": "1"} and fitted.dropped == 2
+
+
+def test_a_configuration_too_large_to_walk_is_counted_not_walked():
+    """Lists holding one list twice, 40 deep (2**40 entries), cost a bounded walk; every entry
+    left out is counted."""
+    shared: list[Any] = [1]
+    for _ in range(40):
+        shared = [shared, shared]
+    started = time.monotonic()
+    fitted = fit_configs({"first": 0, "x": shared})
+    assert time.monotonic() - started < 1.0
+    assert fitted.values == {"first": "0"}
+    assert fitted.dropped == 2**40
+
+
+def test_entries_past_the_depth_limit_are_counted_each():
+    """A container past MAX_DEPTH drops every entry it holds, counted."""
+    deep: Any = {"a": 1, "b": [2, 3]}
+    for _ in range(MAX_DEPTH + 1):
+        deep = {"d": deep}
+    fitted = fit_configs(deep)
+    assert fitted.values == {} and fitted.dropped == 3 and "MAX_DEPTH" in fitted.reason
+
+
+def test_flattened_keys_that_collide_keep_the_first_and_count_the_rest(make_settings, caplog):
+    """{"a.b": 1, "a": {"b": 2}} flattens to "a.b" twice: the first is kept, the other counted in
+    dropped_config_entries and logged."""
+    with caplog.at_level(logging.WARNING, logger="emitter"):
+        events, recorder = recorded(make_settings, lambda r: r.record_configs({"a.b": 1, "a": {"b": 2}}))
+    assert events[0].body["values"] == {"a.b": "1"}
+    assert recorder.stats.dropped_config_entries == 1
+    assert any("'a.b' is given twice" in r.getMessage() for r in caplog.records)
+
+
+def test_a_key_without_text_drops_its_entries_and_keeps_the_rest():
+    """A key whose str() raises drops what it holds, counted; its neighbours are kept."""
+
+    class NoText:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    fitted = fit_configs({NoText(): {"a": 1, "b": 2}, "c": 3})
+    assert fitted.values == {"c": "3"} and fitted.dropped == 2
 
 
 @pytest.mark.parametrize("configs", [None, "lr=0.1", [("lr", 0.1)], 3])

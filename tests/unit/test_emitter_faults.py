@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -73,8 +74,6 @@ def make_read_only(path: Path) -> Callable[[], None]:
 
 def writes_to_read_only_directories() -> bool:
     """Whether this process ignores directory permissions (root, CAP_DAC_OVERRIDE)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch) / "read-only"
         directory.mkdir(mode=0o500)
@@ -93,11 +92,12 @@ def writes_to_read_only_directories() -> bool:
         writes_to_read_only_directories(), reason="this process may write to read-only directories")),
 ])
 def test_a_spool_that_refuses_writes_drops_the_oldest_counted_logged_once_and_recovers(
-    refuse, make_recorder, make_settings, spool_dir, caplog
+    refuse, make_recorder, make_settings, spool_dir, caplog, monkeypatch
 ):
     """With memory full and the spool refusing writes, calls neither raise nor block: the oldest
     queued events are dropped, counted and logged once; once writable, the spool is used again."""
     undo = refuse(spool_dir)
+    monkeypatch.setattr(tempfile, "tempdir", str(spool_dir / "tmp"))  # nowhere to move to either
     transport = GatedTransport()
     recorder = make_recorder(destination=transport, settings=make_settings(
         max_queue_events=50, max_batch_events=10, max_latency_s=60))
