@@ -149,6 +149,8 @@ class Spool:
         self._logged: set[str] = set()
         #: Events of this attempt dropped: the spool was full, or a segment was removed unsent.
         self.dropped_events = 0
+        #: Of those, events whose segment someone else removed before it was sent.
+        self.removed_events = 0
         #: Events of earlier attempts dropped (their oldest segments) to make room.
         self.dropped_backlog_events = 0
 
@@ -189,8 +191,8 @@ class Spool:
                 self.seal()
                 self._open = self._new_segment(record[0])
             self._write(self._open, line)
-            if os.fstat(self._open.fd).st_nlink == 0:
-                self._rewrite(self._open)
+            if os.fstat(self._open.fd).st_nlink == 0 and not self._rewrite(self._open):
+                self._abandon_open()
             return True
         finally:
             self._busy = False
@@ -231,13 +233,17 @@ class Spool:
         if segment is not None:
             self._seal(segment)
 
+    def _abandon_open(self) -> None:
+        """Closes the open segment, lost (counted) with the file someone removed."""
+        segment, self._open = self._open, None
+        if segment is not None:
+            with contextlib.suppress(OSError):
+                os.close(segment.fd)
+
     def _seal(self, segment: _Segment) -> None:
-        try:
+        with contextlib.suppress(OSError):  # a descriptor that cannot be asked: found missing later
             if os.fstat(segment.fd).st_nlink == 0:
                 self._rewrite(segment)
-        except OSError as error:  # the events stay counted, and are found missing when listed
-            self._log_once("rewrite", "spool %s: a segment removed while written could not be "
-                           "written again: %s", self.directory, error)
         fd, segment.fd = segment.fd, -1
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -303,31 +309,47 @@ class Spool:
                 continue
         raise OSError(errno.EEXIST, f"spool {self.directory}: no free name for a segment at {first_seq}")
 
-    def _rewrite(self, segment: _Segment) -> None:
+    def _rewrite(self, segment: _Segment) -> bool:
         """Writes a segment that was removed while open (its events only in the unlinked file
-        the descriptor holds) again, under its name, and writes on there."""
-        data = os.pread(segment.fd, segment.size, 0)
-        self._private = False  # whoever removed it may have removed the directory too
+        the descriptor holds) again, under its name, and writes on there; False if it cannot (a
+        full disk): its events are then lost with it, counted dropped and logged."""
         old_name = segment.path.name
-        events = self._own.pop(old_name, 0)
-        self._ensure_private()
-        fd, path = self._create(int(old_name[len(self._prefix):].split(".", 1)[0]))
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        events = self._own.get(old_name, 0)
+        failed = "a segment removed while it was written could not be written again"
+        try:
+            data = os.pread(segment.fd, segment.size, 0)
+            self._private = False  # whoever removed it may have removed the directory too
+            self._ensure_private()
+            fd, path = self._create(int(old_name[len(self._prefix):].split(".", 1)[0]))
+        except OSError as error:
+            self._lose(old_name, f"{failed} ({error})")
+            return False
         replacement = _Segment(fd, path)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             self._write(replacement, data)
-        except OSError:
+        except OSError as error:
             os.close(fd)
             with contextlib.suppress(OSError):
                 path.unlink()
-            self._own[old_name] = events
-            raise
-        self._own[path.name] = events
+            self._lose(old_name, f"{failed} ({error})")
+            return False
+        self._own[path.name] = self._own.pop(old_name, 0)
         with contextlib.suppress(OSError):
             os.close(segment.fd)
         segment.fd, segment.path = fd, path
         self._log_once("rewritten", "spool %s: a segment was removed while it was written (a tmp "
                        "cleaner?); wrote its %d events again", self.directory, events)
+        return True
+
+    def _lose(self, name: str, reason: str) -> None:
+        """Counts the events of this attempt's segment ``name``, removed by someone else, as
+        dropped; logged once."""
+        lost = self._own.pop(name, 0)
+        self.dropped_events += lost
+        self.removed_events += lost
+        self._log_once("lost", "spool %s: %s: %d events lost with it, counted dropped (logged once)",
+                       self.directory, reason, lost)
 
     def _ensure_private(self) -> None:
         if self._private and (self._lock_fd is None or os.fstat(self._lock_fd).st_nlink):
@@ -339,7 +361,7 @@ class Spool:
                 raise
             self._move(error)
         private_directory(self.directory)
-        if not self._closed:
+        if not self._closed and (self._lock_fd is None or not os.fstat(self._lock_fd).st_nlink):
             self._hold_lock()
         self._private = True
 
@@ -399,10 +421,7 @@ class Spool:
         """Counts the events of this attempt's segments that disappeared unsent."""
         open_name = self._open.path.name if self._open is not None else None
         for name in [name for name in self._own if name not in present and name != open_name]:
-            lost = self._own.pop(name)
-            self.dropped_events += lost
-            self._log_once("missing", "spool %s: segment %s was removed before it was sent (%d "
-                           "events, counted dropped)", self.directory, name, lost)
+            self._lose(name, f"segment {name} was removed before it was sent")
 
     def segments(self, *, own: bool | None = None) -> list[Path]:
         """Sealed segments, oldest first; ``own`` selects this attempt's (True) or those of
@@ -536,6 +555,7 @@ class Spool:
         self._attempt_id = attempt_id
         self._prefix = f"{attempt_start_ns:020d}-{attempt_id}-"
         self.dropped_events = 0
+        self.removed_events = 0
         self.dropped_backlog_events = 0
 
     def close(self) -> None:

@@ -108,10 +108,13 @@ class EmitterStats:
         spilled: Events written to the on-disk spool because the in-memory queue was full.
         dropped: Events of this attempt lost, for any reason: memory and spool were both full
             or the spool refused them (the oldest go first, the attempt's ``job_start`` last),
-            the destination refused their message for good (``dropped_refused``), or a call
-            came after ``close()`` (such a call is not in ``recorded``).
+            the destination refused their message for good (``dropped_refused``), someone else
+            removed their spool segment (``dropped_removed``), or a call came after ``close()``
+            (such a call is not in ``recorded``).
         dropped_refused: Of ``dropped``, events whose message the destination refused for good
             (too large for it): they are never retried.
+        dropped_removed: Of ``dropped``, events whose spool segment someone else removed (a tmp
+            cleaner) before it was sent.
         send_errors: Failed transport sends (each retried with backoff).
         messages_sent: Messages delivered (this attempt's and the backlog's).
         queued: Events held in memory at the moment: at most ``max_queue_events``, but for the
@@ -135,6 +138,7 @@ class EmitterStats:
     spilled: int = 0
     dropped: int = 0
     dropped_refused: int = 0
+    dropped_removed: int = 0
     send_errors: int = 0
     messages_sent: int = 0
     queued: int = 0
@@ -572,6 +576,7 @@ class BatchWorker:
                 spilled=counts["spilled"],
                 dropped=counts["dropped"] + self._spool.dropped_events,
                 dropped_refused=counts["dropped_refused"],
+                dropped_removed=self._spool.removed_events,
                 send_errors=counts["send_errors"],
                 messages_sent=counts["messages_sent"],
                 queued=len(self._queue) + len(self._inflight) + len(self.lane),
@@ -605,8 +610,12 @@ class BatchWorker:
         # wake, and whatever is queued is due. The spool is listed for what earlier attempts
         # left at once, or after the first wake in a restart's attempt: one that the next restart
         # ends at once never lists it.
-        woken = self._wait() if self._restart else False
-        self._send_backlog()
+        if self._restart:
+            woken = self._wait()
+            self._send_backlog()
+        else:
+            self._send_backlog()
+            woken = self._wait()
         while not self._stopping():
             if not self._drain(partial=not woken):
                 if self._retiring:
