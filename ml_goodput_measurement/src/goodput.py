@@ -27,7 +27,8 @@ reference has no member for is added to ``OTHER`` in the breakdown; the tables k
 What each method reads:
 
 * ``get_job_goodput``, ``get_job_goodput_details``: the run's latest cumulative snapshot
-  (``latest_goodput``, ``badput_snapshots``).
+  (``goodput_snapshots``, ``badput_snapshots``; tables only: a view in a DuckDB file is the
+  file's to define, so none is read).
 * ``get_job_goodput_interval``, ``get_interval_metric_details``: the cumulative snapshots at or
   before the interval's bounds (``goodput_snapshots``, ``badput_snapshots``), subtracted.
 * ``get_job_goodput_with_exclusions``: the latest snapshot less the figures of the snapshots at
@@ -116,7 +117,7 @@ _LATEST_CUMULATIVE = """
 SELECT snapshot_time, window_start, window_end, goodput_pct, productive_time_s, total_time_s,
        disruptions, max_productive_step, last_step, ideal_step_time_s, stepping_slice_efficiency,
        available_slice_efficiency
-FROM {latest_goodput}
+FROM {goodput_snapshots}
 WHERE run_id = {run} AND window_s = 0
 ORDER BY snapshot_time DESC
 LIMIT 1
@@ -137,7 +138,7 @@ WHERE run_id = {run} AND window_s = 0 AND snapshot_time = @snapshot_time
 """
 _LATEST_IDEAL_STEP_TIME = """
 SELECT ideal_step_time_s
-FROM {latest_goodput}
+FROM {goodput_snapshots}
 WHERE run_id = {run} AND window_s = 0
 ORDER BY snapshot_time DESC
 LIMIT 1
@@ -156,7 +157,7 @@ WHERE run_id = {run}
 ORDER BY attempt_id, seq
 """
 _NAMES_RUNS = "SELECT 1 FROM duckdb_columns() WHERE table_name = 'run_metadata' AND column_name = 'run_name'"
-_TABLES = ("latest_goodput", "goodput_snapshots", "badput_snapshots", "events", "run_metadata")
+_TABLES = ("goodput_snapshots", "badput_snapshots", "events", "run_metadata")
 _PARAMETER = re.compile(r"@([a-z_]+)")
 
 

@@ -644,7 +644,7 @@ def test_a_dataset_without_the_pipelines_tables_is_a_value_error(tmp_path: Path)
         calculator = goodput.GoodputCalculator("hand", bigquery_dataset="goodput-local.goodput",
                                                bigquery_client=client)
         with pytest.raises(ValueError, match=r"^BigQuery dataset goodput-local\.goodput does not hold the "
-                                             r"pipeline's tables.*latest_goodput"):
+                                             r"pipeline's tables.*goodput_snapshots"):
             calculator.get_job_goodput()
 
 

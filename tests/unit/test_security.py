@@ -237,13 +237,26 @@ def test_the_demo_reads_the_pipelines_views_not_the_files(tmp_path: Path, secret
     assert set(latest_cumulative(path)) == {"r1"} and live is not None and set(live[0]) == {"r1"}
 
 
-def test_the_read_api_reaches_no_file_but_its_own(tmp_path: Path, secret: Path):
-    """GoodputCalculator on a file whose view reads a local file is refused the read."""
+def test_the_read_api_runs_no_view_of_the_file(tmp_path: Path, secret: Path):
+    """GoodputCalculator on a file whose views read a local file answers from the file's tables,
+    and never runs a view of it."""
     from ml_goodput_measurement import goodput
 
     path = planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")
+    calculator = goodput.GoodputCalculator("r1", duckdb_path=str(path))
+    details = calculator.get_job_goodput_details()
+    assert calculator.get_job_goodput()[0] == pytest.approx(goodput_row("r1", 600)["goodput_pct"])
+    assert secret.read_text() not in repr(details)
+
+
+def test_the_read_api_reaches_no_file_but_its_own(tmp_path: Path, secret: Path):
+    """The read API's connection to a DuckDB file can read no other file."""
+    from ml_goodput_measurement import goodput
+
+    path = write_rows(tmp_path / "goodput.duckdb", {"goodput_snapshots": [goodput_row("r1", 600)]})
+    source = goodput.GoodputCalculator("r1", duckdb_path=str(path))._source
     with pytest.raises(duckdb.PermissionException, match="disabled"):
-        goodput.GoodputCalculator("r1", duckdb_path=str(path)).get_job_goodput()
+        source.rows(f"SELECT content FROM read_text('{secret}')", {})
 
 
 def test_a_view_the_pipeline_cannot_make_over_the_files_tables_is_still_not_the_files(
