@@ -6,8 +6,11 @@
 -- scheduling_goodput (all the JobSet's pods ready) over the run's lifetime, time-weighted as in
 -- jobset_goodput, for a run whose metadata names its JobSet. Program goodput is the run's mean MFU
 -- (model_metrics named MFU), else its mean TFLOPS per device over the peak of its accelerator type
--- (accelerator_peaks); program_from says which. NaN and infinite metric values are left out, and a
--- value recorded twice counts once. MPG is the product of the factors known; known_factors names them.
+-- (accelerator_peaks, its type matched in any letter case); program_from says which. What cannot be a
+-- fraction is left out, as the events' limits would have it: NaN and infinite metric values, an MFU
+-- outside 0..1 (recorded in percent, say), negative TFLOPS, TFLOPS above the accelerator's peak and a
+-- scheduling goodput outside 0..1; a value recorded twice counts once. MPG is the product of the
+-- factors known; known_factors names them.
 -- The dataset of the tables is a template parameter, filled in by Terraform and the DuckDB sink.
 WITH latest AS (
   SELECT run_id, accelerator_type, chip_count, location, window_start AS run_start, window_end AS run_end,
@@ -25,7 +28,7 @@ jobsets AS (
 points AS (
   SELECT project, location, cluster, namespace, jobset_name, jobset_uid, end_time, value
   FROM ${dataset}.jobset_metrics
-  WHERE metric = 'scheduling_goodput'
+  WHERE metric = 'scheduling_goodput' AND value BETWEEN 0 AND 1
   QUALIFY ROW_NUMBER() OVER (
     PARTITION BY project, location, cluster, namespace, jobset_name, jobset_uid, end_time
     ORDER BY imported_at DESC) = 1
@@ -48,7 +51,6 @@ weighted AS (
     AND (j.project IS NULL OR p.project = j.project)
     AND (j.jobset_uid IS NULL OR p.jobset_uid IS NULL OR p.jobset_uid = j.jobset_uid)
     AND p.end_time > l.run_start AND p.period_start < l.run_end
-  WHERE p.value IS NOT NULL
 ),
 scheduling AS (
   SELECT run_id, SAFE_DIVIDE(SUM(value * weight_s), SUM(weight_s)) AS goodput
@@ -58,25 +60,31 @@ scheduling AS (
 metrics AS (
   SELECT DISTINCT run_id, attempt_id, metric_time, step, name, value
   FROM ${dataset}.model_metrics
-  WHERE name IN ('MFU', 'TFLOPS') AND NOT IS_NAN(value) AND NOT IS_INF(value)
+  WHERE NOT IS_NAN(value) AND NOT IS_INF(value)
+    AND ((name = 'MFU' AND value BETWEEN 0 AND 1) OR (name = 'TFLOPS' AND value >= 0))
 ),
 program AS (
   SELECT run_id, AVG(IF(name = 'MFU', value, NULL)) AS mfu, AVG(IF(name = 'TFLOPS', value, NULL)) AS tflops
   FROM metrics
   GROUP BY run_id
 ),
+of_peak AS (
+  SELECT l.run_id, SAFE_DIVIDE(m.tflops, k.bf16_tflops_per_chip) AS ratio
+  FROM latest AS l
+  JOIN program AS m ON m.run_id = l.run_id
+  JOIN ${dataset}.accelerator_peaks AS k ON LOWER(k.accelerator_type) = LOWER(l.accelerator_type)
+),
 factors AS (
   SELECT
     l.run_id, l.accelerator_type, l.chip_count, l.location, l.run_start, l.run_end, l.ended,
     s.goodput AS scheduling,
     l.goodput_pct / 100 AS runtime,
-    IFNULL(m.mfu, SAFE_DIVIDE(m.tflops, k.bf16_tflops_per_chip)) AS program,
-    CASE WHEN m.mfu IS NOT NULL THEN 'MFU'
-      WHEN SAFE_DIVIDE(m.tflops, k.bf16_tflops_per_chip) IS NOT NULL THEN 'TFLOPS' END AS program_from
+    IFNULL(m.mfu, IF(o.ratio <= 1, o.ratio, NULL)) AS program,
+    CASE WHEN m.mfu IS NOT NULL THEN 'MFU' WHEN o.ratio <= 1 THEN 'TFLOPS' END AS program_from
   FROM latest AS l
   LEFT JOIN scheduling AS s ON s.run_id = l.run_id
   LEFT JOIN program AS m ON m.run_id = l.run_id
-  LEFT JOIN ${dataset}.accelerator_peaks AS k ON k.accelerator_type = l.accelerator_type
+  LEFT JOIN of_peak AS o ON o.run_id = l.run_id
 )
 SELECT
   run_id,

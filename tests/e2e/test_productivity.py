@@ -367,29 +367,30 @@ def test_a_nan_among_gkes_points_changes_no_runs_mpg_nor_the_fleets(
     assert "1 refused, e.g. kubernetes.io/jobset/scheduling_goodput" in said
 
 
-def test_a_nan_left_in_the_tables_is_said_and_not_written(
-        fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+def test_a_nan_left_in_the_tables_counts_as_no_point(
+        fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A NaN among js-a's points in jobset_metrics, as an import that held no point to the limits
-    left it, makes run-a's and the v5p fleet's MPG NaN: goodput productivity says so, writes the
-    other figures, none NaN, and exits 1."""
-    path = tmp_path / "fleet.duckdb"
-    shutil.copy(fleet, path)
-    sink = DuckDBSink(path)
-    sink.write("jobset_metrics", [{**scheduling("js-a", range(1, 2), 22, lambda m: math.nan)[0],
-                                   "end_time": at(22 + 90.5 / 60)}])
-    sink.close()
+    left it: the factors view leaves it out, and goodput productivity writes the figures of the
+    fleet without that point, none NaN."""
     now = at(AS_OF + 1 / 6)
     monkeypatch.setattr(productivity, "_now", lambda: now)
-    with MonitoringEmulator(store=MetricStore(clock=now.timestamp)) as monitoring:
-        code = main(["productivity", "--project", "fleet-project", "--duckdb", str(path),
-                     "--monitoring_endpoint", monitoring.host])
-        written = {(resource["job"], labels["accelerator_type"], round(value, 2))
-                   for metric in (productivity.RUN_METRIC, productivity.FLEET_METRIC)
-                   for labels, resource, _, value in monitoring.store.points(metric)}
-    assert code == 1
-    assert written == {("run-b", "v5p", 25.0), ("run-c", "h100", 40.0), ("fleet", "h100", 40.0)}
-    assert capsys.readouterr().err.splitlines() == [
-        "goodput productivity: run run-a: ML Productivity Goodput nan is not a fraction in 0..1 "
-        "(its factors: scheduling,runtime,program): not written",
-        "goodput productivity: the fleet's v5p: ML Productivity Goodput nan is not a fraction in 0..1: "
-        "not written"]
+    written = []
+    for name, value in (("nan", math.nan), ("none", None)):
+        path = tmp_path / f"{name}.duckdb"
+        shutil.copy(fleet, path)
+        sink = DuckDBSink(path)
+        sink.write("jobset_metrics", [{**scheduling("js-a", range(1, 2), 22, lambda m: math.nan)[0],
+                                       "end_time": at(22 + 90.5 / 60)}])
+        if value is None:  # the point not there at all
+            sink.query("DELETE FROM jobset_metrics WHERE isnan(value)")
+        sink.close()
+        with MonitoringEmulator(store=MetricStore(clock=now.timestamp)) as monitoring:
+            assert main(["productivity", "--project", "fleet-project", "--duckdb", str(path),
+                         "--monitoring_endpoint", monitoring.host]) == 0
+            written.append({(resource["job"], labels["accelerator_type"], value)
+                            for metric in (productivity.RUN_METRIC, productivity.FLEET_METRIC)
+                            for labels, resource, _, value in monitoring.store.points(metric)})
+    assert written[0] == written[1]
+    assert {(job, kind, round(value)) for job, kind, value in written[0]} == {
+        ("run-a", "v5p", 27), ("run-b", "v5p", 25), ("run-c", "h100", 40), ("fleet", "v5p", 26),
+        ("fleet", "h100", 40)}

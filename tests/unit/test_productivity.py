@@ -78,6 +78,27 @@ def test_a_factor_with_nothing_to_go_on_is_null(tmp_path: Path):
         "nothing": (None, None, None, None, None, None)}
 
 
+def test_a_metric_that_cannot_be_a_fraction_is_left_out_and_types_match_in_any_case(tmp_path: Path):
+    """An MFU recorded in percent, negative TFLOPS and TFLOPS above the accelerator's peak are left
+    out of program goodput (so no MPG passes 1); a run's type in capitals finds its peak."""
+    sink = DuckDBSink(tmp_path / "f.duckdb")
+    sink.write("goodput_snapshots", [snapshot("percent", "v6e", 50.0, 600),
+                                     snapshot("negative", "v6e", 50.0, 600),
+                                     snapshot("above-peak", "v6e", 50.0, 600),
+                                     snapshot("capitals", "V6E", 50.0, 600)])
+    sink.write("model_metrics", [metric("percent", "MFU", 45.0, 10), metric("percent", "MFU", 0.4, 20),
+                                 metric("negative", "TFLOPS", -918.0, 10),
+                                 metric("above-peak", "TFLOPS", 9180.0, 10),
+                                 metric("capitals", "TFLOPS", 459.0, 10)])
+    columns, rows = run_saved("run_productivity", sink._connection)
+    sink.close()
+    found = {row[0]: dict(zip(columns, row, strict=True)) for row in rows}
+    assert {run: (row["program_goodput"], row["program_from"]) for run, row in found.items()} == {
+        "percent": (pytest.approx(0.4), "MFU"), "negative": (None, None), "above-peak": (None, None),
+        "capitals": (0.5, "TFLOPS")}
+    assert all(row["ml_productivity_goodput"] <= 1 for row in found.values())
+
+
 def test_a_file_written_before_the_factors_view_still_gives_both_queries(tmp_path: Path):
     """A file without the view run_productivity_factors (an older version's), opened read-only,
     gives run_productivity and fleet_productivity the rows a file with it gives."""
