@@ -18,7 +18,7 @@ def test_a_fleet_under_random_faults_ends_with_the_numbers_of_a_clean_replay(tmp
     duration_s = float(os.environ.get("GOODPUT_SOAK_S", "90"))
     long = duration_s >= 600
     soak = Soak(tmp_path / "soak", duration_s, seed=int(os.environ.get("GOODPUT_SOAK_SEED", "1")),
-                concurrent_runs=6 if long else 4, fault_every_s=20 if long else 8,
+                concurrent_runs=6 if long else 4, fault_every_s=20 if long else 6,
                 steps=(1000, 4000) if long else (300, 700))
     report = soak.run()
     print(report.summary())

@@ -10,20 +10,29 @@ What runs (everything stopped when it ends):
 * a fleet of training runs, ``concurrent_runs`` at a time, new ones starting as others end until
   the soak's time is up. Each attempt of a run is a process of its own (``soak_job.py``) on the
   run's paced simulated clock, with its host's clock skew; a run crashes (cleanly) where its
-  profile says and is restarted from its last checkpoint or from step 0; every third run spools
-  to a small disk with a small memory queue, so that an outage makes it drop events.
+  profile says and is restarted from its last checkpoint or from step 0; every fourth writes to a
+  file destination, which a log shipper here publishes to the topic line by line (following the
+  file through its rotations, as a node's log agent does); those, and every third run, spool to a
+  small disk with a small memory queue, so that an outage makes them spill, and drop events.
 
 The faults, each kind once in the first ``len(FAULTS) * fault_every_s`` seconds, then one every
-``fault_every_s`` on average, each logged with its time:
+``fault_every_s`` on average, each logged with its time (``preempt`` and ``spool_removal`` come
+during each Pub/Sub outage instead, when jobs spill to their spools):
 
-``pubsub_outage``  the emulator stops for a while and comes back on its port;
+``pubsub_outage``  the emulator stops for a while and comes back on its port, and the file
+                   destinations are away as long (a directory where each file was);
 ``kill_attempt``   a running attempt is killed with SIGKILL; the scheduler restarts it;
 ``duplicates``     the next messages published are delivered twice;
 ``pull_failures``  the next pulls fail (RESOURCE_EXHAUSTED, which the client does not retry);
 ``bad_messages``   invalid messages are published beside the good ones;
 ``late_duplicate`` a message of a run that ended long ago is published again;
 ``monitoring``     Cloud Monitoring refuses the next requests (UNAVAILABLE, quota, INTERNAL);
-``restart``        the pipeline is stopped (SIGTERM) and started again on its file.
+``restart``        the pipeline is stopped (SIGTERM) and started again on its file;
+``preempt``        a running attempt gets SIGTERM (one that spills, if any): its handler records
+                   the end and closes, the rest left in the spool;
+``spool_removal``  what a tmp cleaner may take from the spool while it is written: each segment
+                   being written, the lock files, and each run's directory left empty;
+``rotation``       a file destination is rotated (renamed) under its writer.
 
 At the end the faults stop, every run finishes, the stream reads what is left and stops, and
 ``verify`` holds it to: nothing published valid is missing from the pipeline's events table and
@@ -31,13 +40,17 @@ nothing is there that was not published; every bad message is a dead letter; eac
 snapshot equals a backfill from the events table and the windows the engine computes from
 scratch at the same time; the backfill's tables equal a clean batch replay of everything
 published; and every event a job recorded is in the table, or counted as dropped by its
-emitter, or lost with a killed process's memory (at most ``max_queue_events``).
+emitter (with room on disk, only a segment a cleaner removed), or lost with a killed process's
+memory (at most ``max_queue_events``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import random
 import signal
 import subprocess
@@ -61,7 +74,9 @@ TOPIC = f"projects/{PROJECT}/topics/goodput"
 SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/pipeline"
 COPY = f"projects/{PROJECT}/subscriptions/copy"
 FAULTS = ("pubsub_outage", "kill_attempt", "duplicates", "pull_failures", "bad_messages",
-          "late_duplicate", "monitoring", "restart")
+          "late_duplicate", "monitoring", "restart", "preempt", "spool_removal", "rotation")
+#: The faults that come during each Pub/Sub outage, in this order.
+OUTAGE_FAULTS = ("spool_removal", "preempt")
 #: What the emitters may hold in memory: the bound on what a killed attempt loses.
 MAX_QUEUE_EVENTS = 2000
 SMALL_QUEUE_EVENTS, SMALL_SPOOL_BYTES = 100, 16 * 1024
@@ -107,6 +122,7 @@ class Run:
     seed: int
     crashes: list[int]
     small_spool: bool
+    to_file: bool  # writes a file destination, which the soak's shipper publishes
     anchor_s: float
     anchor_wall: float
     attempts: list[Attempt] = dataclasses.field(default_factory=list)
@@ -166,6 +182,10 @@ class Soak:
         self.restarting: threading.Thread | None = None
         self.restart_error: SoakError | None = None
         self.outage_until: float | None = None
+        self.outage_faults: list[tuple[float, str]] = []  # (when, kind) during the outage under way
+        self.files = directory / "files"
+        self.shipped: dict[tuple[int, int], int] = {}  # bytes shipped of each file, by (device, inode)
+        self.rotations = 0
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -223,7 +243,7 @@ class Soak:
         end = self.started + self.duration_s
         # Each kind once first, every fault_every_s, in a random order (a late duplicate last: it
         # needs a run forgotten since it ended); then kinds at random, at random times.
-        schedule = [kind for kind in FAULTS if kind != "late_duplicate"]
+        schedule = [kind for kind in FAULTS if kind not in (*OUTAGE_FAULTS, "late_duplicate")]
         self.rng.shuffle(schedule)
         schedule.append("late_duplicate")
         next_fault = self.started + self.fault_every_s
@@ -235,6 +255,9 @@ class Soak:
             if self.stream.popen.poll() is not None and self.restarting is None:
                 raise SoakError(f"the pipeline exited (code {self.stream.popen.returncode}); its log "
                                 f"ends:\n{self.stream.tail()}")
+            for due in [due for due in self.outage_faults if now >= due[0]]:
+                if self._fault(due[1]):  # else again, until the outage ends
+                    self.outage_faults.remove(due)
             if self.outage_until is not None and now >= self.outage_until:
                 self._end_outage()
             if now < end:
@@ -245,11 +268,12 @@ class Soak:
                     if self._fault(kind):
                         next_fault = now + (self.fault_every_s if schedule
                                             else self.rng.expovariate(1 / self.fault_every_s))
-                    else:  # not possible now (Pub/Sub away, no run forgotten yet): again soon
-                        schedule.insert(0, kind)
+                    else:  # not possible now (Pub/Sub away, no run forgotten yet): after the next
+                        schedule.insert(1, kind)
                         next_fault = now + 2.0
             for run in self.runs:
                 self._tend(run)
+            self._ship()
             if now >= next_report:
                 self._progress()
                 next_report = now + 30
@@ -281,8 +305,10 @@ class Soak:
         # behind it: an event dated more than MAX_CLOCK_AHEAD_S after the pipeline's clock is a
         # dead letter.
         now = time.time()
+        to_file = index % 4 == 1
         run = Run(f"soak-{index:04d}", profile, steps, rng.randrange(1 << 30), crashes,
-                  small_spool=index % 3 == 2, anchor_s=now - 86_400, anchor_wall=now)
+                  small_spool=to_file or index % 3 == 2, to_file=to_file, anchor_s=now - 86_400,
+                  anchor_wall=now)
         self.runs.append(run)
 
     def _tend(self, run: Run) -> None:
@@ -323,8 +349,9 @@ class Soak:
                     "max_queue_events": SMALL_QUEUE_EVENTS if run.small_spool else MAX_QUEUE_EVENTS}
         if run.small_spool:
             settings.update(max_spool_bytes=SMALL_SPOOL_BYTES, spool_segment_bytes=4096)
-        spec = {"run_id": run.run_id, "topic": TOPIC, "profile": run.profile, "settings": settings,
-                "steps": run.steps, "first_step": first_step, "crash_at_step": crash,
+        destination = f"file:{self.files / run.run_id}.jsonl" if run.to_file else TOPIC
+        spec = {"run_id": run.run_id, "destination": destination, "profile": run.profile,
+                "settings": settings, "steps": run.steps, "first_step": first_step, "crash_at_step": crash,
                 "restore": index > 0 and run.profile["restore_checkpoint"], "seed": run.seed + index,
                 "anchor_s": run.anchor_s, "anchor_wall": run.anchor_wall, "speed": self.speed,
                 "skew_s": self.rng.uniform(-20, 20) if index else 0.0, "progress": str(progress)}
@@ -347,32 +374,116 @@ class Soak:
         return bool(applied)
 
     def _pubsub_outage(self) -> str | None:
-        if self.outage_until is not None:
+        # While a job writing a file runs: it spills as long (see OUTAGE_FAULTS).
+        writing = [run for run, _ in self._running() if run.to_file]
+        if self.outage_until is not None or not writing:
             return None
         # In a long soak the first outage and every fifth outlasts the client's 60 s of retries.
         long = self.duration_s >= 600 and self.faults["pubsub_outage"] % 5 == 0
-        seconds = 75.0 if long else self.rng.uniform(3, 12)
+        seconds = 75.0 if long else self.rng.uniform(6, 12)
         self.pubsub.stop(grace_s=0.2)
-        self.outage_until = time.monotonic() + seconds
+        for run in writing:
+            self._rotate(run)
+            (self.files / f"{run.run_id}.jsonl").mkdir()
+        now = time.monotonic()
+        self.outage_until = now + seconds
+        # While jobs spill: the spool cleaned under them, then one preempted as it spills.
+        self.outage_faults = [(now + seconds * share, kind) for share, kind in zip((0.4, 0.7), OUTAGE_FAULTS,
+                                                                                    strict=True)]
         return f"Pub/Sub away for {seconds:.0f} s"
 
     def _end_outage(self) -> None:
         from pipeline.emulators.pubsub import PubSubEmulator
 
         self.pubsub = PubSubEmulator(port=self.pubsub.port, broker=self.pubsub.broker).start()
+        for path in self.files.glob("*.jsonl"):
+            if path.is_dir():
+                path.rmdir()
         self.outage_until = None
-        self._say("Pub/Sub is back")
+        self.outage_faults = []
+        self._say("Pub/Sub and the file destinations are back")
+
+    def _running(self) -> list[tuple[Run, Attempt]]:
+        """The attempts running now that have written their progress (their handlers are set)."""
+        return [(run, run.attempts[-1]) for run in self.runs if run.ended_at is None
+                and run.restart_at is None and run.attempts[-1].process.poll() is None
+                and run.attempts[-1].progress.exists() and run.attempts[-1].progress.stat().st_size]
 
     def _kill_attempt(self) -> str | None:
-        running = [(run, run.attempts[-1]) for run in self.runs if run.ended_at is None
-                   and run.restart_at is None and run.attempts[-1].process.poll() is None
-                   and run.attempts[-1].progress.exists() and run.attempts[-1].progress.stat().st_size]
+        running = self._running()
         if not running:
             return None
         run, attempt = self.rng.choice(running)
         attempt.process.send_signal(signal.SIGKILL)
         attempt.killed = True
         return f"killed attempt {attempt.index} of {run.run_id}"
+
+    def _preempt(self) -> str | None:
+        from emitter.spool import run_directory
+
+        running = self._running()
+        spilling = [(run, attempt) for run, attempt in running
+                    if any(map(_being_written, run_directory(self.spool, run.run_id).glob("*.seg")))]
+        if not running or (self.outage_until is not None and not spilling):
+            return None
+        run, attempt = self.rng.choice(spilling or running)
+        attempt.process.send_signal(signal.SIGTERM)
+        return f"SIGTERM to attempt {attempt.index} of {run.run_id}"
+
+    def _spool_removal(self) -> str | None:
+        """Removes what a cleaner may remove without losing a live writer's events: segments being
+        written (their writers write them again from their descriptors), lock files, and the
+        directories that are then empty. Sealed segments, which no process holds, stay."""
+        removed = Counter[str]()
+        for directory in self.spool.iterdir() if self.spool.is_dir() else ():
+            for path in list(directory.iterdir()):
+                if path.suffix == ".lock" or (path.suffix == ".seg" and _being_written(path)):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                        removed[path.suffix] += 1
+            with contextlib.suppress(OSError):  # not empty: it holds sealed segments
+                directory.rmdir()
+                removed["directories"] += 1
+        if not removed:
+            return None
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(removed.items()))
+        return f"removed from the spool {kinds}"
+
+    def _rotation(self) -> str | None:
+        writing = [run for run, _ in self._running() if run.to_file
+                   and (self.files / f"{run.run_id}.jsonl").is_file()]
+        if not writing:
+            return None
+        run = self.rng.choice(writing)
+        self._rotate(run)
+        return f"{run.run_id}.jsonl rotated under its writer"
+
+    def _rotate(self, run: Run) -> None:
+        path = self.files / f"{run.run_id}.jsonl"
+        if path.is_file():
+            self.rotations += 1
+            path.rename(path.with_name(f"{path.name}.{self.rotations}"))
+
+    def _ship(self) -> None:
+        """Publishes the whole lines the file destinations gained since last time, each file
+        followed by its inode through its renames, as a node's log agent ships a job's log."""
+        if self.outage_until is not None or not self.files.is_dir():
+            return
+        for path in sorted(self.files.iterdir()):
+            if path.is_dir():  # a destination that is away
+                continue
+            try:
+                with path.open("rb") as handle:
+                    info = os.fstat(handle.fileno())
+                    key = (info.st_dev, info.st_ino)
+                    handle.seek(self.shipped.get(key, 0))
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            whole = data[:data.rfind(b"\n") + 1]
+            for line in whole.splitlines():
+                self._publish(line)
+            self.shipped[key] = self.shipped.get(key, 0) + len(whole)
 
     def _duplicates(self) -> str:
         count = self.rng.randint(5, 40)
@@ -450,6 +561,7 @@ class Soak:
             self.restarting.join(timeout=300)
         if self.outage_until is not None:
             self._end_outage()
+        self._ship()
         deadline = time.monotonic() + 300
         while self.pubsub.broker.unacknowledged(SUBSCRIPTION) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -523,7 +635,8 @@ class Soak:
                       counts["missing"], len(letters), problems)
 
     def _losses(self, accepted: set[tuple[str, str, int]]) -> tuple[Counter[str], list[str]]:
-        """Every event each attempt recorded is in the table, counted as dropped by its emitter,
+        """Every event each attempt recorded is in the table, counted as dropped by its emitter
+        (or, left in the spool, by a later attempt of its run, to make room: its backlog_dropped),
         or lost with a killed attempt's memory (at most its max_queue_events)."""
         counts: Counter[str] = Counter()
         problems: list[str] = []
@@ -534,6 +647,7 @@ class Soak:
                                          "WHERE window_s = 0"))
         for run in self.runs:
             gaps = 0
+            left = 0  # events left in the spool that no attempt delivered: a later one's backlog_dropped
             for attempt in run.attempts:
                 attempt_id, recorded, _ = attempt.read_progress()
                 seqs = sorted(by_attempt.get(attempt_id, []))
@@ -541,16 +655,20 @@ class Soak:
                 if attempt.status is not None:
                     status = attempt.status
                     recorded, dropped = status["recorded"], status["dropped"]
-                    counts["dropped"] += dropped
-                    if len(seqs) != recorded - dropped:
+                    counts["dropped"] += dropped + status["backlog_dropped"]
+                    left += recorded - dropped - len(seqs)
+                    if not 0 <= recorded - dropped - len(seqs) <= status["kept"]:
                         problems.append(f"{run.run_id} attempt {attempt.index}: {recorded} recorded, "
-                                        f"{dropped} dropped, but {len(seqs)} in the events table")
-                    if dropped and not run.small_spool:
+                                        f"{dropped} dropped, {status['kept']} left in the spool, but "
+                                        f"{len(seqs)} in the events table")
+                    if dropped - status["dropped_removed"] and not run.small_spool:
                         problems.append(f"{run.run_id} attempt {attempt.index} dropped {dropped} events "
                                         "with room in memory and on disk")
-                    if status["delivered"] == bool(dropped):  # close() says whether all arrived
+                    # close() says whether all arrived; a preempted attempt left some in the spool
+                    if status["delivered"] != (not dropped and not status["kept"]):
                         problems.append(f"{run.run_id} attempt {attempt.index} ended with close() "
-                                        f"{status['delivered']} and {dropped} dropped")
+                                        f"{status['delivered']}, {dropped} dropped and {status['kept']} "
+                                        "kept in the spool")
                 else:  # killed: what it recorded after its last progress line is not known
                     lost = max(0, recorded - len(seqs))
                     counts["lost_to_kills"] += lost
@@ -559,11 +677,31 @@ class Soak:
                         problems.append(f"{run.run_id} attempt {attempt.index}, killed, lost {lost} events: "
                                         f"more than its memory holds ({limit})")
                 counts["recorded"] += recorded
+            backlog_dropped = sum(attempt.status["backlog_dropped"] for attempt in run.attempts
+                                  if attempt.status is not None)
+            if left > backlog_dropped:
+                problems.append(f"{run.run_id}: {left} events its attempts left in the spool are not in "
+                                f"the events table, and its later attempts dropped {backlog_dropped}")
             counts["missing"] += gaps
             if missing.get(run.run_id) != gaps:
                 problems.append(f"{run.run_id}: missing_events is {missing.get(run.run_id)}, the gaps in "
                                 f"its attempts' sequence numbers are {gaps}")
         return counts, problems
+
+
+def _being_written(path: Path) -> bool:
+    """Whether a process holds the spool segment ``path`` open for writing (its flock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _run_of(line: bytes) -> str | None:

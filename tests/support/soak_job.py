@@ -3,10 +3,13 @@
 The attempt records through the real emitter to the Pub/Sub emulator (``PUBSUB_EMULATOR_HOST``)
 what ``pipeline.demo.simulated_job`` records, on a clock paced to the wall clock: simulated time is
 ``anchor + (time.time() - anchor_wall) * speed``, shared by the run's attempts, plus this host's
-skew. While it runs it keeps ``PROGRESS`` up to date (a fixed-width line: events recorded so far,
-the last checkpointed step), so that the soak knows what a killed attempt had recorded and where
-its restart resumes. When it ends or crashes it closes the recorder (delivering everything) and
-writes its ``EmitterStats`` as JSON to ``PROGRESS.json``.
+skew, to the destination the spec names (the topic, or a file the soak ships to it). While it runs
+it keeps ``PROGRESS`` up to date (a fixed-width line: events recorded so far, the last checkpointed
+step), so that the soak knows what a killed attempt had recorded and where its restart resumes.
+When it ends or crashes it closes the recorder (delivering everything) and writes its
+``EmitterStats`` as JSON to ``PROGRESS.json``. SIGTERM preempts it as a scheduler would: its
+handler records the end, closes the recorder within ``PREEMPTION_CLOSE_S`` (the rest stays in the
+spool for the next attempt) and writes the same before the process exits.
 
     PYTHONPATH=tests python -m support.soak_job SPEC.json   (the spec: see ``AttemptSpec`` in soak.py)
 """
@@ -18,6 +21,7 @@ import datetime
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,8 @@ from pipeline.demo import simulated_job
 
 _UTC = datetime.timezone.utc
 _PROGRESS_WIDTH = 80
+#: How long a preempted attempt's close waits for delivery.
+PREEMPTION_CLOSE_S = 2.0
 
 
 class PacedClock:
@@ -80,19 +86,31 @@ def main(spec_path: str) -> int:
             if progress is not None:
                 progress.checkpoint = step
 
-    recorder = Recorder(spec["run_id"], logging_enabled=True, destination=spec["topic"], settings=settings,
-                        run_group=profile.run_group, accelerator_type=profile.accelerator_type,
-                        chip_count=profile.chip_count, location=profile.location, labels=dict(profile.labels))
+    recorder = Recorder(spec["run_id"], logging_enabled=True, destination=spec["destination"],
+                        settings=settings, run_group=profile.run_group,
+                        accelerator_type=profile.accelerator_type, chip_count=profile.chip_count,
+                        location=profile.location, labels=dict(profile.labels))
+
+    def finish(delivered: bool, ended: bool, resume_step: int) -> None:
+        status = {**dataclasses.asdict(recorder.stats), "attempt_id": recorder.attempt_id,
+                  "ended": ended, "resume_step": resume_step, "delivered": delivered}
+        Path(spec["progress"] + ".json").write_text(json.dumps(status))
+
+    def preempted(signum: int, frame: object) -> None:
+        recorder.record_job_end_time(clock.now)
+        assert progress is not None
+        finish(recorder.close(timeout=PREEMPTION_CLOSE_S), False, progress.checkpoint)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, preempted)  # before the progress line: the soak signals after it
     progress = Progress(Path(spec["progress"]), recorder.attempt_id, spec["first_step"])
     progress.write(0)
     clock.on_advance = lambda: progress.write(recorder.stats.recorded)
     result = simulated_job.run_attempt(
         recorder, clock, random.Random(spec["seed"]), profile, first_step=spec["first_step"],
         steps=spec["steps"], crash_at_step=spec["crash_at_step"], restore=spec["restore"])
-    delivered = recorder.close(timeout=settings.close_timeout_s)
-    status = {**dataclasses.asdict(recorder.stats), "attempt_id": recorder.attempt_id,
-              "ended": result.ended, "resume_step": result.resume_step, "delivered": delivered}
-    Path(spec["progress"] + ".json").write_text(json.dumps(status))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ending anyway: the status must be written whole
+    finish(recorder.close(timeout=settings.close_timeout_s), result.ended, result.resume_step)
     return 0
 
 
