@@ -242,7 +242,7 @@ def test_restarts_in_a_loop_while_the_destination_is_away_start_few_threads_and_
         slowest = max(slowest, time.monotonic() - started)
         most_threads = max(most_threads, len(emitter_threads()))
     assert most_threads <= 6  # four earlier attempts delivering, the current one's, one ending
-    assert slowest < 0.5
+    assert slowest < 5.0  # milliseconds, but for a busy machine's scheduler: was minutes
     assert not recorder.close(timeout=2)
     stats = recorder.stats
     assert (stats.recorded, stats.kept, stats.sent, stats.dropped, stats.queued) == (4000, 4000, 0, 0, 0)
