@@ -146,17 +146,17 @@ def test_configs_holding_a_list_that_holds_itself_twice_record_at_once(make_reco
 # -- what the job did not write is read off its thread ------------------------------------------------
 
 
-def test_a_labels_file_that_is_a_fifo_is_never_waited_on(make_settings, tmp_path, events_file):
-    """The pod's labels and annotations files as FIFOs nobody writes: the constructor returns at
-    once and the recorder records, with what the environment says of the workload."""
+def test_a_labels_file_that_is_a_fifo_is_never_waited_on(make_settings, tmp_path, events_file, caplog):
+    """The pod's labels and annotations files as FIFOs nobody writes: they are not read (the
+    reading thread never waits out its deadline), and the recorder records."""
     podinfo = tmp_path / "podinfo"
     podinfo.mkdir()
     os.mkfifo(podinfo / "labels")
     os.mkfifo(podinfo / "annotations")
-    started = time.monotonic()
-    recorder = GoodputRecorder("run-1", logging_enabled=True, destination=f"file:{events_file}",
-                               settings=make_settings(discover_workload=True, podinfo_dir=podinfo))
-    assert time.monotonic() - started < 0.5
+    with caplog.at_level(logging.WARNING):
+        recorder = GoodputRecorder("run-1", logging_enabled=True, destination=f"file:{events_file}",
+                                   settings=make_settings(discover_workload=True, podinfo_dir=podinfo))
+    assert not any("could not be read within" in r.getMessage() for r in caplog.records)
     recorder.record_job_start_time(at(0))
     assert recorder.close(timeout=5) and recorder.stats.sent == 1
 
@@ -194,7 +194,7 @@ def test_a_hung_mount_under_the_pod_files_holds_the_constructor_its_deadline_at_
         took = time.monotonic() - started
         recorder.record_job_start_time(at(0))
         assert recorder.close(timeout=5) and recorder.stats.sent == 1
-    assert emitter.workload.LOCAL_SOURCES_TIMEOUT_S <= took < emitter.workload.LOCAL_SOURCES_TIMEOUT_S + 0.5
+    assert emitter.workload.LOCAL_SOURCES_TIMEOUT_S <= took < emitter.workload.LOCAL_SOURCES_TIMEOUT_S + 2.0
     assert any("could not be read within" in r.getMessage() for r in caplog.records)
 
 
