@@ -14,10 +14,12 @@ for days must not suffer:
   pipeline is dead. Here a failed pull reads nothing, is logged once per outage, and the next
   pull, on a new connection, reads on; a failed acknowledgement keeps what was pulled.
 * Cancelling the pipeline loses the messages pulled (so acknowledged) but not yet processed. To
-  stop cleanly the launcher first calls ``start_stopping()``: from then on ``stopping()`` is true,
-  and the steps it was given to (the run tracker, the cloud sinks) report each message at once
-  and retry nothing; then ``stop_reading()``: later pulls read nothing, and what was read is
-  processed; ``drained`` tells when that is done, and the launcher cancels then.
+  stop cleanly the launcher first calls ``start_stopping(requests_by)``: from then on
+  ``stopping()`` is true, and the steps it was given to (the run tracker, the cloud sinks) report
+  each message at once and retry nothing, and the sinks' requests end by ``requests_by``, answered
+  or not (``pipeline.sinks.retries``); then ``stop_reading()``: later pulls read nothing, and what
+  was read is processed; ``drained`` tells when that is done, and the launcher cancels then.
+  ``busy`` names the steps whose bundles are still running, for a stop that cannot wait for them.
 * Pub/Sub holds a pull with nothing to deliver open until its deadline, and the runner does all
   its work on one thread: while a pull waits, no timer fires, so no snapshot is made. Beam's read
   gives its pulls 30 s, and a quiet stream's snapshots came up to 30 s late; here a pull's
@@ -71,6 +73,7 @@ from apache_beam.utils.timestamp import Timestamp
 from google.api_core.exceptions import DeadlineExceeded, GoogleAPIError
 
 from pipeline.beam import direct_bundles
+from pipeline.sinks.retries import stop_requests_by
 
 _LOG = logging.getLogger(__name__)
 _STOPPING = threading.Event()  # the job is stopping: report each message at once
@@ -105,6 +108,7 @@ def install() -> bool:
     direct_bundles.install()
     for event in (_STOPPING, _STOPPED, _OUTAGE):  # a new stream in this process
         event.clear()
+    stop_requests_by(None)
     return True
 
 
@@ -256,8 +260,10 @@ def _close(client: Any) -> None:
         _LOG.debug("closing the Pub/Sub client failed: %s", error)
 
 
-def start_stopping() -> None:
-    """From now on ``stopping()`` is true in this process."""
+def start_stopping(requests_by: float) -> None:
+    """From now on ``stopping()`` is true in this process, and the cloud sinks' requests end by the
+    monotonic ``requests_by``."""
+    stop_requests_by(requests_by)
     _STOPPING.set()
 
 
@@ -328,6 +334,14 @@ def drained(result: Any) -> Callable[[], bool] | None:
         return True
 
     return done
+
+
+def busy(result: Any) -> list[str]:
+    """The labels of the steps of ``result``'s pipeline whose bundles are running or queued (the
+    runner's private structures, as ``drained`` reads them; none if they are gone)."""
+    executor: Any = getattr(getattr(result, "_executor", None), "_executor", None)
+    scheduled = getattr(getattr(executor, "transform_executor_services", None), "executors", ())
+    return sorted({e._applied_ptransform.full_label for e in scheduled})
 
 
 def failure(result: Any) -> BaseException | None:

@@ -23,17 +23,20 @@ Streaming, from a Pub/Sub subscription (locally: ``PUBSUB_EMULATOR_HOST`` set)::
 
 On Dataflow: ``--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp``.
 SIGINT or SIGTERM stops the stream cleanly: within one snapshot interval, every message read
-is in a snapshot; a second signal stops it at once.
+is in a snapshot; a second signal stops it at once. The stop prints its bound and keeps it, a
+sink that does not answer included (README.md, "Stopping").
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
@@ -48,15 +51,17 @@ from pipeline.beam.options import GoodputOptions, check_files, help_parser, pars
 from pipeline.sinks.retries import never
 
 DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be written
-DRAIN_MAX_S = 60.0  # more of it, on a machine too busy to write it within the grace
+DRAIN_MAX_S = 60.0  # more of it, on a machine too busy (or a sink too slow) to write it within the grace
 DRAIN_POLL_S = 0.05  # how often a stop looks whether it is done
+CANCEL_WAIT_S = 1.0  # for the bundle under way when the pipeline is cancelled, within DRAIN_MAX_S
 
 
 def run_streaming(options: GoodputOptions) -> int:
     """Runs the stream until SIGINT or SIGTERM, then stops it cleanly: every message read so far
     is in a snapshot before the pipeline is cancelled. A second signal cancels at once. If the
-    pipeline fails, says so and ends the process with exit code 1. On a runner that runs jobs on
-    its own (Dataflow), submits the job and returns."""
+    pipeline fails, says so and ends the process with exit code 1; if a step is still busy when
+    the stop has to end, says so and ends the process with exit code 0. On a runner that runs
+    jobs on its own (Dataflow), submits the job and returns."""
     stop, force = threading.Event(), threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -101,15 +106,19 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
         # The DirectRunner cannot drain (see pipeline.beam.live): report each new message at once,
         # read on until the interval snapshots pending for the others are due, then read no
         # more, and cancel once what was read is written: every message read is in the tables.
-        direct_runner.start_stopping()
         due_s = next_snapshot_due(round(time.time() * 1e6), goodput.snapshot_interval_s) / 1e6
         if goodput.monitoring_project:  # the last snapshots' points wait for their series' turn
             due_s += goodput.monitoring_min_interval_s
-        print(f"stopping: final snapshots within {due_s + DRAIN_GRACE_S - time.time():.0f} s "
+        written_s = due_s + DRAIN_GRACE_S
+        # The sinks' requests end a grace before the stop's bound, answered or not, so that what
+        # a sink that does not answer could not write is in the dead letters by then.
+        requests_by_s = written_s + DRAIN_MAX_S - DRAIN_GRACE_S
+        direct_runner.start_stopping(time.monotonic() + requests_by_s - time.time())
+        print(f"stopping: final snapshots within {math.ceil(written_s - time.time())} s "
               "(signal again to stop at once)", file=sys.stderr, flush=True)
         _wait_until(due_s, force, failed)
         direct_runner.stop_reading()
-        _drain(direct_runner.drained(result), force, failed)
+        _drain(direct_runner.drained(result), written_s, force, failed)
     if failed():
         print(f"python -m pipeline: the streaming pipeline failed: {errors[0]!r} (see the log above)",
               file=sys.stderr, flush=True)
@@ -118,7 +127,15 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
         # can abort the process (SIGABRT) instead of exiting 1. The process ends here instead.
         sys.stdout.flush()
         os._exit(1)
-    result.cancel()
+    if not _cancel(result):
+        # The runner's cancel waits for the bundle under way, for ever if it is stuck (a query
+        # to a service that does not answer): the stop keeps its bound without it, and the
+        # process ends here, as a failed one does, rather than finalize under it.
+        print(f"stopping: {', '.join(direct_runner.busy(result)) or 'a step'} did not finish; "
+              "stopped without it: what it holds is not written", file=sys.stderr)
+        print("stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
     print("stopped", file=sys.stderr, flush=True)
     return 0
 
@@ -135,20 +152,32 @@ def _wait_until(time_s: float, force: threading.Event, failed: Callable[[], bool
     return False
 
 
-def _drain(drained: Callable[[], bool] | None, force: threading.Event, failed: Callable[[], bool]) -> None:
-    """Once the reading stops: waits until what was read is written (``drained``), within
-    ``DRAIN_GRACE_S`` as printed. A machine too busy for that gets up to ``DRAIN_MAX_S`` more,
-    said on stderr, rather than lose what was read (a second signal still stops at once)."""
+def _drain(drained: Callable[[], bool] | None, written_s: float, force: threading.Event,
+           failed: Callable[[], bool]) -> None:
+    """Once the reading stops: waits until what was read is written (``drained``), by
+    ``written_s`` (the epoch) as printed. A machine too busy for that gets up to ``DRAIN_MAX_S``
+    more, said on stderr, rather than lose what was read (a second signal still stops at once),
+    less ``CANCEL_WAIT_S`` for the pipeline's cancel."""
     if drained is None:  # the runner cannot tell: its fixed grace
-        _wait_until(time.time() + DRAIN_GRACE_S, force, failed)
+        _wait_until(written_s, force, failed)
         return
-    if _wait_until(time.time() + DRAIN_GRACE_S, force, failed, drained) or force.is_set() or failed():
+    if _wait_until(written_s, force, failed, drained) or force.is_set() or failed():
         return
     print(f"stopping: still writing what was read; waiting up to {DRAIN_MAX_S:.0f} s more "
           "(signal again to stop at once and lose it)", file=sys.stderr, flush=True)
-    if not (_wait_until(time.time() + DRAIN_MAX_S, force, failed, drained) or force.is_set() or failed()):
+    if not (_wait_until(written_s + DRAIN_MAX_S - CANCEL_WAIT_S, force, failed, drained)
+            or force.is_set() or failed()):
         print("stopping: what was read is still not all written; stopping all the same: the "
               "messages read last may be lost", file=sys.stderr, flush=True)
+
+
+def _cancel(result: Any) -> bool:
+    """Cancels the pipeline of ``result``, waiting up to ``CANCEL_WAIT_S`` for the bundle under
+    way to end; whether it did."""
+    cancelling = threading.Thread(target=result.cancel, name="cancel", daemon=True)
+    cancelling.start()
+    cancelling.join(CANCEL_WAIT_S)
+    return not cancelling.is_alive()
 
 
 def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:
