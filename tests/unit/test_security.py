@@ -134,14 +134,14 @@ def test_no_sql_is_built_from_anything_but_our_own_names():
 
 # -- DuckDB files: a reader runs only what the pipeline made -------------------------------------------
 
-SECRET = "top-secret-4711"
+HIDDEN_TEXT = "nobody-may-read-4711"
 
 
 @pytest.fixture
 def secret(tmp_path: Path) -> Path:
     """A file of the reader's that no output may show."""
     path = tmp_path / "secret.txt"
-    path.write_text(SECRET)
+    path.write_text(HIDDEN_TEXT)
     return path
 
 
@@ -195,7 +195,7 @@ def test_goodput_query_and_report_show_nothing_a_files_views_read(tmp_path: Path
     assert main([*command, "--duckdb", str(path), *(["--output", str(report)] if command == ["report"]
                                                     else [])]) == 0
     shown = capsys.readouterr().out + (report.read_text() if command == ["report"] else "")
-    assert "r1" in shown and SECRET not in shown
+    assert "r1" in shown and HIDDEN_TEXT not in shown
 
 
 def test_the_replay_summary_shows_nothing_a_files_views_read(tmp_path: Path, secret: Path):
@@ -204,7 +204,7 @@ def test_the_replay_summary_shows_nothing_a_files_views_read(tmp_path: Path, sec
 
     out = io.StringIO()
     print_summary(str(planted(tmp_path / "goodput.duckdb", secret, "latest_goodput")), out)
-    assert out.getvalue().splitlines()[1].startswith("r1 ") and SECRET not in out.getvalue()
+    assert out.getvalue().splitlines()[1].startswith("r1 ") and HIDDEN_TEXT not in out.getvalue()
 
 
 def test_the_replay_summary_shows_control_characters_as_escapes(tmp_path: Path):
@@ -276,7 +276,7 @@ def test_a_view_the_pipeline_cannot_make_over_the_files_tables_is_still_not_the_
     assert main(["query", "run_productivity", "--duckdb", str(path)]) == 2
     captured = capsys.readouterr()
     assert "lacks a table or column" in captured.err and "accelerator_peaks" in captured.err
-    assert SECRET not in captured.out + captured.err
+    assert HIDDEN_TEXT not in captured.out + captured.err
 
 
 @pytest.mark.parametrize("reader", ["write_report", "evaluate_file", "backfill_messages", "print_summary"])
