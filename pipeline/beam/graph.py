@@ -11,7 +11,6 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 
 from goodput_schemas import parse_dataset
-from pipeline.beam.gke import ImportGkeMetrics
 from pipeline.beam.live import TrackRunsLive
 from pipeline.beam.options import GoodputOptions
 from pipeline.beam.restore import RestoreRuns
@@ -86,10 +85,6 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
                         | "DeadLetters" >> beam.Flatten()
                         | "DeadLetterRows" >> DeadLetterRows()),
     }
-    if streaming and options.gke_metrics_project:  # GKE's JobSet metrics, read every interval
-        rows["GkeMetrics"] = messages | "ImportGkeMetrics" >> ImportGkeMetrics(
-            options.gke_metrics_project, options.gke_metrics_interval_s, options.monitoring_endpoint,
-            stopping=stopping)
     if options.duckdb:  # each source apart: a batch runner holds a Flatten's input whole
         for name, source in rows.items():
             source | f"WriteToDuckDB{name}" >> WriteToDuckDB(options.duckdb)
