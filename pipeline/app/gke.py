@@ -27,15 +27,21 @@ A point that breaks them (a NaN, a goodput of 5, a negative uptime) is refused, 
 ``dead_letter`` row with its reason, and the others are imported: one JobSet's bad point never
 reaches a figure that it would make NaN or wrong, its own run's or the fleet's.
 
-Reading a range again appends its points again: the ``latest_jobset_metrics`` view holds each
-point once, by series and end time, as last imported, on BigQuery and DuckDB alike (BigQuery's
-insert ids only drop a retried insert within minutes, never a re-import hours later)::
+It is made to run on a schedule (the Terraform module runs it every ``gke_metrics_schedule``, in a
+Cloud Run job), each run reading the last ``LOOKBACK_S`` again, since a point comes up to an hour
+late. So that the table grows by what is new rather than by a lookback a run, each output (the
+DuckDB file, the BigQuery dataset) is read first (``imported``): of each series, only the points
+after the latest one the output holds in the range are appended, and a refused point only if its
+dead letter is not there yet. Cloud Monitoring takes a series' points only in time order, so a
+point older than one already read never shows up later. What is read first is one row per series
+and the range's JobSet dead letters, however long the range. Where rows of a range were appended
+twice all the same (by two imports at once, or by versions that appended every point read), the
+``latest_jobset_metrics`` view holds each point once, by series and end time, as last imported, on
+BigQuery and DuckDB alike::
 
     goodput import gke-metrics --project P --duckdb goodput.duckdb           # the last 2 hours
     goodput import gke-metrics --project P --cluster C --start 2026-11-01T00:00:00Z \\
         --end 2026-11-02T00:00:00Z --bigquery_dataset P:goodput
-
-The same reading runs in the stream with ``--gke_metrics_project`` (``pipeline.beam.gke``).
 """
 
 from __future__ import annotations
@@ -86,6 +92,15 @@ LABEL_COLUMNS = {"location": "location", "cluster": "cluster_name", "namespace":
 LOOKBACK_S = 2 * 3600
 #: Points asked for per page: a page of distributions stays far under gRPC's 4 MiB default answer.
 PAGE_SIZE = 10_000
+#: The latest point of each series an output holds in a range (``{start}`` and ``{end}``, the
+#: range's bounds, are a query's parameters): one row per series, however long the range.
+_LATEST_SQL = ("SELECT project, location, cluster, namespace, jobset_name, jobset_uid, metric, "
+               "MAX(end_time) FROM jobset_metrics WHERE end_time > {start} AND end_time <= {end} "
+               "GROUP BY project, location, cluster, namespace, jobset_name, jobset_uid, metric")
+#: The dead letters of refused points that may be read again in a range: a point is refused when
+#: it is read, after its end time, so after the range's start.
+_LETTERS_SQL = ("SELECT source, payload FROM dead_letter WHERE received_time > {start} "
+                "AND source LIKE 'monitoring:kubernetes.io/jobset/%'")
 #: A Google Cloud project id (``example.com:`` before it for a domain-scoped project).
 _PROJECT = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 
@@ -133,7 +148,8 @@ def point_rows(ts: Any, metric: str, project: str,
         problem = label_problem or point_problem(point, metric)
         end_us = _us(point.interval.end_time)
         if problem is not None:
-            payload = json.dumps({"resource": dict(labels), "point": _text(point)})
+            # Keys sorted: the same point read again has the same payload (``Imported.new``).
+            payload = json.dumps({"resource": dict(labels), "point": _text(point)}, sort_keys=True)
             refused.append(Refused(series, end_us, DeadLetter(payload, f"{METRICS[metric]}: {problem}",
                                                               f"monitoring:{METRICS[metric]}")))
             continue
@@ -218,19 +234,85 @@ def read_metric(client: Any, project: str, metric: str, start_us: int, end_us: i
     return rows, refused
 
 
-def read_all(client: Any, project: str, start_us: int, end_us: int, cluster: str | None = None,
-             namespace: str | None = None,
-             imported_at: datetime.datetime | None = None) -> tuple[list[Row], list[Refused]]:
-    """``read_metric`` of every metric of ``METRICS``, with one ``imported_at``."""
-    imported_at = imported_at or datetime.datetime.now(datetime.timezone.utc)
-    rows: list[Row] = []
-    refused: list[Refused] = []
-    for metric in METRICS:
-        made, refusals = read_metric(client, project, metric, start_us, end_us, cluster, namespace,
-                                     imported_at)
-        rows += made
-        refused += refusals
-    return rows, refused
+@dataclasses.dataclass(frozen=True)
+class Imported:
+    """What one output (a DuckDB file, a BigQuery dataset) holds of a range already: the end time
+    of each series' latest point (by ``series_key``), and the refused points' dead letters, as
+    (source, payload)."""
+
+    latest: dict[tuple[Any, ...], datetime.datetime]
+    letters: frozenset[tuple[str, str]]
+
+    def new(self, rows: list[Row], refused: list[Refused]) -> tuple[list[Row], list[Refused]]:
+        """Of the rows and refused points read, those the output lacks: a row after the latest
+        point of its series, a refused point whose dead letter is not there."""
+        fresh = [row for row in rows
+                 if series_key(row) not in self.latest or row["end_time"] > self.latest[series_key(row)]]
+        unseen = [point for point in refused
+                  if (point.letter.source, point.letter.payload) not in self.letters]
+        return fresh, unseen
+
+
+def imported(args: argparse.Namespace, start_us: int, end_us: int) -> Imported:
+    """What the one output ``args`` names (``--duckdb`` or ``--bigquery_dataset``) holds of the
+    range (``start_us``, ``end_us``]: nothing where the file, the dataset or a table does not
+    exist yet. Reading BigQuery may raise ``google.api_core.exceptions.GoogleAPIError``."""
+    if args.duckdb:
+        latest, letters = _duckdb_imported(args.duckdb, start_us, end_us)
+    else:
+        latest, letters = _bigquery_imported(args.bigquery_dataset, args.bigquery_endpoint, start_us, end_us)
+    return Imported({tuple(row[:-1]): _utc(row[-1]) for row in latest},
+                    frozenset((source, payload) for source, payload in letters))
+
+
+def _utc(moment: datetime.datetime) -> datetime.datetime:
+    """A time from a table, naive (DuckDB's, in UTC) or aware (BigQuery's), as an aware one."""
+    return moment.replace(tzinfo=datetime.timezone.utc) if moment.tzinfo is None else moment
+
+
+def _duckdb_imported(path: str, start_us: int, end_us: int) -> tuple[list[Any], list[Any]]:
+    import os
+
+    import duckdb
+
+    from pipeline.app.checks import read_only
+
+    if not os.path.lexists(path):
+        return [], []
+    bounds = {"start": timestamp(start_us).replace(tzinfo=None),  # DuckDB's times are naive, in UTC
+              "end": timestamp(end_us).replace(tzinfo=None)}
+    with read_only(path) as connection:
+        try:
+            latest = connection.execute(_LATEST_SQL.format(start="$start", end="$end"), bounds).fetchall()
+            letters = connection.execute(_LETTERS_SQL.format(start="$start"),
+                                         {"start": bounds["start"]}).fetchall()
+        except duckdb.CatalogException:  # a file of none of these tables yet
+            return [], []
+    return latest, letters
+
+
+def _bigquery_imported(dataset: str, endpoint: str | None, start_us: int,
+                       end_us: int) -> tuple[list[Any], list[Any]]:
+    from google.api_core.exceptions import NotFound
+    from google.cloud import bigquery
+
+    from goodput_schemas import parse_dataset
+    from pipeline.sinks.bigquery import make_client
+
+    project, name = parse_dataset(dataset)
+    client = make_client(project, endpoint)
+    start, end = (bigquery.ScalarQueryParameter(bound, "TIMESTAMP", timestamp(us))
+                  for bound, us in (("start", start_us), ("end", end_us)))
+
+    def query(sql: str, *parameters: Any) -> list[Any]:
+        config = bigquery.QueryJobConfig(default_dataset=f"{project}.{name}", query_parameters=parameters)
+        return [tuple(row) for row in client.query_and_wait(sql, job_config=config)]
+
+    try:
+        return (query(_LATEST_SQL.format(start="@start", end="@end"), start, end),
+                query(_LETTERS_SQL.format(start="@start"), start))
+    except NotFound:  # no dataset or table yet: --bigquery_create_tables makes them
+        return [], []
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -244,14 +326,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "example:\n"
         "  goodput import gke-metrics --project my-project --duckdb goodput.duckdb\n"
         "  goodput query jobset_goodput --duckdb goodput.duckdb\n\n"
-        "GKE writes a point up to an hour after it samples it: the default range, the last 2\n"
-        "hours, takes that in. Importing a range again appends its points again; the view\n"
-        "latest_jobset_metrics holds each point once. A point an event could not hold (a NaN, a\n"
-        "goodput outside 0..1, a negative or huge number of seconds, a time outside the years\n"
-        "2000 to 2200) is refused, said on its metric's line and appended to the dead_letter\n"
-        "table with its reason. Credentials are the application default ones\n"
-        "(monitoring.timeSeries.list on the project). Exit status: 0 if any point was imported,\n"
-        "1 if none was or a service failed, 2 for a usage error.")
+        "Made to run on a schedule (the Terraform module's gke_metrics_schedule): GKE writes a\n"
+        "point up to an hour after it samples it, so each run reads the last 2 hours by default,\n"
+        "and appends of each series only the points after the latest one the output holds, so a\n"
+        "run appends what is new and nothing twice; the view latest_jobset_metrics holds each\n"
+        "point once in any case. A point an event could not hold (a NaN, a goodput outside 0..1, a\n"
+        "negative or huge number of seconds, a time outside the years 2000 to 2200) is refused,\n"
+        "said on its metric's line and appended to the dead_letter table with its reason, once.\n"
+        "Credentials are the application default ones: monitoring.timeSeries.list on --project;\n"
+        "on BigQuery, a query job reading jobset_metrics and dead_letter, and inserts into them.\n"
+        "Exit status: 0 once every point was read and what was new appended (none found is 0:\n"
+        "no JobSet may have run), 1 if a service failed or BigQuery refused rows, 2 for a usage\n"
+        "error.")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--project", required=True, metavar="PROJECT",
                         help="the Google Cloud project of the GKE clusters")
@@ -313,17 +399,49 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     where = f"{timestamp(start_us).isoformat()} to {timestamp(end_us).isoformat()}"
     if not rows and not refused:
         print(f"no point from {where}: GKE writes these metrics only for JobSets, up to an hour late; "
-              "check --project, --cluster and --namespace", file=out)
-        return 1
+              "if JobSets ran, check --project, --cluster and --namespace", file=out)
+        return 0
+    code = 0
+    for output in _outputs(args):
+        try:
+            fresh, unseen = imported(output, start_us, end_us).new(rows, refused)
+        except UsageError as error:
+            print(f"goodput import gke-metrics: {error}", file=sys.stderr)
+            return 2
+        except exceptions.GoogleAPIError as error:
+            print(f"goodput import gke-metrics: reading what {output.bigquery_dataset} holds failed: "
+                  f"{first_line(error)}; nothing was appended there", file=sys.stderr)
+            code = 1
+            continue
+        code = max(code, _append(output, fresh, unseen, len(rows), where, imported_at, out))
+    return code
+
+
+def _outputs(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """The arguments once for each output given, naming that output alone: each is read and
+    appended to on its own, so each gets what it lacks."""
+    outputs = []
+    if args.duckdb:
+        outputs.append(argparse.Namespace(**{**vars(args), "bigquery_dataset": None}))
+    if args.bigquery_dataset:
+        outputs.append(argparse.Namespace(**{**vars(args), "duckdb": None}))
+    return outputs
+
+
+def _append(output: argparse.Namespace, fresh: list[Row], unseen: list[Refused], read: int, where: str,
+            imported_at: datetime.datetime, out: TextIO) -> int:
+    """Appends the new rows and dead letters to the one output ``output`` names, saying how many of
+    the ``read`` points it held already; ``write_rows``' exit code."""
     command = "goodput import gke-metrics"
-    if rows:
-        code = write_rows(args, JOBSET_METRICS, rows, f"{len(rows)} points from {where}", command, out)
-    else:
-        print(f"no point from {where} was imported: each was refused", file=out)
-        code = 1
-    if refused:  # kept where the stream keeps them, each with its reason
-        letters = [dead_letter_row(point.letter, imported_at) for point in refused]
-        code = max(code, write_rows(args, DEAD_LETTER, letters, f"{len(refused)} refused points", command,
+    target = output.duckdb or output.bigquery_dataset
+    if read > len(fresh):
+        print(f"{read - len(fresh)} points from {where} are in {target} already: left out", file=out)
+    code = 0
+    if fresh:
+        code = write_rows(output, JOBSET_METRICS, fresh, f"{len(fresh)} points from {where}", command, out)
+    if unseen:  # kept as the stream's dead letters are, each with its reason
+        letters = [dead_letter_row(point.letter, imported_at) for point in unseen]
+        code = max(code, write_rows(output, DEAD_LETTER, letters, f"{len(unseen)} refused points", command,
                                     out))
     return code
 

@@ -17,7 +17,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from goodput_schemas import parse_dataset
 from goodput_schemas.limits import MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US
 from pipeline.app.checks import UsageError
-from pipeline.app.gke import LOOKBACK_S
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
@@ -176,14 +175,6 @@ class GoodputOptions(PipelineOptions):
         parser.add_argument("--monitoring_cluster_name", default=None, metavar="NAME",
                             help="add the reference's optional cluster_name label to every metric "
                                  "with labels")
-        parser.add_argument("--gke_metrics_project", default=None, metavar="PROJECT",
-                            help="streaming: import GKE's JobSet metrics (kubernetes.io/jobset/...) of "
-                                 "this project from Cloud Monitoring every --gke_metrics_interval_s "
-                                 "into the jobset_metrics table, as goodput import gke-metrics does "
-                                 "(off by default)")
-        parser.add_argument("--gke_metrics_interval_s", type=parse_seconds, default=300.0, metavar="S",
-                            help=f"streaming: how often to import them, each time the last "
-                                 f"{LOOKBACK_S // 3600} hours (default: %(default)s)")
         parser.add_argument("--no_raw_events", action="store_true",
                             help="leave out the raw events table (snapshots, run metadata and dead "
                                  "letters are still written)")
@@ -245,13 +236,19 @@ class GoodputOptions(PipelineOptions):
 #: refused on them. Others (Dataflow) hand unknown options on to the service, as Beam does.
 LOCAL_RUNNERS = frozenset({"DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "FnApiRunner", "PrismRunner"})
-_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore",
-                "gke_metrics_project", "gke_metrics_interval_s")
+_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore")
 _BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude")
 _NEEDS = {"bigquery_dataset": ("bigquery_endpoint", "bigquery_create_tables"),
           "monitoring_project": ("monitoring_min_interval_s", "monitoring_max_lag_s", "monitoring_latest_now",
-                                 "monitoring_location", "monitoring_cluster_name"),
-          "gke_metrics_project": ("gke_metrics_interval_s",)}
+                                 "monitoring_location", "monitoring_cluster_name")}
+#: Options the pipeline no longer takes, and what to do instead. The stream imported GKE's JobSet
+#: metrics on a processing-time timer that re-armed itself, which on Dataflow holds the watermark:
+#: a drain never ended. The import is a scheduled command now, as MPG is.
+_REMOVED = dict.fromkeys(
+    ("gke_metrics_project", "gke_metrics_interval_s"),
+    "the stream no longer imports GKE's JobSet metrics: run goodput import gke-metrics --project P "
+    "(with --duckdb or --bigquery_dataset) on a schedule instead, as the Terraform module does with "
+    "gke_metrics_project")
 _SUBSCRIPTION = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
 
 
@@ -284,6 +281,9 @@ def _given(argv: Sequence[str], name: str) -> bool:
 def parse_command_line(argv: Sequence[str]) -> GoodputOptions:
     """The options of ``argv``, checked on their own and together (the files they name are
     checked by ``check_files``); a mistake raises ``UsageError``."""
+    for name, instead in _REMOVED.items():
+        if _given(argv, name):
+            raise UsageError(f"--{name} was removed: {instead}")
     parser = _Parser(allow_abbrev=False, add_help=False)
     for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)  # as Beam's get_all_options does
@@ -326,9 +326,8 @@ def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
         for name in names:
             if _given(argv, name) and not getattr(goodput, needed):
                 raise UsageError(f"--{name} needs --{needed}")
-    monitored = goodput.monitoring_project or goodput.gke_metrics_project
-    if _given(argv, "monitoring_endpoint") and not monitored:
-        raise UsageError("--monitoring_endpoint needs --monitoring_project or --gke_metrics_project")
+    if _given(argv, "monitoring_endpoint") and not goodput.monitoring_project:
+        raise UsageError("--monitoring_endpoint needs --monitoring_project")
     if streaming and not goodput.subscription:
         raise UsageError("--streaming needs --subscription=projects/P/subscriptions/S")
     if not streaming and not (goodput.events or goodput.from_duckdb):
@@ -352,9 +351,6 @@ def check_combination(options: GoodputOptions, argv: Sequence[str]) -> None:
     if not (goodput.duckdb or goodput.bigquery_dataset or goodput.monitoring_project):
         raise UsageError("no output: give --duckdb=FILE, --bigquery_dataset=PROJECT:DATASET or "
                          "--monitoring_project=PROJECT (or more than one)")
-    if goodput.gke_metrics_project and not (goodput.duckdb or goodput.bigquery_dataset):
-        raise UsageError("--gke_metrics_project needs --duckdb or --bigquery_dataset: GKE's points are "
-                         "rows of their jobset_metrics table")
 
 
 def check_files(options: GoodputOptions) -> None:

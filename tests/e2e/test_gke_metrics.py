@@ -1,33 +1,30 @@
 """GKE's JobSet metrics end to end: the Cloud Monitoring stand-in serves them to the real
 google-cloud-monitoring client as ListTimeSeries does (filters, interval, views, paging, refusals),
-and ``goodput import gke-metrics`` reads them with that client into DuckDB and BigQuery."""
+and ``goodput import gke-metrics`` reads them with that client into DuckDB and BigQuery, run after
+run as a scheduler runs it, appending each point once."""
 
 from __future__ import annotations
 
 import datetime
 import io
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import grpc
 import pytest
 from google.api_core import exceptions
 from google.cloud import monitoring_v3
-from google.pubsub_v1.types import pubsub as pubsub_types
 
+from pipeline.app.checks import UsageError
 from pipeline.app.cli import main
 from pipeline.app.gke import METRICS
+from pipeline.beam.options import parse_command_line
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.emulators.monitoring import MAX_PAGE_SIZE, MetricStore, MonitoringEmulator
-from pipeline.emulators.pubsub import PubSubEmulator
 from pipeline.sinks.monitoring import make_client
-from support import REPO
 from support.gke import DOUBLE, GAUGE, PROJECT, jobset_series, stamp
 
 NOW = datetime.datetime(2026, 11, 1, 9, tzinfo=datetime.timezone.utc).timestamp()
@@ -267,19 +264,20 @@ def test_an_import_writes_a_row_per_point(emulator, tmp_path):
         ("times_between_interruptions", 3600.0, 1, True), ("times_to_recover", 90.0, 2, True)]
 
 
-def test_importing_overlapping_ranges_twice_counts_each_point_once(emulator, tmp_path):
-    """The overlap's points are appended twice; latest_jobset_metrics holds each once."""
+def test_an_overlapping_import_appends_only_what_is_new(emulator, tmp_path):
+    """Of a range that overlaps one imported, only the points after each series' latest are
+    appended: the table holds each point once, as latest_jobset_metrics does."""
     path = tmp_path / "goodput.duckdb"
     first = import_gke(emulator, "--duckdb", str(path), "--start", iso(NOW - 3600), "--end", iso(NOW - 1200))
     second = import_gke(emulator, "--duckdb", str(path), "--start", iso(NOW - 2400), "--end", iso(NOW))
     assert first[0] == second[0] == 0
-    overlap = table(path, "SELECT count(*) FROM jobset_metrics WHERE end_time > "
-                          f"'{stamp(NOW - 2400).replace(tzinfo=None)}' AND end_time <= "
-                          f"'{stamp(NOW - 1200).replace(tzinfo=None)}' GROUP BY imported_at")
-    assert sorted(count for count, in overlap) == [20 * 3 + 2] * 2  # js-a's 3 metrics, 2 one-off points
+    overlap = 20 * 3 + 2  # js-a's 3 metrics a minute, its 2 one-off points
+    assert f"{overlap} points from {iso(NOW - 2400)} to {iso(NOW)} are in {path} already" in second[1]
     every = 60 * 3 + 20 + 2
-    assert table(path, "SELECT count(*) FROM jobset_metrics") == [(every + 62,)]
+    assert table(path, "SELECT count(*) FROM jobset_metrics") == [(every,)]
     assert table(path, "SELECT count(*) FROM latest_jobset_metrics") == [(every,)]
+    assert table(path, "SELECT count(DISTINCT imported_at) FROM jobset_metrics WHERE end_time > "
+                       f"'{stamp(NOW - 1200).replace(tzinfo=None)}'") == [(1,)]
 
 
 def test_cluster_and_namespace_filters(emulator, tmp_path):
@@ -294,11 +292,12 @@ def test_cluster_and_namespace_filters(emulator, tmp_path):
         ("js-a", 182), ("js-b", 20)]
 
 
-def test_an_import_that_finds_nothing_says_so_and_exits_1(emulator, tmp_path):
-    """A range with no point writes nothing, says where to look, and exits with 1."""
+def test_an_import_that_finds_nothing_says_so_and_exits_0(emulator, tmp_path):
+    """A range with no point writes nothing and says where to look; a scheduled run while no
+    JobSet runs has not failed, so it exits with 0."""
     path = tmp_path / "goodput.duckdb"
     code, out = import_gke(emulator, "--duckdb", str(path), "--start", iso(NOW + 60), "--end", iso(NOW + 120))
-    assert code == 1
+    assert code == 0
     assert "no point from" in out and "up to an hour late" in out
     assert not path.exists()
 
@@ -336,58 +335,129 @@ def test_an_import_into_bigquery(emulator, tmp_path):
                               ("js-a", "uptime"), ("js-b", "scheduling_goodput")]
 
 
-# -- the stream's import ----------------------------------------------------------------------
+# -- run on a schedule --------------------------------------------------------------------------
+#
+# A scheduler runs the import with its default range, the 2 hours before now: each run reads what
+# the runs before it read, and appends only what is new. These are the stream's import's cases
+# (it read every interval the same way, until it left the stream); the table must end as its
+# output did: each point once, each refused point one dead letter.
+
+#: The time of the first scheduled run; the points below are dated after it.
+T0 = NOW - 6 * 3600
 
 
-def wait_for(condition: Callable[[], bool], stream: subprocess.Popen[str], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert stream.poll() is None, stream.communicate()[0]
-        assert time.monotonic() < deadline, "the stream did not import in time"
-        time.sleep(0.2)
+def scheduled(emulator: MonitoringEmulator, path: Path, *runs_s: float) -> list[tuple[int, str]]:
+    """Runs of the import into ``path`` at ``runs_s`` seconds after T0, each on its default range."""
+    return [import_gke(emulator, "--duckdb", str(path), "--end", iso(T0 + at)) for at in runs_s]
 
 
-def counts(path: Path) -> tuple[int, int]:
-    """Rows of jobset_metrics and of latest_jobset_metrics, or (0, 0) while the file is written."""
-    try:
-        with duckdb.connect(str(path), read_only=True) as connection:
-            ((rows,),) = connection.execute("SELECT count(*) FROM jobset_metrics").fetchall()
-            ((points,),) = connection.execute("SELECT count(*) FROM latest_jobset_metrics").fetchall()
-    except (duckdb.IOException, duckdb.CatalogException):
-        return 0, 0
-    return rows, points
+@pytest.fixture
+def hourly() -> Iterator[MonitoringEmulator]:
+    """js-a's scheduling goodput each minute from 60 s to 1800 s after T0, and its times to
+    recover once, at 900 s."""
+    store = MetricStore(clock=lambda: NOW)
+    store.preload(NAME, [
+        jobset_series("scheduling_goodput", "js-a", [(T0 + 60.0 * m, 0.5) for m in range(1, 31)]),
+        jobset_series("times_to_recover", "js-a", [(T0 + 900.0, (1, 75.0))])])
+    with MonitoringEmulator(store=store) as running:
+        yield running
 
 
-def test_the_stream_imports_every_interval_each_point_once(tmp_path):
-    """With --gke_metrics_project the stream reads every second and appends only what is new: a
-    later point of a series, and a series that shows up late with points an hour old; stopped,
-    its table holds each point once."""
-    now = time.time()
-    store = MetricStore()
-    first = [(now - 60 * m, 0.9) for m in range(5)]
-    store.preload(NAME, [jobset_series("scheduling_goodput", "js-a", first)])
+def lookback(run_s: float) -> str:
+    """The range a run at ``run_s`` seconds after T0 reads, as its lines say it."""
+    return f"from {iso(T0 + run_s - 7200)} to {iso(T0 + run_s)}"
+
+
+def points(path: Path) -> list[tuple[Any, ...]]:
+    """(metric, seconds after T0, value) of every row of jobset_metrics."""
+    return table(path, "SELECT metric, epoch(end_time) - epoch(TIMESTAMP "
+                       f"'{stamp(T0).replace(tzinfo=None)}'), value FROM jobset_metrics ORDER BY ALL")
+
+
+def test_runs_every_10_minutes_append_each_point_once(hourly, tmp_path):
+    """Runs at 0, 600, 1200, 1800 and 2400 s each read the 2 hours before them: each point is
+    appended once, by the first run after it, and the last run appends nothing."""
     path = tmp_path / "goodput.duckdb"
-    subscription = "projects/goodput-local/subscriptions/pipeline"
-    with PubSubEmulator() as pubsub, MonitoringEmulator(store=store) as monitoring:
-        pubsub.broker.create_topic(pubsub_types.Topic(name="projects/goodput-local/topics/goodput"))
-        pubsub.broker.create_subscription(pubsub_types.Subscription(
-            name=subscription, topic="projects/goodput-local/topics/goodput"))
-        stream = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "--streaming", "--runner=BundleBasedDirectRunner",
-             f"--subscription={subscription}", f"--duckdb={path}", f"--gke_metrics_project={PROJECT}",
-             "--gke_metrics_interval_s=1", f"--monitoring_endpoint={monitoring.host}"],
-            cwd=REPO, env={**os.environ, "PUBSUB_EMULATOR_HOST": pubsub.host}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
-        try:
-            wait_for(lambda: counts(path) == (5, 5), stream)
-            hour_ago = [(now - 3600 + 60 * m, 0.7) for m in range(3)]
-            store.preload(NAME, [jobset_series("scheduling_goodput", "js-a", [(time.time(), 0.8)]),
-                                 jobset_series("scheduling_goodput", "js-late", hour_ago)])
-            wait_for(lambda: counts(path) == (9, 9), stream)
-            reads = store.reads
-            wait_for(lambda: store.reads >= reads + 2 * len(METRICS), stream)  # two more, nothing new
-        finally:
-            stream.send_signal(signal.SIGINT)
-            output, _ = stream.communicate(timeout=60)
-    assert stream.returncode == 0, output
-    assert counts(path) == (9, 9)
+    runs = scheduled(hourly, path, 0, 600, 1200, 1800, 2400)
+    assert [code for code, _ in runs] == [0] * 5
+    assert points(path) == sorted([("scheduling_goodput", 60.0 * m, 0.5) for m in range(1, 31)]
+                                  + [("times_to_recover", 900.0, 75.0)])
+    assert table(path, "SELECT count(DISTINCT imported_at) FROM jobset_metrics") == [(3,)]  # 600 .. 1800 s
+    assert f"31 points {lookback(2400)} are in {path} already" in runs[-1][1]
+    assert "appended" not in runs[-1][1]
+
+
+def test_a_second_run_appends_nothing_new(hourly, tmp_path):
+    """The same run twice: the second reads every point again and appends none."""
+    path = tmp_path / "goodput.duckdb"
+    first, second = scheduled(hourly, path, 1800, 1800)
+    assert first[0] == second[0] == 0
+    assert table(path, "SELECT count(*) FROM jobset_metrics") == [(31,)]
+    assert "appended" not in second[1]
+
+
+def test_a_failed_read_is_made_up_by_the_next_run(hourly, tmp_path):
+    """The run at 600 s fails reading (PERMISSION_DENIED: the client does not retry it), appends
+    nothing and exits 1; the run at 1200 s takes in its points with its own."""
+    path = tmp_path / "goodput.duckdb"
+    hourly.store.fail_reads_next(1, grpc.StatusCode.PERMISSION_DENIED)
+    failed, made_up = scheduled(hourly, path, 600, 1200)
+    assert (failed[0], made_up[0]) == (1, 0)
+    assert points(path) == sorted([("scheduling_goodput", 60.0 * m, 0.5) for m in range(1, 21)]
+                                  + [("times_to_recover", 900.0, 75.0)])
+
+
+def test_a_refused_point_is_one_dead_letter_however_many_runs_read_it(hourly, tmp_path):
+    """js-b's latest point, a NaN, is one dead letter with its reason, though each run reads it
+    again; the points before it are rows."""
+    hourly.store.preload(NAME, [jobset_series(
+        "scheduling_goodput", "js-b", [(T0 + 60.0, 0.5), (T0 + 120.0, 0.5), (T0 + 180.0, math.nan)])])
+    path = tmp_path / "goodput.duckdb"
+    runs = scheduled(hourly, path, 600, 1200, 1800)
+    assert [code for code, _ in runs] == [0] * 3
+    assert table(path, "SELECT reason FROM dead_letter") == [
+        ("kubernetes.io/jobset/scheduling_goodput: scheduling_goodput must be a fraction in 0..1, got nan",)]
+    assert table(path, "SELECT epoch(end_time) - epoch(TIMESTAMP "
+                       f"'{stamp(T0).replace(tzinfo=None)}') FROM jobset_metrics "
+                       "WHERE jobset_name = 'js-b' ORDER BY 1") == [(60.0,), (120.0,)]
+
+
+def test_a_later_point_and_a_series_that_shows_up_late_are_appended(hourly, tmp_path):
+    """After a run, a later point of js-a and a new series whose points are an hour old: the next
+    run appends those four points and nothing else."""
+    path = tmp_path / "goodput.duckdb"
+    scheduled(hourly, path, 1800)
+    hourly.store.preload(NAME, [
+        jobset_series("scheduling_goodput", "js-a", [(T0 + 1860.0, 0.8)]),
+        jobset_series("scheduling_goodput", "js-late", [(T0 + 60.0 * m, 0.7) for m in range(1, 4)])])
+    code, out = scheduled(hourly, path, 2400)[0]
+    assert code == 0
+    assert out.splitlines()[-1] == f"4 points {lookback(2400)} appended to {path}"
+    assert table(path, "SELECT jobset_name, count(*) FROM jobset_metrics GROUP BY ALL ORDER BY 1") == [
+        ("js-a", 32), ("js-late", 3)]
+
+
+def test_each_output_gets_what_it_lacks(hourly, tmp_path):
+    """A DuckDB file that holds the points already and a new BigQuery dataset, in one run: the
+    file gets nothing, the dataset every point; a second run adds nothing to either."""
+    path = tmp_path / "goodput.duckdb"
+    scheduled(hourly, path, 1800)
+    with BigQueryEmulator() as bigquery:
+        both = ("--duckdb", str(path), "--bigquery_dataset", "goodput-local:goodput", "--bigquery_endpoint",
+                bigquery.endpoint, "--bigquery_create_tables", "--end", iso(T0 + 1800))
+        first, second = import_gke(hourly, *both), import_gke(hourly, *both)
+        rows = bigquery.store.rows("goodput-local", "goodput", "jobset_metrics")
+    assert first[0] == second[0] == 0
+    assert f"31 points {lookback(1800)} inserted into goodput-local:goodput" in first[1]
+    assert "appended" not in first[1] and "inserted" not in second[1]
+    assert len(rows) == 31 and table(path, "SELECT count(*) FROM jobset_metrics") == [(31,)]
+
+
+@pytest.mark.parametrize("option", ["--gke_metrics_project=p-1234", "--gke_metrics_interval_s=300"])
+@pytest.mark.parametrize("runner", ["BundleBasedDirectRunner", "DataflowRunner"])
+def test_the_streams_gke_options_are_refused_naming_the_scheduled_import(option, runner):
+    """The stream no longer imports GKE's metrics: its old options are a usage error that says what
+    to run instead, on every runner (Dataflow's would otherwise take an unknown option)."""
+    with pytest.raises(UsageError, match=r"was removed: .* run goodput import gke-metrics --project P"):
+        parse_command_line(["--streaming", f"--runner={runner}", "--subscription=projects/p/subscriptions/s",
+                            "--bigquery_dataset=p-1234:goodput", option])
