@@ -1,6 +1,6 @@
 # The streaming pipeline: a Dataflow flex template (spec written here from dataflow/metadata.json,
 # image from images.tf) launched as one streaming job with Streaming Engine, its workers on the
-# network of network.tf; with var.gke_metrics_project, it imports GKE's JobSet metrics too.
+# network of network.tf. GKE's JobSet metrics are imported apart from it (gke_metrics.tf).
 
 locals {
   launch = var.container_image != null || var.build_image
@@ -8,12 +8,6 @@ locals {
     image    = local.image
     sdkInfo  = { language = "PYTHON" }
     metadata = jsondecode(file("${local.repository}/dataflow/metadata.json"))
-  }
-  # The stream imports GKE's JobSet metrics only when given their project; the pipeline refuses
-  # an interval without one, so both parameters or neither.
-  gke_metrics_parameters = var.gke_metrics_project == null ? {} : {
-    gke_metrics_project    = var.gke_metrics_project
-    gke_metrics_interval_s = tostring(var.gke_metrics_interval_s)
   }
 }
 
@@ -126,7 +120,7 @@ resource "google_dataflow_flex_template_job" "pipeline" {
   max_workers             = var.max_workers
   machine_type            = var.machine_type
 
-  parameters = merge({
+  parameters = {
     subscription              = google_pubsub_subscription.pipeline.id
     bigquery_dataset          = "${var.project_id}:${google_bigquery_dataset.goodput.dataset_id}"
     monitoring_project        = var.project_id
@@ -134,7 +128,7 @@ resource "google_dataflow_flex_template_job" "pipeline" {
     monitoring_min_interval_s = tostring(var.monitoring_min_interval_s)
     snapshot_interval_s       = tostring(var.snapshot_interval_s)
     windows                   = join(",", [for w in var.rolling_windows_s : tostring(w)])
-  }, local.gke_metrics_parameters)
+  }
 
   on_delete = "drain" # terraform destroy drains: every message read is written first
 
@@ -147,7 +141,6 @@ resource "google_dataflow_flex_template_job" "pipeline" {
 
   depends_on = [
     google_project_iam_member.pipeline,
-    google_project_iam_member.pipeline_gke_metrics,
     google_pubsub_subscription_iam_member.pipeline,
     google_bigquery_dataset_iam_member.pipeline,
     google_bigquery_table_iam_member.pipeline,

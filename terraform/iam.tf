@@ -1,8 +1,8 @@
 # Identity: one service account for the training jobs' emitters (publish to the events topic and
 # nothing else) and one for the pipeline (read its subscription, append rows to the tables it
 # writes, write metrics, run as a Dataflow worker, keep Dataflow's files in its scratch bucket,
-# pull its image, and read GKE's metrics if it imports them); the image builder's account is in
-# images.tf, the productivity job's and its trigger's in productivity.tf.
+# pull its image); the image builder's account is in images.tf, the productivity job's and its
+# trigger's in productivity.tf, the GKE metrics import's and its trigger's in gke_metrics.tf.
 # No primitive roles, no admin roles, no keys. Each binding and why it is needed is listed in the
 # cross-check that fails on any other (tests/support/terraform.py, IAM_ALLOWED).
 
@@ -52,18 +52,6 @@ resource "google_project_iam_member" "pipeline" {
   member  = google_service_account.pipeline.member
 }
 
-# GKE's JobSet metrics (var.gke_metrics_project): the stream lists their time series in the
-# clusters' project, often another team's. monitoring.timeSeries.list comes in no predefined role
-# narrower than roles/monitoring.viewer (read-only: no writes, no alerting changes), and a custom
-# role would have to be made in that project.
-resource "google_project_iam_member" "pipeline_gke_metrics" {
-  count = var.gke_metrics_project == null ? 0 : 1
-
-  project = var.gke_metrics_project
-  role    = "roles/monitoring.viewer"
-  member  = google_service_account.pipeline.member
-}
-
 resource "google_pubsub_subscription_iam_member" "pipeline" {
   for_each = toset([
     "roles/pubsub.subscriber",
@@ -83,9 +71,10 @@ resource "google_pubsub_subscription_iam_member" "pipeline" {
 # appends without more: roles/bigquery.dataEditor, even on one table, may also delete the table
 # and change its schema. Hence a custom role on each table the pipeline writes (not
 # accelerator_prices and accelerator_peaks, which load jobs fill as the deployer, nor capacity,
-# which goodput import capacity fills as its user), and the dataset's metadata.
+# which goodput import capacity fills as its user, nor jobset_metrics, which goodput import
+# gke-metrics fills as its own account), and the dataset's metadata.
 locals {
-  pipeline_tables = setsubtract(keys(local.table_options), concat(keys(local.seeded_tables), ["capacity"]))
+  pipeline_tables = setsubtract(keys(local.table_options), concat(keys(local.seeded_tables), ["capacity", "jobset_metrics"]))
 }
 
 resource "google_project_iam_custom_role" "table_appender" {
@@ -111,12 +100,13 @@ resource "google_bigquery_table_iam_member" "pipeline" {
 # A stream launched anew (a job drained and launched again) restores each run it does not hold
 # from two queries of that run's rows in events and goodput_snapshots (pipeline/beam/restore.py):
 # a query job in the project (roles/bigquery.jobUser, above) that reads those two tables' rows.
-# The productivity job reads what its queries read with the same role (productivity.tf).
+# The productivity job reads what its queries read with the same role (productivity.tf), and the
+# GKE metrics import what it imported already (gke_metrics.tf).
 resource "google_project_iam_custom_role" "table_reader" {
   project     = var.project_id
   role_id     = "${replace(var.name, "-", "_")}_table_reader"
   title       = "Fleet goodput run history reader"
-  description = "Reads a table's rows in queries: a run's history, when a stream restores the run; what ML Productivity Goodput is computed from."
+  description = "Reads a table's rows in queries: a run's history, when a stream restores the run; what ML Productivity Goodput is computed from; the GKE points and refusals an import holds already."
   permissions = ["bigquery.tables.getData"]
 
   depends_on = [google_project_service.apis]
@@ -168,22 +158,4 @@ resource "google_artifact_registry_repository_iam_member" "pipeline" {
   repository = google_artifact_registry_repository.images.name
   role       = "roles/artifactregistry.reader"
   member     = google_service_account.pipeline.member
-}
-
-# Pub/Sub's service agent (made in main.tf) moves undeliverable messages: it publishes to the
-# dead-letter topic and acknowledges them on the pipeline's subscription.
-resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
-  project = var.project_id
-
-  topic  = google_pubsub_topic.dead_letter.name
-  role   = "roles/pubsub.publisher"
-  member = google_project_service_identity.pubsub.member
-}
-
-resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
-  project = var.project_id
-
-  subscription = google_pubsub_subscription.pipeline.name
-  role         = "roles/pubsub.subscriber"
-  member       = google_project_service_identity.pubsub.member
 }

@@ -2,7 +2,7 @@
 # the compute.googleapis.com/Workload resource, so that they also work on the reference's own data
 # (goodput % is goodput_time over total_elapsed_time), and the pipeline's own anomaly counts and ML
 # Productivity Goodput (written by goodput productivity) on generic_task (job = the run id). And the
-# pipeline watching itself: Pub/Sub backlog and dead letters, Dataflow failure and lag.
+# pipeline watching itself: Pub/Sub backlog, Dataflow failure and lag.
 
 locals {
   workload = "resource.type = \"compute.googleapis.com/Workload\""
@@ -19,12 +19,9 @@ locals {
     hang      = "no step for max(60 s, 10 x the run's median step time)"
     straggler = "one host slower than the run's other hosts"
   }
-  stall_window_s = tostring(min(var.rolling_windows_s...))
-  job_filter     = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
-  subscription_filter = {
-    pipeline    = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.pipeline.name}\""
-    dead_letter = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.dead_letter.name}\""
-  }
+  stall_window_s      = tostring(min(var.rolling_windows_s...))
+  job_filter          = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
+  subscription_filter = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.pipeline.name}\""
   alert_documentation = "Fleet goodput pipeline (${var.name}). The dashboard \"${var.name}\" shows the run; the BigQuery dataset ${var.dataset_id} holds its history (saved queries: goodput query --list)."
 }
 
@@ -34,7 +31,6 @@ resource "google_monitoring_dashboard" "fleet" {
   dashboard_json = templatefile("${path.module}/dashboards/fleet_goodput.json.tftpl", {
     display_name               = "Fleet goodput (${var.name})"
     subscription               = google_pubsub_subscription.pipeline.name
-    dead_letter_subscription   = google_pubsub_subscription.dead_letter.name
     job_name                   = var.name
     stall_window_s             = local.stall_window_s
     goodput_threshold_pct      = var.goodput_threshold_pct
@@ -201,7 +197,7 @@ resource "google_monitoring_alert_policy" "backlog" {
   conditions {
     display_name = "More than ${var.backlog_threshold} undelivered messages"
     condition_threshold {
-      filter          = "${local.subscription_filter.pipeline} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
+      filter          = "${local.subscription_filter} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
       comparison      = "COMPARISON_GT"
       threshold_value = var.backlog_threshold
       duration        = "300s"
@@ -215,7 +211,7 @@ resource "google_monitoring_alert_policy" "backlog" {
   conditions {
     display_name = "Oldest unacknowledged message older than ${var.oldest_unacked_threshold_s} s"
     condition_threshold {
-      filter          = "${local.subscription_filter.pipeline} AND metric.type = \"pubsub.googleapis.com/subscription/oldest_unacked_message_age\""
+      filter          = "${local.subscription_filter} AND metric.type = \"pubsub.googleapis.com/subscription/oldest_unacked_message_age\""
       comparison      = "COMPARISON_GT"
       threshold_value = var.oldest_unacked_threshold_s
       duration        = "300s"
@@ -242,36 +238,6 @@ resource "google_monitoring_alert_policy" "backlog" {
 
   documentation {
     content   = local.alert_documentation
-    mime_type = "text/markdown"
-  }
-
-  depends_on = [google_project_service.apis]
-}
-
-resource "google_monitoring_alert_policy" "dead_letters" {
-  project = var.project_id
-
-  display_name          = "${var.name}: messages dead-lettered"
-  combiner              = "OR"
-  notification_channels = var.notification_channels
-  user_labels           = local.labels
-
-  conditions {
-    display_name = "Messages waiting on the dead-letter subscription"
-    condition_threshold {
-      filter          = "${local.subscription_filter.dead_letter} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
-      comparison      = "COMPARISON_GT"
-      threshold_value = 0
-      duration        = "0s"
-      aggregations {
-        alignment_period   = "60s"
-        per_series_aligner = "ALIGN_MAX"
-      }
-    }
-  }
-
-  documentation {
-    content   = "${local.alert_documentation} Pub/Sub gave up delivering these messages to the pipeline: read them from the subscription ${google_pubsub_subscription.dead_letter.name}, fix the cause, and publish them again."
     mime_type = "text/markdown"
   }
 

@@ -8,11 +8,6 @@ output "subscription" {
   value       = google_pubsub_subscription.pipeline.id
 }
 
-output "dead_letter_subscription" {
-  description = "Messages Pub/Sub could not deliver to the pipeline."
-  value       = google_pubsub_subscription.dead_letter.id
-}
-
 output "dataset" {
   description = "The BigQuery dataset, as PROJECT:DATASET (the pipeline's --bigquery_dataset)."
   value       = "${var.project_id}:${google_bigquery_dataset.goodput.dataset_id}"
@@ -46,6 +41,11 @@ output "job_id" {
 output "productivity_job" {
   description = "The Cloud Run job that writes ML Productivity Goodput on productivity_schedule (null when that is null, or with no image); gcloud run jobs execute runs it at once."
   value       = one(google_cloud_run_v2_job.productivity[*].name)
+}
+
+output "gke_metrics_job" {
+  description = "The Cloud Run job that imports GKE's JobSet metrics on gke_metrics_schedule (null without gke_metrics_project, or with no image); gcloud run jobs execute runs it at once."
+  value       = one(google_cloud_run_v2_job.gke_metrics[*].name)
 }
 
 output "dashboard" {

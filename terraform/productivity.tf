@@ -4,8 +4,8 @@
 # a Cloud Run job on the pipeline's own image runs it, started on var.productivity_schedule by
 # Cloud Scheduler. Each runs as an account of its own: the job's may query the tables MPG is
 # computed from and write metrics; the trigger's may only start this job. GKE's metrics, MPG's
-# scheduling factor, are imported by the stream (var.gke_metrics_project), not by the job: an
-# import of its own would append every point again, and need more rights.
+# scheduling factor, are imported by a job of their own on a schedule of their own
+# (gke_metrics.tf): MPG's reads only the table they are imported into, with fewer rights.
 
 locals {
   productivity = local.launch && var.productivity_schedule != null

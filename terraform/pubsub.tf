@@ -1,5 +1,4 @@
-# Events in: the topic enforces the event schema; the pipeline reads its own subscription; what
-# cannot be delivered goes to a dead-letter topic, kept by a subscription of its own.
+# Events in: the topic enforces the event schema; the pipeline reads its own subscription.
 
 resource "google_pubsub_schema" "events" {
   project = var.project_id
@@ -28,6 +27,12 @@ resource "google_pubsub_topic" "events" {
   depends_on = [google_kms_crypto_key_iam_member.agents]
 }
 
+# Dataflow reads this subscription, and acknowledges a message once its first stage's output is
+# durable: it never nacks one, so Pub/Sub's retry and dead-letter policies never apply (Pub/Sub's
+# "handle message failures" page says Dataflow does not honour them), and a bad message becomes a
+# row of the dead_letter table instead. Message ordering buys nothing after Dataflow's shuffle and
+# costs delivery throughput. None is set. Changing ordering replaces the subscription: see the
+# README's runbook for a switch that loses no message.
 resource "google_pubsub_subscription" "pipeline" {
   project = var.project_id
 
@@ -37,46 +42,8 @@ resource "google_pubsub_subscription" "pipeline" {
 
   ack_deadline_seconds       = var.ack_deadline_seconds
   message_retention_duration = var.message_retention_duration
-  enable_message_ordering    = true # the emitter orders each run's messages by its run id
 
   expiration_policy {
     ttl = "" # never expires, however long the pipeline is stopped
-  }
-
-  retry_policy {
-    minimum_backoff = "10s"
-    maximum_backoff = "600s"
-  }
-
-  dead_letter_policy {
-    dead_letter_topic     = google_pubsub_topic.dead_letter.id
-    max_delivery_attempts = var.max_delivery_attempts
-  }
-
-  depends_on = [google_pubsub_topic_iam_member.dead_letter_publisher]
-}
-
-resource "google_pubsub_topic" "dead_letter" {
-  # checkov:skip=CKV_GCP_83: customer-managed encryption is optional (var.kms_key_name); Google-managed keys by default
-  project = var.project_id
-
-  name                       = "${var.name}-dead-letter"
-  labels                     = local.labels
-  message_retention_duration = var.message_retention_duration
-  kms_key_name               = var.kms_key_name
-
-  depends_on = [google_project_service.apis, google_kms_crypto_key_iam_member.agents]
-}
-
-resource "google_pubsub_subscription" "dead_letter" {
-  project = var.project_id
-
-  name                       = "${var.name}-dead-letter"
-  topic                      = google_pubsub_topic.dead_letter.id
-  labels                     = local.labels
-  message_retention_duration = var.message_retention_duration
-
-  expiration_policy {
-    ttl = ""
   }
 }

@@ -59,17 +59,6 @@ variable "ack_deadline_seconds" {
   }
 }
 
-variable "max_delivery_attempts" {
-  description = "Deliveries of a message before Pub/Sub moves it to the dead-letter topic."
-  type        = number
-  default     = 10
-
-  validation {
-    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
-    error_message = "max_delivery_attempts must be between 5 and 100."
-  }
-}
-
 variable "emitter_members" {
   description = "Principals allowed to act as the emitter service account, e.g. GKE workload identities \"serviceAccount:PROJECT.svc.id.goog[NAMESPACE/KSA]\"."
   type        = list(string)
@@ -186,7 +175,7 @@ variable "monitoring_min_interval_s" {
 }
 
 variable "gke_metrics_project" {
-  description = "Project of the GKE clusters whose JobSet metrics (kubernetes.io/jobset/...) the stream imports from Cloud Monitoring into the jobset_metrics table: ML Productivity Goodput's scheduling factor. Null: none imported. The pipeline's service account gets roles/monitoring.viewer there (the deployer must be allowed to grant it); turning the import on or off adds or removes steps of the running job (see the runbook)."
+  description = "Project of the GKE clusters whose JobSet metrics (kubernetes.io/jobset/...) are imported from Cloud Monitoring into the jobset_metrics table, ML Productivity Goodput's scheduling factor, by goodput import gke-metrics on gke_metrics_schedule (gke_metrics.tf). Null: none imported. The import's service account gets roles/monitoring.viewer there (the deployer must be allowed to grant it). Like the Dataflow job, it needs an image (container_image or build_image)."
   type        = string
   default     = null
 
@@ -196,14 +185,14 @@ variable "gke_metrics_project" {
   }
 }
 
-variable "gke_metrics_interval_s" {
-  description = "With gke_metrics_project: seconds between two imports of GKE's metrics, each reading the last 2 hours (GKE samples each minute and writes a point up to an hour late)."
-  type        = number
-  default     = 300
+variable "gke_metrics_schedule" {
+  description = "With gke_metrics_project: when GKE's JobSet metrics are imported, as a unix-cron schedule in UTC. Each run reads the last 2 hours (GKE samples each minute and writes a point up to an hour late) and appends only what the table lacks; every 10 minutes by default, so ML Productivity Goodput's hourly run sees points at most 10 minutes older than GKE has them. Each run lists five metrics' series and runs two small queries (on-demand BigQuery bills at least 10 MB a table a query)."
+  type        = string
+  default     = "*/10 * * * *"
 
   validation {
-    condition     = var.gke_metrics_interval_s >= 60 && var.gke_metrics_interval_s <= 3600
-    error_message = "gke_metrics_interval_s must be between 60 (GKE samples each minute) and 3600 (each read takes the last 2 hours, and a point may come an hour late)."
+    condition     = can(regex("^\\S+( \\S+){4}$", var.gke_metrics_schedule))
+    error_message = "gke_metrics_schedule must be a unix-cron schedule of five fields (minute hour day-of-month month day-of-week), e.g. \"*/10 * * * *\"."
   }
 }
 

@@ -75,19 +75,19 @@ run "the_pipeline_streams_with_its_state_kept_on_update" {
   }
 }
 
-run "undeliverable_messages_go_to_the_dead_letter_topic" {
+run "the_dataflow_subscription_sets_nothing_dataflow_ignores" {
   variables {
     build_image = false
   }
 
   assert {
-    condition     = google_pubsub_subscription.pipeline.dead_letter_policy[0].dead_letter_topic == google_pubsub_topic.dead_letter.id
-    error_message = "The pipeline's subscription dead-letters to its dead-letter topic."
+    condition     = google_pubsub_subscription.pipeline.enable_message_ordering != true && length(google_pubsub_subscription.pipeline.dead_letter_policy) == 0 && length(google_pubsub_subscription.pipeline.retry_policy) == 0
+    error_message = "Dataflow honours neither ordering nor Pub/Sub's dead-letter and retry policies: none is set (and paid for)."
   }
 
   assert {
-    condition     = google_pubsub_topic_iam_member.dead_letter_publisher.member == google_project_service_identity.pubsub.member
-    error_message = "Pub/Sub's service agent, made first, may publish to the dead-letter topic."
+    condition     = google_pubsub_subscription.pipeline.expiration_policy[0].ttl == "" && google_pubsub_subscription.pipeline.message_retention_duration == var.message_retention_duration
+    error_message = "The subscription never expires and keeps a stopped pipeline's backlog for the retention."
   }
 
   assert {
@@ -157,7 +157,7 @@ run "the_pipeline_appends_rows_and_keeps_its_files_apart" {
   }
 }
 
-run "gke_metrics_are_imported_only_from_a_project_given" {
+run "gke_metrics_are_imported_on_a_schedule_only_from_a_project_given" {
   command = plan
 
   variables {
@@ -166,13 +166,28 @@ run "gke_metrics_are_imported_only_from_a_project_given" {
   }
 
   assert {
-    condition     = google_dataflow_flex_template_job.pipeline[0].parameters["gke_metrics_project"] == "goodput-gke" && google_dataflow_flex_template_job.pipeline[0].parameters["gke_metrics_interval_s"] == "300"
-    error_message = "The stream imports GKE's metrics of the project given, every 300 s by default."
+    condition     = join(" ", google_cloud_run_v2_job.gke_metrics[0].template[0].template[0].containers[0].args) == "import gke-metrics --project=goodput-gke --bigquery_dataset=goodput-test:fleet_goodput" && google_cloud_run_v2_job.gke_metrics[0].template[0].template[0].containers[0].image == var.container_image
+    error_message = "A job on the pipeline's image runs goodput import gke-metrics for the project given, into the module's dataset."
   }
 
   assert {
-    condition     = google_project_iam_member.pipeline_gke_metrics[0].project == "goodput-gke" && google_project_iam_member.pipeline_gke_metrics[0].role == "roles/monitoring.viewer"
-    error_message = "The pipeline may read time series in the GKE project, and nothing more there."
+    condition     = google_cloud_scheduler_job.gke_metrics[0].schedule == "*/10 * * * *" && google_cloud_scheduler_job.gke_metrics[0].http_target[0].uri == "https://run.googleapis.com/v2/projects/goodput-test/locations/us-central1/jobs/fleet-goodput-gke-metrics:run"
+    error_message = "Cloud Scheduler starts the import every 10 minutes by default."
+  }
+
+  assert {
+    condition     = google_project_iam_member.gke_metrics_viewer[0].project == "goodput-gke" && google_project_iam_member.gke_metrics_viewer[0].role == "roles/monitoring.viewer"
+    error_message = "The import's own account may read time series in the GKE project, and nothing more there."
+  }
+
+  assert {
+    condition     = toset(keys(google_bigquery_table_iam_member.gke_metrics_appender)) == toset(["jobset_metrics", "dead_letter"]) && toset(keys(google_bigquery_table_iam_member.gke_metrics_reader)) == toset(["jobset_metrics", "dead_letter"])
+    error_message = "The import appends to and reads jobset_metrics and dead_letter alone."
+  }
+
+  assert {
+    condition     = length([for name in keys(google_dataflow_flex_template_job.pipeline[0].parameters) : name if startswith(name, "gke_")]) == 0 && !contains(keys(google_bigquery_table_iam_member.pipeline), "jobset_metrics")
+    error_message = "The stream takes no part in the import."
   }
 }
 
@@ -184,20 +199,20 @@ run "by_default_no_gke_metrics_are_imported" {
   }
 
   assert {
-    condition     = length(google_project_iam_member.pipeline_gke_metrics) == 0 && length([for name in keys(google_dataflow_flex_template_job.pipeline[0].parameters) : name if startswith(name, "gke_")]) == 0
-    error_message = "No gke_metrics_project: no import, no grant."
+    condition     = length(google_cloud_run_v2_job.gke_metrics) == 0 && length(google_service_account.gke_metrics) == 0 && length(google_project_iam_member.gke_metrics_viewer) == 0
+    error_message = "No gke_metrics_project: no import, no account, no grant."
   }
 }
 
-run "gke_metrics_need_a_project_id_and_an_interval_within_the_lookback" {
+run "gke_metrics_need_a_project_id_and_a_unix_cron_schedule" {
   command = plan
 
   variables {
-    gke_metrics_project    = "Not a project"
-    gke_metrics_interval_s = 7200
+    gke_metrics_project  = "Not a project"
+    gke_metrics_schedule = "every 10 minutes"
   }
 
-  expect_failures = [var.gke_metrics_project, var.gke_metrics_interval_s]
+  expect_failures = [var.gke_metrics_project, var.gke_metrics_schedule]
 }
 
 run "productivity_is_written_hourly_by_a_job_on_the_pipelines_image" {

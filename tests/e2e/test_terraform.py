@@ -185,22 +185,34 @@ def test_with_a_customer_key_every_service_agent_may_use_it(module: Path):
     assert identities == {f"{api}.googleapis.com" for api in ("artifactregistry", "dataflow", "pubsub")}
 
 
-def test_with_a_gke_project_the_stream_imports_its_metrics_and_may_only_read_them(module: Path):
-    """gke_metrics_project turns on the stream's import of GKE's metrics and lets the pipeline's
-    account read time series in that project, and only there; without it, neither."""
-    planned = plan(module, f"-var=gke_metrics_project={GKE_PROJECT}", "-var=gke_metrics_interval_s=120")
+#: What gke_metrics_project adds: the import's job, its trigger, their accounts and grants.
+GKE_METRICS = {
+    "google_cloud_run_v2_job.gke_metrics[0]", "google_cloud_scheduler_job.gke_metrics[0]",
+    "google_cloud_run_v2_job_iam_member.gke_metrics_trigger[0]", "google_service_account.gke_metrics[0]",
+    "google_service_account.gke_metrics_trigger[0]", "google_project_iam_member.gke_metrics_viewer[0]",
+    "google_project_iam_member.gke_metrics_queries[0]", "google_bigquery_dataset_iam_member.gke_metrics[0]",
+    *(f'google_bigquery_table_iam_member.gke_metrics_{role}["{table}"]'
+      for role in ("appender", "reader") for table in checks.GKE_METRICS_TABLES)}
+
+
+def test_with_a_gke_project_a_scheduled_job_imports_its_metrics_and_may_only_read_them(module: Path):
+    """gke_metrics_project schedules goodput import gke-metrics (check_scheduled reads its command
+    and arguments) as an account that may read time series in that project and nothing else
+    there, and append to and read jobset_metrics and dead_letter alone; the stream takes no part."""
+    planned = plan(module, f"-var=gke_metrics_project={GKE_PROJECT}", "-var=gke_metrics_schedule=*/5 * * * *")
     assert checks.check_plan(planned, graph(module)) == []
-    job = next(checks.resources(planned, "google_dataflow_flex_template_job"))["values"]
-    assert {k: v for k, v in job["parameters"].items() if k.startswith("gke_")} == {
-        "gke_metrics_project": GKE_PROJECT, "gke_metrics_interval_s": "120"}
+    assert {r["address"] for r in checks.resources(planned) if "gke_metrics" in r["address"]} == GKE_METRICS
+    (scheduler,) = (r["values"] for r in checks.resources(planned, "google_cloud_scheduler_job")
+                    if r["name"] == "gke_metrics")
+    assert (scheduler["schedule"], scheduler["time_zone"]) == ("*/5 * * * *", "Etc/UTC")
     elsewhere = [(role, target) for grant, role, target in checks.iam_grants(planned)
                  if grant["values"].get("project") == GKE_PROJECT]
     assert elsewhere == [("roles/monitoring.viewer", "var.gke_metrics_project")]
+    job = next(checks.resources(planned, "google_dataflow_flex_template_job"))["values"]
+    assert not [name for name in job["parameters"] if name.startswith("gke_")]
 
     default = plan(module)
-    job = next(checks.resources(default, "google_dataflow_flex_template_job"))["values"]
-    assert not [name for name in job["parameters"] if name.startswith("gke_")]
-    assert not [target for _, _, target in checks.iam_grants(default) if target == "var.gke_metrics_project"]
+    assert not [r["address"] for r in checks.resources(default) if "gke_metrics" in r["address"]]
 
 
 def test_by_default_a_job_on_the_pipelines_image_writes_productivity_hourly(module: Path):
@@ -266,15 +278,20 @@ MISTAKE_PROBLEMS = {
     "throughput_autoscaling_override.tf": "Invalid enum value THROUGHPUT_BASED",
     "alert_comparison_override.tf": "Invalid enum value GREATER_THAN",
     "default_network_override.tf": "private worker IPs with no subnetwork that has Private Google Access",
-    "agent_by_name_override.tf": "before anything makes sure it exists",
+    "agent_by_name.tf": "before anything makes sure it exists",
     "no_api_wait.tf": "google_service_account.trainer: does not wait for the APIs",
     "missing_api_override.tf": "API iam.googleapis.com is used but not enabled",
     "provider_block.tf": "provider google is configured in the module",
-    "unnamed_project_override.tf": "google_pubsub_topic.dead_letter: does not name its project",
+    "unnamed_project_override.tf": "google_pubsub_topic.events: does not name its project",
     "productivity_args_override.tf": "goodput productivity refuses",
     "gke_viewer_here_override.tf": "roles/monitoring.viewer on the whole project is broader than",
     "trigger_publishes.tf": "the productivity trigger may only start the productivity job",
+    "gke_import_appends_events.tf": "google_service_account.gke_metrics may append to tables ['dead_letter', "
+                                    "'events', 'jobset_metrics']",
 }
+#: The variables a mistake is planned with, beside an image: those that make what it changes.
+MISTAKE_VARIABLES = dict.fromkeys(("gke_viewer_here_override.tf", "gke_import_appends_events.tf"),
+                                  (f"-var=gke_metrics_project={GKE_PROJECT}",))
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +303,7 @@ def mistakes_found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[s
 
     def found(mistake: str) -> list[str]:
         copy = module_copy(tmp_path_factory.mktemp("mistake"), mistake)
-        return checks.check_plan(plan(copy), graph(copy))
+        return checks.check_plan(plan(copy, *MISTAKE_VARIABLES.get(mistake, ())), graph(copy))
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         return dict(zip(MISTAKE_PROBLEMS, pool.map(found, MISTAKE_PROBLEMS), strict=True))
@@ -475,12 +492,12 @@ RERUN = {"terraform_data.autoscaling[0]", "terraform_data.image[0]",
 #: replaces nothing alone replaces nothing with others).
 IN_PLACE = {
     "labels": '{team="ml-platform"}', "enable_apis": "false", "emitter_members": f'["{TRAINERS}"]',
-    "message_retention_duration": "86400s", "ack_deadline_seconds": "120", "max_delivery_attempts": "20",
+    "message_retention_duration": "86400s", "ack_deadline_seconds": "120",
     "partition_expiration_days": "400", "deletion_protection": "false", "container_image": IMAGE,
     "machine_type": "n2-standard-4", "num_workers": "2", "max_workers": "20", "public_worker_ips": "true",
     "subnetwork_cidr": "10.64.0.0/19",  # an expansion: a range that does not hold the old one replaces
     "snapshot_interval_s": "60", "rolling_windows_s": "[60, 600]", "monitoring_min_interval_s": "30",
-    "gke_metrics_project": GKE_PROJECT, "gke_metrics_interval_s": "600",  # the import's steps added
+    "gke_metrics_project": GKE_PROJECT, "gke_metrics_schedule": "*/15 * * * *",  # the import's job added
     "productivity_schedule": "30 */2 * * *",
     "notification_channels": '["projects/goodput-test/notificationChannels/1"]',
     "goodput_threshold_pct": "70",
@@ -514,7 +531,7 @@ REPLACES = {
         for kind in ("google_bigquery_table.tables", "google_bigquery_table_iam_member.pipeline")} | {
         *(f'google_bigquery_table_iam_member.pipeline_reader["{table}"]' for table in checks.READ_TABLES),
         *(f'google_bigquery_table.tables["{table}"]' for table in ("accelerator_prices", "accelerator_peaks",
-                                                                    "capacity")),
+                                                                    "capacity", "jobset_metrics")),
         *(f'google_bigquery_table.views["{view}.sql"]' for view in VIEWS), *PRODUCTIVITY_READERS},
     # A new repository is empty: the image is built into it again.
     f"kms_key_name={KEY}": {"google_artifact_registry_repository.images", "terraform_data.image[0]",

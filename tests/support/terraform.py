@@ -2,10 +2,11 @@
 against Google's APIs: the tables and views are the ones in ``goodput_schemas/``, the topic schema is
 the event schema, every metric a dashboard or alert uses is one the pipeline writes (with labels it
 sets), the Dataflow job's parameters are pipeline options of its template, the productivity job
-runs a command the image has with arguments it takes, IAM is least privilege, the planned values
-are valid messages of the services' own API types (enum values included), and the module deploys
-into a brand-new project (every resource waits for its API, names its project, grants service
-agents only once they exist, and private workers have a subnetwork).
+and the GKE metrics import run commands the image has with arguments they take, IAM is least
+privilege, the planned values are valid messages of the services' own API types (enum values
+included), and the module deploys into a brand-new project (every resource waits for its API,
+names its project, grants service agents only once they exist, and private workers have a
+subnetwork).
 
 Each check returns the problems it found, as sentences; none means it passed.
 """
@@ -23,7 +24,7 @@ from google.protobuf import descriptor, json_format, message
 from google.pubsub_v1 import types as pubsub_types
 
 from goodput_schemas import EVENT_PROTO, saved_queries, table_names, table_options, table_schema, views
-from pipeline.app import productivity
+from pipeline.app import gke, productivity
 from pipeline.app.checks import UsageError
 from pipeline.app.outputs import check_dataset
 from pipeline.beam.options import GoodputOptions
@@ -33,10 +34,12 @@ from support import REPO
 
 TEMPLATE_METADATA = REPO / "dataflow" / "metadata.json"
 #: The tables the pipeline appends rows to (not ``accelerator_prices`` and ``accelerator_peaks``,
-#: which Terraform loads, nor ``capacity``, which ``goodput import capacity`` fills).
+#: which Terraform loads, nor ``capacity``, which ``goodput import capacity`` fills, nor
+#: ``jobset_metrics``, which ``goodput import gke-metrics`` fills).
 PIPELINE_TABLES = (rows.GOODPUT, rows.BADPUT, rows.STEP_STATS, rows.DISRUPTIONS, rows.RUN_ANOMALIES,
-                   rows.DEAD_LETTER, rows.EVENTS, rows.RUN_METADATA, rows.RUN_CONFIGS, rows.MODEL_METRICS,
-                   "jobset_metrics")  # the stream's import of GKE's metrics (--gke_metrics_project)
+                   rows.DEAD_LETTER, rows.EVENTS, rows.RUN_METADATA, rows.RUN_CONFIGS, rows.MODEL_METRICS)
+#: The tables ``goodput import gke-metrics`` appends to and reads (what it imported already).
+GKE_METRICS_TABLES = frozenset({gke.JOBSET_METRICS, rows.DEAD_LETTER})
 
 #: Google Cloud's own metrics the pipeline's self-monitoring may use, with their resource type.
 CLOUD_METRICS = {
@@ -58,30 +61,32 @@ IAM_ALLOWED: dict[tuple[str, str], str] = {
     ("roles/iam.workloadIdentityUser", "google_service_account.emitter"):
         "training jobs' Kubernetes service accounts (var.emitter_members) act as the emitter",
     ("roles/pubsub.subscriber", "google_pubsub_subscription.pipeline"):
-        "the pipeline pulls and acknowledges; Pub/Sub's agent acknowledges what it dead-letters",
+        "the pipeline pulls and acknowledges",
     ("roles/pubsub.viewer", "google_pubsub_subscription.pipeline"):
         "the pipeline's Pub/Sub source reads the subscription's settings",
-    ("roles/pubsub.publisher", "google_pubsub_topic.dead_letter"):
-        "Pub/Sub's service agent moves undeliverable messages to the dead-letter topic",
     ("roles/dataflow.worker", "project"):
         "the job's workers run as the pipeline's account (granted on projects only)",
     ("roles/monitoring.metricWriter", "project"):
         "the pipeline and goodput productivity write time series, which belong to the project",
     ("roles/bigquery.jobUser", "project"):
-        "a stream launched anew restores runs, goodput productivity reads MPG, with query jobs, "
-        "which belong to the project",
+        "a stream launched anew restores runs, goodput productivity reads MPG, goodput import "
+        "gke-metrics what it imported, with query jobs, which belong to the project",
     (TABLE_READER, "google_bigquery_table.tables"):
         "a restore reads a run's rows of events and goodput_snapshots, goodput productivity the "
-        "tables MPG's queries read; no other table (see CUSTOM_ROLES and READERS)",
+        "tables MPG's queries read, goodput import gke-metrics jobset_metrics and dead_letter; no "
+        "other table (see CUSTOM_ROLES and READERS)",
     (TABLE_READER, "google_bigquery_table.views"):
         "goodput productivity queries a view, and a query of a view needs its rows too (see READERS)",
     ("roles/monitoring.viewer", "var.gke_metrics_project"):
-        "the stream lists GKE's JobSet time series in the clusters' project; no narrower predefined "
-        "role has monitoring.timeSeries.list",
+        "goodput import gke-metrics lists GKE's JobSet time series in the clusters' project; no "
+        "narrower predefined role has monitoring.timeSeries.list",
     ("roles/run.invoker", "google_cloud_run_v2_job.productivity"):
         "Cloud Scheduler's account starts the productivity job's executions (run.jobs.run), no other",
+    ("roles/run.invoker", "google_cloud_run_v2_job.gke_metrics"):
+        "Cloud Scheduler's account starts the GKE metrics import's executions, no other",
     (TABLE_APPENDER, "google_bigquery_table.tables"):
-        "streaming inserts into each table the pipeline writes, and no more (see CUSTOM_ROLES)",
+        "streaming inserts into each table the pipeline or the GKE metrics import writes, and no more "
+        "(see CUSTOM_ROLES and APPENDERS)",
     ("roles/bigquery.metadataViewer", "google_bigquery_dataset.goodput"):
         "insertAll checks bigquery.datasets.get on the dataset; this role reads metadata, no rows",
     ("roles/storage.objectUser", "google_storage_bucket.scratch"):
@@ -130,11 +135,20 @@ def query_reads(queries: Iterable[str]) -> frozenset[str]:
 PRODUCTIVITY_READS = query_reads((productivity.RUN_QUERY, productivity.FLEET_QUERY))
 PIPELINE_ACCOUNT = "google_service_account.pipeline"
 PRODUCTIVITY_ACCOUNT = "google_service_account.productivity"
+GKE_METRICS_ACCOUNT = "google_service_account.gke_metrics"
 #: The tables (and views) each account may read rows of, with what reads them.
 READERS = {PIPELINE_ACCOUNT: (READ_TABLES, "a restore reads"),
-           PRODUCTIVITY_ACCOUNT: (PRODUCTIVITY_READS, "MPG's saved queries read")}
+           PRODUCTIVITY_ACCOUNT: (PRODUCTIVITY_READS, "MPG's saved queries read"),
+           GKE_METRICS_ACCOUNT: (GKE_METRICS_TABLES, "the import reads what it imported")}
+#: The tables each account may append to, with what writes them.
+APPENDERS = {PIPELINE_ACCOUNT: (frozenset(PIPELINE_TABLES), "the pipeline writes"),
+             GKE_METRICS_ACCOUNT: (GKE_METRICS_TABLES, "the import writes points and refusals to")}
+#: The job each account runs, by the address of that job's Cloud Run job: an account that reads
+#: or appends is expected only where its job is planned (the pipeline's always is).
+ACCOUNT_JOBS = {PRODUCTIVITY_ACCOUNT: "google_cloud_run_v2_job.productivity",
+                GKE_METRICS_ACCOUNT: "google_cloud_run_v2_job.gke_metrics"}
 #: Variables naming a project other than the deployment's, which a resource may be in.
-OTHER_PROJECTS = {"var.gke_metrics_project": "the stream reads GKE's metrics in the clusters' project"}
+OTHER_PROJECTS = {"var.gke_metrics_project": "the GKE metrics import reads them in the clusters' project"}
 #: The argument of each kind of IAM grant that names what it is granted on.
 _IAM_SCOPE = {
     "google_pubsub_topic_iam_member": "topic",
@@ -156,6 +170,9 @@ SOLE_GRANTS = {
     "google_service_account.productivity_trigger": (
         "google_cloud_run_v2_job_iam_member", "roles/run.invoker", "google_cloud_run_v2_job.productivity",
         "the productivity trigger may only start the productivity job"),
+    "google_service_account.gke_metrics_trigger": (
+        "google_cloud_run_v2_job_iam_member", "roles/run.invoker", "google_cloud_run_v2_job.gke_metrics",
+        "the GKE metrics trigger may only start the GKE metrics import"),
 }
 #: Grants allowed only with an IAM condition: the grant's address and a text its condition's
 #: expression must hold (the one folder of the bucket it may read).
@@ -369,20 +386,26 @@ def check_dataflow(plan: Plan) -> list[str]:
     return problems
 
 
-# -- ML Productivity Goodput --------------------------------------------------------------------
+# -- Scheduled commands: ML Productivity Goodput, GKE's metrics ---------------------------------
 
 #: The console scripts the image installs (dataflow/Dockerfile installs the project's package).
 SCRIPTS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+#: Each Cloud Run job of the module: the goodput command it runs, and that command's parser.
+SCHEDULED = {"google_cloud_run_v2_job.productivity": (("productivity",), productivity.build_parser),
+             "google_cloud_run_v2_job.gke_metrics": (("import", "gke-metrics"), gke.build_parser)}
 
 
-def check_productivity(plan: Plan) -> list[str]:
-    """The productivity job runs ``goodput productivity`` (a console script of the image) with
-    arguments the command takes, for the module's project and dataset, in the Dataflow job's image;
-    Cloud Scheduler starts that job through the Cloud Run Admin API with an OAuth token (Google's
-    APIs take access tokens, not the ID tokens a Cloud Run service's own URL takes)."""
+def check_scheduled(plan: Plan) -> list[str]:
+    """The productivity job runs ``goodput productivity`` and the GKE metrics job ``goodput import
+    gke-metrics`` (a console script of the image) with arguments the command takes, for the
+    module's dataset (and project, or GKE's), in the Dataflow job's image; Cloud Scheduler starts
+    each job through the Cloud Run Admin API with an OAuth token (Google's APIs take access
+    tokens, not the ID tokens a Cloud Run service's own URL takes)."""
     problems = []
     project = plan["variables"]["project_id"]["value"]
     dataset = f"{project}:{plan['variables']['dataset_id']['value']}"
+    read_from = {"google_cloud_run_v2_job.productivity": project,
+                 "google_cloud_run_v2_job.gke_metrics": plan["variables"]["gke_metrics_project"]["value"]}
     images = {job["values"]["sdk_container_image"]
               for job in resources(plan, "google_dataflow_flex_template_job")}
     runs = set()
@@ -394,17 +417,23 @@ def check_productivity(plan: Plan) -> list[str]:
         command, args = container.get("command") or [], container.get("args") or []
         if len(command) != 1 or SCRIPTS.get(command[0]) != "pipeline.app.cli:main":
             problems.append(f"{address}: runs {command}, not the goodput command the image installs")
-        if args[:1] != ["productivity"]:
-            problems.append(f"{address}: runs goodput {args[:1]}, not goodput productivity")
+        if _address(job) not in SCHEDULED:
+            problems.append(f"{address}: runs goodput {args}, no command the module schedules")
+            continue
+        words, parser = SCHEDULED[_address(job)]
+        name = " ".join(("goodput", *words))
+        if tuple(args[:len(words)]) != words:
+            problems.append(f"{address}: runs goodput {args[:len(words)]}, not {name}")
         try:
-            parsed = productivity.build_parser().parse_args(args[1:])
+            parsed = parser().parse_args(args[len(words):])
             check_dataset(parsed)
         except (SystemExit, UsageError):
-            problems.append(f"{address}: goodput productivity refuses {args[1:]}")
+            problems.append(f"{address}: {name} refuses {args[len(words):]}")
             continue
-        if (parsed.project, parsed.bigquery_dataset) != (project, dataset):
-            problems.append(f"{address}: writes to {parsed.project} from {parsed.bigquery_dataset}, not to "
-                            f"{project} from {dataset}")
+        expected = (read_from[_address(job)], dataset, None)
+        if (parsed.project, parsed.bigquery_dataset, getattr(parsed, "duckdb", None)) != expected:
+            problems.append(f"{address}: {name} runs for {parsed.project} on {parsed.bigquery_dataset}, "
+                            f"not for {expected[0]} on {dataset} alone")
         if images and container["image"] not in images:
             problems.append(f"{address}: runs {container['image']}, not the pipeline's {sorted(images)}")
     for scheduler in resources(plan, "google_cloud_scheduler_job"):
@@ -456,9 +485,9 @@ def iam_grants(plan: Plan) -> Iterator[tuple[dict[str, Any], str, str]]:
 def check_iam(plan: Plan) -> list[str]:
     """Every grant is one of ``IAM_ALLOWED``, so none is broader than the module needs (and none
     is a primitive role or a service's admin role); every custom role has at most its
-    ``CUSTOM_ROLES`` permissions; the pipeline may append to every table it writes; each account
-    may read the rows its queries read (``READERS``), no others; no keys; the emitter may only
-    publish to the events topic, the productivity trigger only start the productivity job."""
+    ``CUSTOM_ROLES`` permissions; each account may append to the tables it writes (``APPENDERS``)
+    and read the rows its queries read (``READERS``), no others; no keys; the emitter may only
+    publish to the events topic, each trigger only start its job."""
     problems = []
     for resource in resources(plan):
         if resource["type"] == "google_service_account_key":
@@ -470,15 +499,14 @@ def check_iam(plan: Plan) -> list[str]:
                 problems.append(f"{resource['address']}: permissions {sorted(extra)} are broader than "
                                 f"the module needs (CUSTOM_ROLES)")
     grantees = _referenced_by(plan, "member")
-    appended: set[str] = set()
+    appended: dict[str | None, set[str]] = {}
     read: dict[str | None, set[str]] = {}
     for resource, role, target in iam_grants(plan):
         address = resource["address"]
-        if role == TABLE_APPENDER:
-            appended.add(resource["values"].get("table_id", ""))
-        if role == TABLE_READER:
+        granted = {TABLE_APPENDER: appended, TABLE_READER: read}.get(role)
+        if granted is not None:
             table = resource["values"].get("table_id", "")
-            read.setdefault(grantees.get(_address(resource)), set()).add(table)
+            granted.setdefault(grantees.get(_address(resource)), set()).add(table)
         if role in PRIMITIVE_ROLES or role.endswith(".admin"):
             problems.append(f"{address}: over-broad role {role}")
         elif (role, target) not in IAM_ALLOWED:
@@ -491,18 +519,15 @@ def check_iam(plan: Plan) -> list[str]:
                                          for condition in resource["values"].get("condition") or []):
                 problems.append(f"{address}: {role} on {target} is broader than the module needs "
                                 f"without a condition on {folder or 'one folder'!r}")
-    problems += [f"the pipeline writes table {table} but may not append to it"
-                 for table in sorted(set(PIPELINE_TABLES) - appended)]
-    problems += [f"the pipeline may append to table {table}, which it never writes"
-                 for table in sorted(appended - set(PIPELINE_TABLES))]
-    expected = {PIPELINE_ACCOUNT: READERS[PIPELINE_ACCOUNT]}
-    if any(resources(plan, "google_cloud_run_v2_job")):  # the productivity job, and its account
-        expected[PRODUCTIVITY_ACCOUNT] = READERS[PRODUCTIVITY_ACCOUNT]
-    for account in sorted(set(read) | set(expected), key=str):
-        tables, what = expected.get(account, (frozenset(), "nothing it runs reads any"))
-        if read.get(account, set()) != tables:
-            problems.append(f"{account} may read tables {sorted(read.get(account, ()))}; {what}"
-                            + (f" {sorted(tables)}" if tables else ""))
+    jobs = {_address(job) for job in resources(plan, "google_cloud_run_v2_job")}
+    for granted, expected_of, verb in ((appended, APPENDERS, "append to"), (read, READERS, "read")):
+        expected = {account: tables for account, tables in expected_of.items()
+                    if ACCOUNT_JOBS.get(account, "the pipeline") in jobs | {"the pipeline"}}
+        for account in sorted(set(granted) | set(expected), key=str):
+            tables, what = expected.get(account, (frozenset(), f"nothing it runs needs to {verb} any"))
+            if granted.get(account, set()) != tables:
+                problems.append(f"{account} may {verb} tables {sorted(granted.get(account, ()))}; {what}"
+                                + (f" {sorted(tables)}" if tables else ""))
     for resource in configured(plan):
         expressions = resource.get("expressions", {})
         members = expressions.get("member", {}).get("references", [])
@@ -753,7 +778,7 @@ def _unknown_after(plan: Plan, address: str) -> dict[str, Any]:
     return {}
 
 
-CHECKS = (check_tables, check_topic_schema, check_monitoring, check_dataflow, check_productivity, check_iam,
+CHECKS = (check_tables, check_topic_schema, check_monitoring, check_dataflow, check_scheduled, check_iam,
           check_api_types)
 
 

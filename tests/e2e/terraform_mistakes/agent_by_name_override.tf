@@ -1,5 +1,0 @@
-# A deliberate mistake: Pub/Sub's service agent granted by its name, though nothing made it: on a
-# new project the grant fails until something first uses Pub/Sub.
-resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
-  member = "serviceAccount:service-123456789012@gcp-sa-pubsub.iam.gserviceaccount.com"
-}
