@@ -19,9 +19,11 @@ locals {
     hang      = "no step for max(60 s, 10 x the run's median step time)"
     straggler = "one host slower than the run's other hosts"
   }
-  stall_window_s      = tostring(min(var.rolling_windows_s...))
-  job_filter          = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
-  subscription_filter = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.pipeline.name}\""
+  stall_window_s = tostring(min(var.rolling_windows_s...))
+  job_filter     = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
+  subscription_filter = {
+    pipeline = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.pipeline.name}\""
+  }
   alert_documentation = "Fleet goodput pipeline (${var.name}). The dashboard \"${var.name}\" shows the run; the BigQuery dataset ${var.dataset_id} holds its history (saved queries: goodput query --list)."
 }
 
@@ -197,7 +199,7 @@ resource "google_monitoring_alert_policy" "backlog" {
   conditions {
     display_name = "More than ${var.backlog_threshold} undelivered messages"
     condition_threshold {
-      filter          = "${local.subscription_filter} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
+      filter          = "${local.subscription_filter.pipeline} AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
       comparison      = "COMPARISON_GT"
       threshold_value = var.backlog_threshold
       duration        = "300s"
@@ -211,7 +213,7 @@ resource "google_monitoring_alert_policy" "backlog" {
   conditions {
     display_name = "Oldest unacknowledged message older than ${var.oldest_unacked_threshold_s} s"
     condition_threshold {
-      filter          = "${local.subscription_filter} AND metric.type = \"pubsub.googleapis.com/subscription/oldest_unacked_message_age\""
+      filter          = "${local.subscription_filter.pipeline} AND metric.type = \"pubsub.googleapis.com/subscription/oldest_unacked_message_age\""
       comparison      = "COMPARISON_GT"
       threshold_value = var.oldest_unacked_threshold_s
       duration        = "300s"
