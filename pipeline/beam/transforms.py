@@ -4,9 +4,14 @@
 (``pipeline.beam.live.TrackRunsLive`` does it for a stream); both have a ``dead_letter`` output of
 ``DeadLetter`` objects beside their main one. ``SnapshotRows`` and ``DeadLetterRows`` make the
 output rows; ``WriteToDuckDB`` and ``WriteToBigQuery`` append rows, and ``WriteToMonitoring``
-writes the points of each snapshot. The cloud writers never stop the pipeline for a service's
-error: what they could not write is their output (see ``pipeline.sinks.bigquery`` and
-``pipeline.sinks.monitoring``).
+writes the points of each snapshot. What the services reject for its content is a dead letter.
+What the cloud writers cannot write for another reason (an outage past their retries) depends on
+the runner (``fail_work_items``, set by ``pipeline.beam.graph.fails_work_items``): on the local
+one, where a failed bundle stops the pipeline, it is a dead letter too, or their output; on
+Dataflow, which retries a failed work item until it succeeds, it fails the bundle, and the retry
+writes it idempotently (see ``pipeline.sinks.bigquery`` and ``pipeline.sinks.monitoring``).
+Pub/Sub's messages are acknowledged once the bundle's output is durable: a bundle that succeeded
+without its rows would have lost them.
 """
 
 from __future__ import annotations
@@ -248,14 +253,15 @@ class WriteToDuckDB(beam.PTransform):
 class _InsertPerBundle(beam.DoFn):
     """Gathers rows and inserts them into BigQuery when the bundle finishes, or sooner, once they
     hold ``FLUSH_ROWS`` rows (a batch runner may make its whole input one bundle); outputs
-    ("dead_letter", row) for each row it could write nowhere (logged and counted)."""
+    ("dead_letter", row) for each row it could write nowhere (logged and counted). With
+    ``fail_work_items``, a write that fails raises ``WriteFailed`` out of the bundle."""
 
     FLUSH_ROWS = 10_000  # a few dozen insertAll requests
 
     def __init__(self, project: str, dataset: str, endpoint: str | None,
-                 retry: tuple[float, float, float], stopping: Stopping) -> None:
+                 retry: tuple[float, float, float], stopping: Stopping, fail_work_items: bool) -> None:
         self.project, self.dataset, self.endpoint, self.retry = project, dataset, endpoint, retry
-        self.stopping = stopping
+        self.stopping, self.fail_work_items = stopping, fail_work_items
         self.dead_lettered = Metrics.counter("goodput", "bigquery_rows_dead_lettered")
         self.unwritten = Metrics.counter("goodput", "bigquery_rows_not_written")
         self._elements: list[Element] = []
@@ -270,7 +276,8 @@ class _InsertPerBundle(beam.DoFn):
         # they are lost.
         self._writer = BigQueryWriter(make_client(self.project, self.endpoint), self.project, self.dataset,
                                       retry_deadline_s=deadline_s, initial_backoff_s=initial_s,
-                                      max_backoff_s=maximum_s, give_up=self.stopping)
+                                      max_backoff_s=maximum_s, give_up=self.stopping,
+                                      raise_failures=self.fail_work_items)
 
     def start_bundle(self) -> None:
         self._elements, self._rows = [], 0
@@ -299,22 +306,27 @@ class _InsertPerBundle(beam.DoFn):
 
 class WriteToBigQuery(beam.PTransform):
     """Appends (table, row) pairs to the output tables of a BigQuery dataset, each bundle's rows
-    in a few streaming inserts; rows BigQuery rejects land in its ``dead_letter`` table (see
-    ``pipeline.sinks.bigquery``). The output is ("dead_letter", row) for each row that could not
-    be written even there. The retries are ``BigQueryWriter``'s, with its defaults unless given."""
+    in a few streaming inserts; rows BigQuery rejects for their content land in its
+    ``dead_letter`` table (see ``pipeline.sinks.bigquery``). The retries are ``BigQueryWriter``'s,
+    with its defaults unless given. What they cannot write (an outage past them, a missing table)
+    fails the bundle with ``fail_work_items`` (Dataflow, whose retry of the work item writes it,
+    the rows written before deduplicated by their insert ids); without it (the local runner) it
+    goes to ``dead_letter`` too, and a stopping job (``stopping``) retries nothing. The output is
+    ("dead_letter", row) for each row that could not be written even there."""
 
     def __init__(self, project: str, dataset: str, endpoint: str | None = None, *,
                  retry_deadline_s: float = 120.0, initial_backoff_s: float = 1.0,
-                 max_backoff_s: float = 32.0, stopping: Stopping = never) -> None:
+                 max_backoff_s: float = 32.0, stopping: Stopping = never,
+                 fail_work_items: bool = False) -> None:
         super().__init__()
         self.project, self.dataset, self.endpoint = project, dataset, endpoint
         self.retry = (retry_deadline_s, initial_backoff_s, max_backoff_s)
-        self.stopping = stopping
+        self.stopping, self.fail_work_items = stopping, fail_work_items
 
     def expand(self, rows: PCollection) -> Any:
         return rows | "InsertPerBundle" >> beam.ParDo(_InsertPerBundle(self.project, self.dataset,
                                                                        self.endpoint, self.retry,
-                                                                       self.stopping))
+                                                                       self.stopping, self.fail_work_items))
 
 
 class _GateSeries(beam.DoFn):
@@ -389,12 +401,16 @@ class _GateSeries(beam.DoFn):
 
 class _WritePoints(beam.DoFn):
     """Writes a bundle's points when it finishes; outputs a ``DeadLetter`` for each point that was
-    not written (refused, or its request failed after the retries), logged and counted."""
+    not written (refused, or, without ``fail_work_items``, its request failed after the retries),
+    logged and counted. With ``fail_work_items`` a request that failed raises ``WriteFailed`` out
+    of the bundle, and points the service already holds (the bundle's retry) are only counted."""
 
     def __init__(self, project: str, endpoint: str | None, settings: MonitoringSettings,
-                 stopping: Stopping) -> None:
+                 stopping: Stopping, fail_work_items: bool) -> None:
         self.project, self.endpoint, self.settings, self.stopping = project, endpoint, settings, stopping
+        self.fail_work_items = fail_work_items
         self.refused = Metrics.counter("goodput", "monitoring_points_refused")
+        self.already_written = Metrics.counter("goodput", "monitoring_points_already_written")
         self._points: list[Point] = []
 
     def setup(self) -> None:
@@ -403,7 +419,7 @@ class _WritePoints(beam.DoFn):
         settings = self.settings
         self._writer = MetricWriter(make_client(self.endpoint), self.project, settings.retry_deadline_s,
                                     settings.initial_backoff_s, settings.max_backoff_s,
-                                    give_up=self.stopping)
+                                    give_up=self.stopping, raise_failures=self.fail_work_items)
 
     def start_bundle(self) -> None:
         self._points = []
@@ -415,9 +431,11 @@ class _WritePoints(beam.DoFn):
         if not self._points:
             return
         letters: list[DeadLetter] = []
+        points, self._points = self._points, []
+        written_before = self._writer.already_written
         self.refused.inc(self._writer.write(
-            self._points, lambda point, reason: letters.append(point_dead_letter(point, reason))))
-        self._points = []
+            points, lambda point, reason: letters.append(point_dead_letter(point, reason))))
+        self.already_written.inc(self._writer.already_written - written_before)
         for letter in letters:
             yield GlobalWindows.windowed_value(letter)
 
@@ -425,13 +443,18 @@ class _WritePoints(beam.DoFn):
 class WriteToMonitoring(beam.PTransform):
     """Writes the reference's Cloud Monitoring metrics of every run from its snapshots (see
     ``pipeline.sinks.monitoring``), each run's series gated by ``_GateSeries``. The output is a
-    ``DeadLetter`` for each point that was not written."""
+    ``DeadLetter`` for each point that was not written. With ``fail_work_items`` (Dataflow) a
+    write whose request failed after the retries fails the bundle instead, and its retry writes
+    the points (``MetricWriter`` says why the points the failed try wrote are neither refused
+    into a loop nor dead letters); without it (the local runner) a stopping job (``stopping``)
+    retries nothing."""
 
     def __init__(self, project: str, settings: MonitoringSettings, streaming: bool,
-                 endpoint: str | None = None, stopping: Stopping = never) -> None:
+                 endpoint: str | None = None, stopping: Stopping = never,
+                 fail_work_items: bool = False) -> None:
         super().__init__()
         self.project, self.settings, self.streaming, self.endpoint = project, settings, streaming, endpoint
-        self.stopping = stopping
+        self.stopping, self.fail_work_items = stopping, fail_work_items
 
     def expand(self, snapshots: PCollection) -> Any:
         return (snapshots
@@ -439,4 +462,4 @@ class WriteToMonitoring(beam.PTransform):
                     tuple[str, Snapshot])
                 | "Gate" >> beam.ParDo(_GateSeries(self.settings, self.streaming))
                 | "Write" >> beam.ParDo(_WritePoints(self.project, self.endpoint, self.settings,
-                                                     self.stopping)))
+                                                     self.stopping, self.fail_work_items)))

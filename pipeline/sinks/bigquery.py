@@ -5,10 +5,10 @@ method needs a Java expansion service and its file loads need Cloud Storage, so 
 only streaming inserts would do, and those we can make at least as well here, with what this
 pipeline needs besides: a row BigQuery rejects becomes a ``dead_letter`` row (the same table as
 every other rejected input, with the row and BigQuery's reason) instead of a separate output to
-wire up; insert ids are derived from the row, so a retried bundle is deduplicated by BigQuery;
-requests stay under the API's size limits; and the endpoint can be a local stand-in
-(``pipeline.emulators.bigquery``). The volume is small: snapshots, not events, except the raw
-events table, which ``--no_raw_events`` leaves out.
+wire up; insert ids are derived from the row, so a retried bundle is deduplicated by BigQuery
+(see ``BigQueryWriter`` for how long); requests stay under the API's size limits; and the
+endpoint can be a local stand-in (``pipeline.emulators.bigquery``). The volume is small:
+snapshots, not events, except the raw events table, which ``--no_raw_events`` leaves out.
 
 What a job sends is made storable before it is sent (``pipeline.core.sanitize``): valid UTF-8, ids
 printable and at most 2048 bytes, JSON and raw payloads at most 512 KiB, so that no row can make
@@ -32,7 +32,7 @@ from goodput_schemas import SEEDED_TABLES, table_names, table_options, table_sch
 from pipeline.core.events import DeadLetter
 from pipeline.core.rows import DEAD_LETTER, Row, dead_letter_row
 from pipeline.core.sanitize import clean_row
-from pipeline.sinks.retries import backoff, call_with_retries, never, pause
+from pipeline.sinks.retries import WriteFailed, backoff, call_with_retries, never, pause
 
 _LOG = logging.getLogger(__name__)
 MAX_ROWS_PER_REQUEST = 500  # BigQuery's recommendation for insertAll
@@ -115,7 +115,11 @@ def to_json(row: Row) -> dict[str, Any]:
 
 
 def insert_id(table: str, row: dict[str, Any]) -> str:
-    """The same row gives the same id, so BigQuery drops a retried insert of it."""
+    """The same row gives the same id, so BigQuery drops a retried insert of it. A dead letter's
+    ``received_time`` is when it was made, which a retried work item does again: its id leaves
+    that out, so the retry of a rejected row or message is the same dead letter."""
+    if table == DEAD_LETTER:
+        row = {name: value for name, value in row.items() if name != "received_time"}
     return hashlib.sha256(json.dumps([table, row], sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -155,8 +159,8 @@ def _retryable(error: Exception) -> bool:
 
 
 class BigQueryWriter:
-    """Appends rows to the output tables of one dataset; rows that cannot be written go to
-    ``dead_letter``, and the pipeline never stops for a BigQuery error.
+    """Appends rows to the output tables of one dataset; rows BigQuery rejects for their content
+    go to ``dead_letter``.
 
     A request that fails transiently (5xx, rate limits, quotas, a lost connection) is retried with
     exponential backoff and full jitter, from ``initial_backoff_s`` up to ``max_backoff_s``, for
@@ -165,24 +169,40 @@ class BigQueryWriter:
     ``request_timeout_s`` for its answer; once the job is stopping, no later than the stop's bound
     (``pipeline.sinks.retries.stop_requests_by``), and none is made past it.
     Rows BigQuery rejects one by one for a transient reason are tried again, ``row_attempts``
-    times in all. Then a row that is still not written — rejected for its content, or its request
-    failed for good (a missing table, a bad request, an outage past the deadline) — becomes a
-    ``dead_letter`` row with the row and the reason. A row that cannot be written to
-    ``dead_letter`` either is logged, counted and handed to ``on_unwritten``.
+    times in all. A row rejected for its content becomes a ``dead_letter`` row with the row and
+    BigQuery's reason. What is still not written after that depends on who retries:
+
+    - By default (the local runner, where a failed bundle stops the pipeline) the write never
+      raises for BigQuery: a row whose request failed for good (a missing table, a bad request, an
+      outage past the deadline, a stop) or that stayed rejected for a transient reason is a
+      ``dead_letter`` row too.
+    - With ``raise_failures`` (a runner that retries a failed work item: Dataflow), such a
+      failure raises ``WriteFailed`` at once, and the runner's retry writes the rows; no further
+      request is made, so what this try wrote stays as little as it can be. The retry sends
+      the rows this try wrote again, with the same insert ids: BigQuery drops those it has seen
+      within its de-duplication window, "at least one minute" (best effort; the stand-in keeps
+      ids for exactly a minute). So a work item that fails while BigQuery is away longer than
+      that may write the rows of its requests before the outage twice; none is ever lost.
+
+    A row that cannot be written to ``dead_letter`` either (in either way, one BigQuery rejects
+    for its content) is logged, counted and handed to ``on_unwritten``.
     """
 
     def __init__(self, client: Any, project: str, dataset: str, retry_deadline_s: float = 120.0,
                  initial_backoff_s: float = 1.0, max_backoff_s: float = 32.0, row_attempts: int = 3,
-                 request_timeout_s: float = 60.0, give_up: Callable[[], bool] = never) -> None:
+                 request_timeout_s: float = 60.0, give_up: Callable[[], bool] = never,
+                 raise_failures: bool = False) -> None:
         self.client = client
         self.project, self.dataset = project, dataset
         self.retry_deadline_s, self.request_timeout_s = retry_deadline_s, request_timeout_s
         self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
         self.row_attempts = row_attempts
         self.give_up = give_up
+        self.raise_failures = raise_failures
 
     def write(self, rows_by_table: dict[str, list[Row]], on_unwritten: OnUnwritten | None = None) -> int:
-        """Inserts every row; returns how many went to ``dead_letter`` instead of their table."""
+        """Inserts every row; returns how many went to ``dead_letter`` instead of their table.
+        With ``raise_failures``, raises ``WriteFailed`` for what it could not write."""
         deadline = time.monotonic() + self.retry_deadline_s
         letters: list[Row] = []
         for table, rows in sorted(rows_by_table.items()):
@@ -201,7 +221,8 @@ class BigQueryWriter:
 
     def _insert(self, table: str, rows: list[dict[str, Any]], deadline: float
                 ) -> list[tuple[dict[str, Any], str]]:
-        """Inserts rows into ``table``; the rows not written, each with the reason."""
+        """Inserts rows into ``table``; the rows not written, each with the reason (with
+        ``raise_failures``, only those rejected for their content: the rest raise)."""
         from google.api_core import exceptions
 
         failed: list[tuple[dict[str, Any], str]] = []
@@ -217,6 +238,9 @@ class BigQueryWriter:
                         _retryable, deadline, pauses, self.give_up, self.request_timeout_s)
                 except exceptions.GoogleAPIError as error:  # RetryError too: a deadline or bound passed
                     _LOG.warning("BigQuery insert of %d rows into %s failed: %s", len(pending), table, error)
+                    if self.raise_failures:
+                        raise WriteFailed(f"BigQuery insert of {len(pending)} rows into {table} failed: "
+                                          f"{error}") from error
                     failed += [(row, f"BigQuery insert into {table} failed: {error}") for row in pending]
                     break
                 retry_rows, last = [], (attempt == self.row_attempts or time.monotonic() >= deadline
@@ -224,11 +248,15 @@ class BigQueryWriter:
                 for row_error in errors:
                     row = pending[row_error["index"]]
                     reasons = {e.get("reason") for e in row_error["errors"]}
-                    if reasons <= TRANSIENT_ROW_REASONS and not last:
+                    transient = reasons <= TRANSIENT_ROW_REASONS
+                    if transient and not last:
                         retry_rows.append(row)
                         continue
                     text = "; ".join(e.get("message") or e.get("reason", "") for e in row_error["errors"])
                     _LOG.warning("BigQuery rejected a row of %s: %s", table, text)
+                    if transient and self.raise_failures:
+                        raise WriteFailed(f"BigQuery rejected a row of {table} for a transient reason "
+                                          f"on each of {attempt} tries: {text}")
                     failed.append((row, f"BigQuery rejected the row: {text}"))
                 if not retry_rows:
                     break

@@ -22,9 +22,11 @@ for any user-defined metric written without one.
 The write rules are Cloud Monitoring's: at most 200 series per request, one point per series per
 request, points of a series in order and no more often than every ``min_interval_s`` (the
 pipeline gates each run's series; see ``pipeline.beam.transforms.WriteToMonitoring``), transient
-errors retried with backoff. Points are stamped when written, as the reference stamps them;
-points older than 25 h are refused by the service, so a replay of old events writes only when
-asked to, and then the latest values, stamped now.
+errors retried with backoff. A point the service refuses is a dead letter; one whose request
+still fails is a dead letter too on the local runner, and fails the work item on Dataflow, whose
+retry writes it (see ``MetricWriter``). Points are stamped when written, as the reference stamps
+them; points older than 25 h are refused by the service, so a replay of old events writes only
+when asked to, and then the latest values, stamped now.
 
 What a job sends reaches Cloud Monitoring only as label values, never as label keys: each metric
 has the fixed labels of ``METRICS`` (and ``cluster_name``), and a point with any other key is not
@@ -50,7 +52,7 @@ from pipeline.core.detect import ANOMALY_KINDS
 from pipeline.core.events import DeadLetter
 from pipeline.core.sanitize import label_value
 from pipeline.core.snapshot import CUSTOM_PREFIX, DATA_LOADING_ASYNC, Snapshot
-from pipeline.sinks.retries import backoff, call_with_retries, never
+from pipeline.sinks.retries import WriteFailed, backoff, call_with_retries, never
 
 _LOG = logging.getLogger(__name__)
 WORKLOAD = "compute.googleapis.com/Workload"
@@ -266,24 +268,46 @@ class MetricWriter:
     outage costs a bundle that much time once, not once per request; and not at all once
     ``give_up()`` is true (a job that is stopping). A request waits up to ``request_timeout_s`` for
     its answer; once the job is stopping, no later than the stop's bound
-    (``pipeline.sinks.retries.stop_requests_by``), and none is made past it. A point that is still
-    not written — refused by the service (logged with its series), or its request failed for good —
-    is counted and handed to ``on_failure``, which the pipeline turns into a dead-letter row; the
-    write never raises for it. Monitoring is telemetry: the run's next snapshot writes the series
-    again (BigQuery is the record).
+    (``pipeline.sinks.retries.stop_requests_by``), and none is made past it. A point the service
+    refuses (logged with its series), or one that cannot be sent (a label this pipeline does not
+    write, a value beyond int64), is counted and handed to ``on_failure``, which the pipeline turns
+    into a dead-letter row. A point whose request failed for good (an outage past the deadline, a
+    permission, an answer the client cannot read) is, by default (the local runner, where a
+    failed bundle stops the pipeline), handed on the same way, and the write never raises for it:
+    Monitoring is telemetry, and the run's next snapshot writes the series again (BigQuery is the
+    record).
+
+    With ``raise_failures`` (a runner that retries a failed work item: Dataflow) such a failure
+    raises ``WriteFailed`` at once instead, and the runner's retry writes the points. That retry
+    sends again the points of the requests this try wrote, stamped with the same end time (or
+    stamped anew, moments later, when the gate that stamps them runs again in the retried work
+    item), and the service refuses them: "Points must be written in order" (a series' point at or
+    before its latest) or "more frequently than the maximum sampling period". Neither is a failure
+    or a dead letter in this mode: each run's series has one writer, which stamps its points in
+    order and ``min_interval_s`` apart (``WriteToMonitoring``), so a refusal of either kind means
+    the series already holds this try's point or a later one, and another try could not write it
+    anyway. They are logged and counted apart (``already_written``). Telling a point written by an
+    earlier try from one that never was would cost a ListTimeSeries per series; on the local
+    runner, which retries nothing, they remain dead letters.
     """
 
     def __init__(self, client: Any, project: str, retry_deadline_s: float = 60.0,
                  initial_backoff_s: float = 0.5, max_backoff_s: float = 10.0,
-                 request_timeout_s: float = 30.0, give_up: Callable[[], bool] = never) -> None:
+                 request_timeout_s: float = 30.0, give_up: Callable[[], bool] = never,
+                 raise_failures: bool = False) -> None:
         self.client, self.project = client, project
         self.retry_deadline_s, self.request_timeout_s = retry_deadline_s, request_timeout_s
         self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
         self.give_up = give_up
+        self.raise_failures = raise_failures
+        #: Points refused because their series already held this one or a later one (with
+        #: ``raise_failures`` only; see the class docstring), over this writer's life.
+        self.already_written = 0
 
     def write(self, points: Iterable[Point], on_failure: OnFailure | None = None) -> int:
         """Writes every point; returns how many were not written (each logged and handed to
-        ``on_failure``)."""
+        ``on_failure``). With ``raise_failures``, raises ``WriteFailed`` for a request that failed
+        for good."""
         from google.api_core import exceptions
         from google.cloud import monitoring_v3
 
@@ -325,13 +349,22 @@ class MetricWriter:
                     self.give_up, self.request_timeout_s)
             except exceptions.InvalidArgument as error:  # the valid series of the request are kept
                 message = str(error.message)
+                written = _already_written_indexes(message, len(sent)) if self.raise_failures else set()
+                if written:
+                    self.already_written += len(written)
+                    _LOG.info("Cloud Monitoring already holds %d points of this write or later ones "
+                              "(a retried work item); first: %s", len(written), sent[min(written)].describe())
                 for index in _refused_indexes(message, len(sent)):
-                    _LOG.warning("Cloud Monitoring refused %s: %s", sent[index].describe(), message)
-                    fail(sent[index], f"Cloud Monitoring refused the point: {message}")
-            except Exception as error:  # noqa: BLE001 -- RetryError (the deadline passed), and an
-                # answer the client cannot read (an error whose details contradict its code)
+                    if index not in written:
+                        _LOG.warning("Cloud Monitoring refused %s: %s", sent[index].describe(), message)
+                        fail(sent[index], f"Cloud Monitoring refused the point: {message}")
+            except Exception as error:  # RetryError (the deadline passed), and an answer the
+                # client cannot read (an error whose details contradict its code)
                 _LOG.warning("Cloud Monitoring write of %d series failed: %s; first: %s", len(sent),
                              error, sent[0].describe())
+                if self.raise_failures:
+                    raise WriteFailed(f"Cloud Monitoring write of {len(sent)} series failed: "
+                                      f"{error}") from error
                 for point in sent:
                     fail(point, f"Cloud Monitoring write failed: {error}")
         return failed
@@ -377,6 +410,24 @@ def point_dead_letter(point: Point, reason: str) -> DeadLetter:
                "location": point.location, "value": point.value, "end_time": end.isoformat()}
     return DeadLetter(json.dumps(payload, sort_keys=True, default=str), reason, f"monitoring:{point.metric}",
                       point.run_id)
+
+
+#: What Cloud Monitoring says of a point when its series already holds one at or after its end time,
+#: or less than the metric's sampling period before it.
+_SERIES_AHEAD = ("must be written in order", "more frequently than the maximum sampling period")
+
+
+def _already_written_indexes(message: str, size: int) -> set[int]:
+    """The series a partial failure refuses because each already holds this point or a later
+    one (``_SERIES_AHEAD``). The message names the refused series by reason, in parts joined by
+    "; " (the service: ``REASON: RESOURCE timeSeries[3]: METRIC``; the stand-in:
+    ``timeSeries[3]: REASON``); a message that names none is about every series."""
+    named = "timeSeries[" in message
+    found: set[int] = set()
+    for part in message.split("; ") if named else [message]:
+        if (not named or "timeSeries[" in part) and any(text in part for text in _SERIES_AHEAD):
+            found.update(_refused_indexes(part, size))
+    return found
 
 
 def _refused_indexes(message: str, size: int) -> list[int]:

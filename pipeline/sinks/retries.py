@@ -15,6 +15,12 @@ DuckDB writes of what was read among them. So a local stop sets a bound for requ
 to it, none is made once it has passed, and one under way then (made before the stop, with its
 full timeout) is abandoned unanswered. Either way the caller gets a ``RetryError`` and hands on
 what the request carried as not written (a dead letter, or a logged and counted row).
+
+That is the local runner's way, where a failed bundle stops the pipeline. On Dataflow a failed
+work item is retried until it succeeds, and Pub/Sub's messages are acknowledged once the first
+stage's output is durable, so a bundle that succeeds without its rows has lost them: there a sink
+raises ``WriteFailed`` for what it could not write (``pipeline.beam.transforms.fails_work_items``)
+and the runner's retry writes it, idempotently.
 """
 
 from __future__ import annotations
@@ -94,6 +100,12 @@ def call_with_retries(call: Callable[..., T], retryable: Callable[[Exception], b
                 reason = "the job is stopping" if give_up() else "its deadline passed"
                 raise exceptions.RetryError(  # type: ignore[no-untyped-call]
                     f"gave up retrying ({reason}); last error: {error}", error) from error
+
+
+class WriteFailed(Exception):
+    """What a sink could not write for a reason another try may remove (an outage past its
+    retries, a missing table, a permission), raised where the runner retries the work item: the
+    retry writes it, and what the failed try wrote already is not written twice."""
 
 
 class _PastBound(Exception):
