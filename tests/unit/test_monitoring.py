@@ -17,6 +17,7 @@ from pipeline.sinks.monitoring import (
     PRODUCTIVITY_METRICS,
     REFERENCE,
     Point,
+    _already_written_indexes,
     _refused_indexes,
     requests,
     snapshot_points,
@@ -138,5 +139,27 @@ def test_requests_hold_at_most_200_series_each_once_in_time_order():
 ])
 def test_a_partial_failure_names_the_refused_series(message, expected):
     assert _refused_indexes(message, 10) == expected
+
+
+ORDER = ("Points must be written in order. One or more of the points specified had an older start time "
+         "than the most recent point.")
+FREQUENT = ("One or more points were written more frequently than the maximum sampling period configured "
+            "for the metric.")
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    # the service's form: REASON: RESOURCE timeSeries[i]: METRIC, parts joined by "; "
+    (f"One or more TimeSeries could not be written: {ORDER}: global{{}} timeSeries[3]: "
+     "custom.googleapis.com/x{k:v}; Field timeSeries[5] had an invalid value: bad.: timeSeries[5]; "
+     f"{FREQUENT}: timeSeries[7-8]", {3, 7, 8}),
+    # the stand-in's: timeSeries[i]: REASON
+    (f"One or more TimeSeries could not be written: timeSeries[0-1]: {ORDER}; timeSeries[2]: Injected",
+     {0, 1}),
+    (ORDER, set(range(10))),  # one that names no series is about all of them
+    ("timeSeries[4]: The point's end time is more than 25 hours in the past", set()),
+])
+def test_a_partial_failure_names_the_series_that_already_hold_a_later_point(message, expected):
+    """Only the series refused for their order or their rate are read as already written."""
+    assert _already_written_indexes(message, 10) == expected
 
 
