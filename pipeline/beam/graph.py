@@ -7,15 +7,13 @@ has a stable label: Dataflow matches the steps of a running job by label when it
 
 from __future__ import annotations
 
-from typing import Any
-
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 
 from goodput_schemas import parse_dataset
 from pipeline.beam.live import TrackRunsLive
 from pipeline.beam.options import GoodputOptions
-from pipeline.beam.restore import UnreportedRuns
+from pipeline.beam.restore import RestoreRuns
 from pipeline.beam.transforms import (
     DeadLetterRows,
     ParseEvents,
@@ -64,19 +62,16 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
                                   host_settle_s=options.host_settle_s,
                                   straggler_min_s=options.straggler_min_s)
 
-    # Each run's snapshots: on timers while streaming (restoring a run the raw events table holds
-    # and this pipeline does not, and at the start those the table holds unreported), or one per
-    # run as of one time.
+    # Each run's snapshots: on timers while streaming (after restoring a run the raw events table
+    # holds and this pipeline does not), or one per run as of one time.
     if streaming:
         events = parsed.events
         tables = restored_from(options)
         if tables is not None:
-            events = ((events, pipeline | "Unreported" >> UnreportedRuns(tables))
-                      | "WithUnreported" >> beam.Flatten().with_output_types(tuple[str, Any]))
+            events = events | "RestoreRuns" >> RestoreRuns(tables, options.gc_after_s)
         tracked = events | "TrackRuns" >> TrackRunsLive(
             options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
-            stopping=stopping, detection=detection, tables=tables,
-            fail_work_items=fails_work_items(options))
+            stopping=stopping, detection=detection)
     else:
         tracked = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
                                                            tuple(options.exclude or ()), detection)
