@@ -1,5 +1,5 @@
--- Each point of GKE's JobSet metrics once, as last imported: an import over a range already
--- imported (goodput import gke-metrics, or the stream's) appends its points again.
+-- Each point of GKE's JobSet metrics once, as last imported: two imports at once (goodput import
+-- gke-metrics) may append a point twice.
 -- The dataset of the tables is a template parameter, filled in by Terraform and the DuckDB sink.
 SELECT *
 FROM ${dataset}.jobset_metrics

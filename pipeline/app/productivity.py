@@ -13,7 +13,7 @@ after each import, e.g. hourly::
     goodput productivity --project P --bigquery_dataset P:goodput
 
 A deployment of ``terraform/`` runs it on ``productivity_schedule`` (hourly by default), in a Cloud
-Run job that Cloud Scheduler starts, while the stream imports GKE's points (``gke_metrics_project``).
+Run job that Cloud Scheduler starts, as it starts the GKE import's (``gke_metrics_project``).
 
 It writes, on the ``generic_task`` resource as the pipeline's other custom metrics:
 
