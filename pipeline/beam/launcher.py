@@ -152,15 +152,12 @@ def _wait_until(time_s: float, force: threading.Event, failed: Callable[[], bool
     return False
 
 
-def _drain(drained: Callable[[], bool] | None, written_s: float, force: threading.Event,
+def _drain(drained: Callable[[], bool], written_s: float, force: threading.Event,
            failed: Callable[[], bool]) -> None:
     """Once the reading stops: waits until what was read is written (``drained``), by
     ``written_s`` (the epoch) as printed. A machine too busy for that gets up to ``DRAIN_MAX_S``
     more, said on stderr, rather than lose what was read (a second signal still stops at once),
     less ``CANCEL_WAIT_S`` for the pipeline's cancel."""
-    if drained is None:  # the runner cannot tell: its fixed grace
-        _wait_until(written_s, force, failed)
-        return
     if _wait_until(written_s, force, failed, drained) or force.is_set() or failed():
         return
     print(f"stopping: still writing what was read; waiting up to {DRAIN_MAX_S:.0f} s more "
