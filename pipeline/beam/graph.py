@@ -7,13 +7,15 @@ has a stable label: Dataflow matches the steps of a running job by label when it
 
 from __future__ import annotations
 
+from typing import Any
+
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 
 from goodput_schemas import parse_dataset
 from pipeline.beam.live import TrackRunsLive
-from pipeline.beam.options import GoodputOptions
-from pipeline.beam.restore import RestoreRuns
+from pipeline.beam.options import LOCAL_RUNNERS, GoodputOptions
+from pipeline.beam.restore import UnreportedRuns
 from pipeline.beam.transforms import (
     DeadLetterRows,
     ParseEvents,
@@ -62,16 +64,19 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
                                   host_settle_s=options.host_settle_s,
                                   straggler_min_s=options.straggler_min_s)
 
-    # Each run's snapshots: on timers while streaming (after restoring a run the raw events table
-    # holds and this pipeline does not), or one per run as of one time.
+    # Each run's snapshots: on timers while streaming (restoring a run the raw events table holds
+    # and this pipeline does not, and at the start those the table holds unreported), or one per
+    # run as of one time.
     if streaming:
         events = parsed.events
         tables = restored_from(options)
         if tables is not None:
-            events = events | "RestoreRuns" >> RestoreRuns(tables, options.gc_after_s)
+            events = ((events, pipeline | "Unreported" >> UnreportedRuns(tables))
+                      | "WithUnreported" >> beam.Flatten().with_output_types(tuple[str, Any]))
         tracked = events | "TrackRuns" >> TrackRunsLive(
             options.windows, options.snapshot_interval_s, options.silence_s, options.gc_after_s,
-            stopping=stopping, detection=detection)
+            stopping=stopping, detection=detection, tables=tables,
+            fail_work_items=fails_work_items(options))
     else:
         tracked = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
                                                            tuple(options.exclude or ()), detection)
@@ -131,4 +136,8 @@ def restored_from(options: GoodputOptions) -> EventsTables | None:
 def fails_work_items(options: GoodputOptions) -> bool:
     """Whether the runner retries a work item that fails (Dataflow), rather than stopping the
     pipeline (the local DirectRunner family, whose ``stopping`` bounds a stop instead)."""
-    return "Direct" not in (options.view_as(StandardOptions).runner or "DirectRunner")
+    def bare(runner: str) -> str:  # as Beam reads a runner's name: "direct", "DirectRunner"
+        return runner.rsplit(".", 1)[-1].lower().removesuffix("runner")
+
+    runner = str(options.view_as(StandardOptions).runner or "DirectRunner")
+    return bare(runner) not in set(map(bare, LOCAL_RUNNERS))

@@ -1,32 +1,49 @@
 """Live tracking of runs in a streaming pipeline: one stateful DoFn per run, wrapping the engine.
 
 Each run's state (``engine.RunState``, stored with its explicit coder) lives in Beam state keyed
-by run id, so the pipeline scales out across workers. Snapshots are emitted
+by run id, so the pipeline scales out across workers. A message's timestamp is its Pub/Sub
+publish time, and the watermark follows what the pipeline has read of them: a run is silent when
+the pipeline has read everything published up to its last message plus a threshold and nothing
+of the run came, so a pipeline that is behind (a backlog after an outage, an update, a worker
+restart) is not a fleet that hangs. Snapshots are emitted
 
-* every ``snapshot_interval_s`` of processing time while events arrive (SNAPSHOT_TIMER),
-* at once when the run records its end,
-* when the run falls silent for ``silence_s``, or for as long as makes its steps a hang if that
-  is sooner (SILENCE_TIMER), and then every ``snapshot_interval_s`` while it stays silent, up to
-  ``gc_after_s`` of silence: its elapsed time keeps growing with no step, so rolling goodput
-  drops and stays down for as long as an alert's duration needs, and a hang is found within one
-  interval of its threshold (``pipeline.core.detect``; a run whose heartbeats still arrive
-  while its steps hang is found by the interval snapshots);
-* when the input ends (FINAL_TIMER, on event time at the end of the window: a drained Dataflow
-  job, the end of a test stream), for every run with events no snapshot has reported yet;
+* every ``snapshot_interval_s`` of processing time while messages arrive (SNAPSHOT_TIMER, the
+  one processing-time timer, set only by a message: on Dataflow each one holds a drain until it
+  fires);
+* at once when the run records its end;
+* when the run falls silent, on event time (QUIET_TIMER): ``silence_s`` after its last message,
+  or as long after it as makes its steps a hang if that is sooner, and then every
+  ``snapshot_interval_s`` while it stays silent, up to ``gc_after_s`` of silence: its elapsed
+  time keeps growing with no step, so rolling goodput drops and stays down for as long as an
+  alert's duration needs, and a hang is found within one interval of its threshold
+  (``pipeline.core.detect``; a run whose heartbeats still arrive while its steps hang is found
+  by the interval snapshots);
+* when the input ends (FINAL_TIMER, at the end of the window: a drained Dataflow job, the end of
+  a test stream), for every run with messages no snapshot has reported yet: one final snapshot.
 
-and the state of a run that has ended is cleared ``gc_after_s`` after its last message
-(GC_TIMER). The other timers run on processing time, so events with old event times (a backfill
-or a replay through the stream) are counted, never wiped by a timer that fires at once.
+``gc_after_s`` after a run's last message (on event time, by QUIET_TIMER), ended or not, its
+state and timers are cleared: nothing of it is left. A run that speaks again after that is
+restored.
+
+A drain moves the watermark to infinity at once: every QUIET_TIMER fires, though no run fell
+silent. Python's SDK does not say that a timer fires for a drain, so the tracker tells by the
+clock: the watermark follows publish times, which the service stamps, so it never passes the
+wall clock while the input runs. A QUIET_TIMER firing more than ``CLOCK_SLACK_S`` before its
+time on the clock is the input's end, and reports nothing (FINAL_TIMER reports the run).
+
+Events with old event times (a backfill, a replay through the stream) are counted as they come:
+the timers go by when messages were published and arrived, never by the events' own times.
 
 The DirectRunner cannot drain: its Pub/Sub read holds the watermark at the wall clock. There the
 launcher makes ``stopping`` true instead, after which every message is reported as it arrives,
 and stops the pipeline once the pending interval snapshots are due (``next_snapshot_due``).
 
-A run's first message may come with the run's history (``pipeline.beam.restore.Restored``): the
-run was in the raw events table before this pipeline held it. Its state is then the history and
-the message, and its snapshot times go on from the last one in the table. A run restored with
-no message (events in the table that no snapshot there counts) is reported as if its last
-message had just arrived.
+The first message of a run with no state here, or the ``Unreported`` mark of one, restores the
+run's history from the raw events table (``pipeline.beam.restore``) if the stream writes one: its
+state is then the history and the message, and its snapshot times go on from the last one in
+the table. A restore whose query fails is retried: on Dataflow by failing the work item (the
+runner retries it; ``fail_work_items``), locally ``RESTORE_ATTEMPTS`` times, then logged and
+counted (``restore_failures``), the run going on from its message.
 
 An exception in the engine (a bug) stays with the run and the message it failed on: the message
 goes to the ``dead_letter`` output whole, with the error, and the run goes on without it; a
@@ -35,14 +52,17 @@ duplicates (two different events under one attempt and seq), the engine keeps th
 whatever their order, replacing the other in the state if that came first; the other is a dead
 letter.
 
-A snapshot is taken as of the run's own clock: its latest event time plus the processing time
-since that event arrived. For a live job that is now; for a replay it is the replayed time.
+A snapshot is taken as of the run's own clock: its latest event time plus the time since its
+last message arrived (on processing time for an interval snapshot, on publish time for a silent
+one). For a live job that is now; for a replay it is the replayed time.
 
 A run's state is stored as its state encoded whole plus a log of the messages added since
-(``StoredRun``): a message writes its own size plus a constant, whatever the run's history. Each
-worker process keeps the runs it decoded (``DecodedStates``) for as long as they are what Beam
-stores, so a message or a timer costs its own work, not a decode of the run's whole history, and
-a snapshot extends the run's last one instead of rebuilding it.
+(``StoredRun``), with one fixed-size record of both and of the run's times (``Record``): a
+message writes its own size plus a constant, whatever the run's history. Each worker process
+keeps the runs it decoded (``DecodedStates``) for as long as they are what Beam stores, so a
+message or a timer costs its own work, not a decode of the run's whole history, and a snapshot
+extends the run's last one instead of rebuilding it. Every state cell and the key are coded with
+deterministic coders, and the record with a version, so that ``--update`` can carry them.
 """
 
 from __future__ import annotations
@@ -50,6 +70,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import random
 import struct
 import threading
@@ -58,7 +79,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.coders import BytesCoder, VarIntCoder
+from apache_beam.coders import BytesCoder
 from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.timeutil import TimeDomain
@@ -66,28 +87,37 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import Timestamp
 
-from pipeline.beam.restore import Restored
+from pipeline.beam.restore import RunHistory, Unreported
 from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure
 from pipeline.core import engine, state_coder
 from pipeline.core.detect import AnomalyChange, DetectionSettings
 from pipeline.core.events import Batch, DeadLetter
+from pipeline.sinks.raw_events import EventsTables
 from pipeline.sinks.retries import never
 
+_LOG = logging.getLogger(__name__)
 _US = 1_000_000
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
 # times that, its step statistics included).
 DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
 #: A run's log of messages is compacted into its whole state from this size on (StoredRun).
 COMPACT_MIN_BYTES = 64 * 1024
-#: A record of StoredRun: token, the whole state's bytes, the log's messages and bytes.
-_RECORD = struct.Struct("<qqqq")
-_TIME_BYTES = 8  # a microsecond time in Beam state (a VarInt: 8 bytes from 2^49 to 2^56 µs)
+#: How far before its time on the clock a QUIET_TIMER may fire and still be a run's silence
+#: rather than the input's end: a worker's clock may be this much behind the publish times.
+CLOCK_SLACK_S = 1.0
+#: Reads of a run's history a local stream tries before the run goes on from its message.
+RESTORE_ATTEMPTS = 3
+RESTORE_BACKOFF_S = 1.0
 
 
 def next_snapshot_due(now_us: int, interval_s: float) -> int:
     """The first interval boundary after ``now_us``: when an interval snapshot set now fires."""
     interval_us = round(interval_s * _US)
     return (now_us // interval_us + 1) * interval_us
+
+
+class RestoreFailed(Exception):
+    """A run's history could not be read, on a runner that retries the work item."""
 
 
 class DecodedStates:
@@ -129,48 +159,85 @@ class DecodedStates:
             self._bytes -= entry[1]
 
 
+#: No time on record (a Record field).
+NONE = -(2**63)
+
+
+@dataclasses.dataclass
+class Record:
+    """The fixed-size record of a run's stored state and times (microseconds; ``NONE`` for none):
+    the token of the stored state (drawn anew at every change of it), the whole state's size,
+    the log's entries and size; the publish time and the arrival (processing time) of the run's
+    latest message; the pending interval snapshot's time (NONE once every message is reported);
+    the pending QUIET_TIMER's time; the latest snapshot's time."""
+
+    token: int = 0
+    whole_bytes: int = 0
+    log_entries: int = 0
+    log_bytes: int = 0
+    published_us: int = NONE
+    arrived_us: int = NONE
+    due_us: int = NONE
+    quiet_us: int = NONE
+    reported_us: int = NONE
+
+    VERSION = 1
+    _LAYOUT = struct.Struct("<B9q")
+    SIZE = _LAYOUT.size
+
+    def encode(self) -> bytes:
+        return self._LAYOUT.pack(self.VERSION, *dataclasses.astuple(self))
+
+    @classmethod
+    def decode(cls, data: bytes) -> Record:
+        if len(data) != cls.SIZE or data[0] != cls.VERSION:
+            raise ValueError(f"not a version {cls.VERSION} run record: {data[:1]!r}, {len(data)} bytes")
+        return cls(*cls._LAYOUT.unpack(data)[1:])
+
+
 class StoredRun:
     """One run's state as Beam stores it, through the state cells of one call of the tracker:
     the state encoded whole as of its last compaction (``whole``), the messages added since
-    (``log``, a bag, each ``state_coder.encode_batch``), and a record of both (``info``: a token
-    drawn anew at every write, the whole state's size, the log's length and size).
+    (``log``, a bag, each ``state_coder.encode_batch``), and the ``Record`` of both and of the
+    run's times (``info``).
 
     A message appends to the log and rewrites the record: it writes its own size plus a constant,
     whatever the run's history. A worker that holds the decoded state of the record's token
     (``DecodedStates``) reads nothing more; another reads the whole state and the log once, and
-    replays the log (the engine adds messages deterministically). Compacting, on the interval
-    timer, writes the state whole again and clears the log once the log is at least as large as
-    the whole state (and ``COMPACT_MIN_BYTES``): the state written whole at least doubles in
-    between, so a run's life writes bytes in proportion to its length. A state stored whole
-    before the log existed is read as a whole state with an empty log."""
+    replays the log (the engine adds messages deterministically). Compacting, on a timer, writes
+    the state whole again and clears the log once the log is at least as large as the whole state
+    (and ``COMPACT_MIN_BYTES``): the state written whole at least doubles in between, so a run's
+    life writes bytes in proportion to its length. Changes are written by ``save``."""
 
     def __init__(self, fn: TrackRunDoFn, run_id: str, whole: Any, log: Any, info: Any) -> None:
         self.fn, self.run_id, self.whole, self.log, self.info = fn, run_id, whole, log, info
-        self._record: tuple[int, int, int, int] | None = None  # token, whole, log entries, log bytes
+        self.record: Record | None = None
+        self._changed: engine.RunState | None = None  # a state to store under a new token
+
+    def read_record(self) -> Record | None:
+        """The run's record (None for a run with no state)."""
+        if self.record is None:
+            data = self.info.read()
+            if data is None:
+                return None
+            self.fn.bytes_read.inc(len(data))
+            self.record = Record.decode(data)
+        return self.record
 
     def load(self) -> engine.RunState | None:
         """The run's state (None for a run with none)."""
-        fn, run_id = self.fn, self.run_id
-        stored = self.info.read()
-        if stored is None:  # a new run, or one stored whole before the log existed
-            encoded = self.whole.read()
-            if encoded is None:
-                return None
-            fn.bytes_read.inc(len(encoded))
-            state = state_coder.decode_state(encoded)
-            self._write_record(len(encoded), 0, 0, state)
-            return state
-        fn.bytes_read.inc(len(stored))
-        self._record = record = _RECORD.unpack(stored)
-        token, whole_bytes, _, log_bytes = record
-        kept = fn.decoded.get(run_id, token)
+        record = self.read_record()
+        if record is None:
+            return None
+        kept = self.fn.decoded.get(self.run_id, record.token)
         if kept is not None:
             return kept
-        state = state_coder.decode_state(self.whole.read()) if whole_bytes else engine.RunState(run_id)
+        state = (state_coder.decode_state(self.whole.read()) if record.whole_bytes
+                 else engine.RunState(self.run_id))
         for entry in self.log.read():
-            state.add_batch(state_coder.decode_batch(run_id, entry))
-        fn.bytes_read.inc(whole_bytes + log_bytes)
-        fn.decoded.put(run_id, token, whole_bytes + log_bytes, state)
+            state.add_batch(state_coder.decode_batch(self.run_id, entry))
+        self.fn.bytes_read.inc(record.whole_bytes + record.log_bytes)
+        self.fn.decoded.put(self.run_id, record.token, record.whole_bytes + record.log_bytes, state)
         return state
 
     def append(self, batch: Batch, state: engine.RunState) -> None:
@@ -178,8 +245,9 @@ class StoredRun:
         entry = state_coder.encode_batch(batch)
         self.log.add(entry)
         self.fn.bytes_written.inc(len(entry))
-        _, whole_bytes, entries, log_bytes = self._record or (0, 0, 0, 0)
-        self._write_record(whole_bytes, entries + 1, log_bytes + len(entry), state)
+        record = self.record = self.record or Record()
+        record.log_entries, record.log_bytes = record.log_entries + 1, record.log_bytes + len(entry)
+        self._changed = state
 
     def write_whole(self, state: engine.RunState) -> None:
         """Stores ``state`` encoded whole, with an empty log."""
@@ -187,26 +255,33 @@ class StoredRun:
         self.whole.write(encoded)
         self.log.clear()
         self.fn.bytes_written.inc(len(encoded))
-        self._write_record(len(encoded), 0, 0, state)
+        record = self.record = self.record or Record()
+        record.whole_bytes, record.log_entries, record.log_bytes = len(encoded), 0, 0
+        self._changed = state
 
     def compact(self, state: engine.RunState) -> None:
         """Stores the loaded ``state`` whole if its log has grown as large as the whole state."""
-        if self._record is not None:
-            _, whole_bytes, _, log_bytes = self._record
-            if log_bytes >= max(whole_bytes, COMPACT_MIN_BYTES):
-                self.write_whole(state)
-                self.fn.bytes_compacted.inc(self._record[1])
+        record = self.record
+        if record is not None and record.log_bytes >= max(record.whole_bytes, COMPACT_MIN_BYTES):
+            self.write_whole(state)
+            self.fn.bytes_compacted.inc(record.whole_bytes)
+
+    def save(self) -> None:
+        """Writes the record, under a new token if the state changed."""
+        assert self.record is not None
+        if self._changed is not None:
+            self.record.token = random.getrandbits(63)
+            self.fn.decoded.put(self.run_id, self.record.token,
+                                self.record.whole_bytes + self.record.log_bytes, self._changed)
+            self._changed = None
+        self.info.write(self.record.encode())
+        self.fn.bytes_written.inc(Record.SIZE)
 
     def clear(self) -> None:
         for cell in (self.whole, self.log, self.info):
             cell.clear()
+        self.record = None
         self.fn.decoded.drop(self.run_id)
-
-    def _write_record(self, whole_bytes: int, entries: int, log_bytes: int, state: engine.RunState) -> None:
-        self._record = (random.getrandbits(63), whole_bytes, entries, log_bytes)
-        self.info.write(_RECORD.pack(*self._record))
-        self.fn.bytes_written.inc(_RECORD.size)
-        self.fn.decoded.put(self.run_id, self._record[0], whole_bytes + log_bytes, state)
 
 
 class TrackRunDoFn(beam.DoFn):
@@ -214,20 +289,16 @@ class TrackRunDoFn(beam.DoFn):
 
     RUN_STATE = ReadModifyWriteStateSpec("run_state", BytesCoder())  # StoredRun: the whole state,
     RUN_LOG = BagStateSpec("run_log", BytesCoder())  # the messages since,
-    RUN_INFO = ReadModifyWriteStateSpec("run_info", BytesCoder())  # and a record of both
-    ARRIVED = ReadModifyWriteStateSpec("arrived_us", VarIntCoder())  # processing time, last event
-    SNAPSHOT_DUE = ReadModifyWriteStateSpec("snapshot_due_us", VarIntCoder())  # pending timer
-    SILENCE_DUE = ReadModifyWriteStateSpec("silence_due_us", VarIntCoder())  # pending silence timer
-    REPORTED = ReadModifyWriteStateSpec("reported_us", VarIntCoder())  # the last snapshot's time
-    REPORTED_ROWS = ReadModifyWriteStateSpec("reported_rows", BytesCoder())  # and its recent rows
+    RUN_INFO = ReadModifyWriteStateSpec("run_info", BytesCoder())  # and its Record
+    REPORTED_ROWS = ReadModifyWriteStateSpec("reported_rows", BytesCoder())  # see Reported
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
-    SILENCE_TIMER = TimerSpec("silence", TimeDomain.REAL_TIME)
-    GC_TIMER = TimerSpec("gc", TimeDomain.REAL_TIME)
+    QUIET_TIMER = TimerSpec("quiet", TimeDomain.WATERMARK)
     FINAL_TIMER = TimerSpec("final", TimeDomain.WATERMARK)
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float, silence_s: float,
                  gc_after_s: float, clock: Callable[[], float] = time.time,
-                 stopping: Stopping = never, detection: DetectionSettings | None = None) -> None:
+                 stopping: Stopping = never, detection: DetectionSettings | None = None,
+                 tables: EventsTables | None = None, fail_work_items: bool = False) -> None:
         self.windows_s = windows_s
         self.detection = detection
         self.snapshot_interval_s = snapshot_interval_s
@@ -235,46 +306,52 @@ class TrackRunDoFn(beam.DoFn):
         self.gc_after_s = gc_after_s
         self.clock = clock
         self.stopping = stopping
+        self.tables, self.fail_work_items = tables, fail_work_items
         self.snapshots = Metrics.counter("goodput", "snapshots")
         self.stalled = Metrics.counter("goodput", "stalled_runs")
+        self.forgotten = Metrics.counter("goodput", "forgotten_runs")
+        self.restored = Metrics.counter("goodput", "restored_runs")
+        self.restore_failures = Metrics.counter("goodput", "restore_failures")
         self.bytes_written = Metrics.counter("goodput", "state_bytes_written")
         self.bytes_read = Metrics.counter("goodput", "state_bytes_read")
         self.bytes_compacted = Metrics.counter("goodput", "state_bytes_compacted")  # written, too
         self.late_host_summaries = Metrics.counter("goodput", "late_host_summaries")  # left out
         self._decoded = Shared()  # one DecodedStates per process, kept between bundles
+        self._history = Shared()  # one RunHistory per process
 
     def setup(self) -> None:
         self.decoded: DecodedStates = self._decoded.acquire(
             lambda: DecodedStates(DECODED_STATES_MAX_BYTES))
+        tables = self.tables
+        self.history: RunHistory | None = None if tables is None else self._history.acquire(
+            lambda: RunHistory(tables, self.gc_after_s / 2), tag=tables.source)
 
     def process(
         self,
-        element: tuple[str, Batch | Restored],
+        element: tuple[str, Batch | Unreported],
+        published: Any = beam.DoFn.TimestampParam,
         window: Any = beam.DoFn.WindowParam,
         run_state: Any = beam.DoFn.StateParam(RUN_STATE),
         run_log: Any = beam.DoFn.StateParam(RUN_LOG),
         run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-        arrived: Any = beam.DoFn.StateParam(ARRIVED),
-        snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-        silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
-        reported: Any = beam.DoFn.StateParam(REPORTED),
         reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
-        silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER),
-        gc_timer: Any = beam.DoFn.TimerParam(GC_TIMER),
+        quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
         final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER),
     ) -> Iterator[Any]:
         run_id, message = element
-        restore = message if isinstance(message, Restored) else None
-        batch = message.batch if isinstance(message, Restored) else message
+        batch = None if isinstance(message, Unreported) else message
         stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        reported_us = None
         try:
-            state = stored.load()  # a history sent again for a run held here is in its state
-            restored = state is None and restore is not None
+            state = stored.load()
+            new = state is None
             if state is None:
+                history, reported_us = self._restore(run_id)
+                if batch is None and not history:  # marked unreported, but no longer in the tables
+                    return
                 state = engine.RunState(run_id)
-                final_timer.set(window.max_timestamp())
-                for earlier in restore.history if restore is not None else ():
+                for earlier in history:
                     state.add_batch(earlier)
             was_ended = _ended(state)
             conflicts: list[DeadLetter] = []
@@ -282,6 +359,8 @@ class TrackRunDoFn(beam.DoFn):
             added = state.add_batch(batch, conflicts) if batch is not None else 0
             if state.hosts.late > late:
                 self.late_host_summaries.inc(state.hosts.late - late)
+        except RestoreFailed:
+            raise  # the runner retries the work item
         except Exception as error:  # noqa: BLE001 -- a bug for one message must not stop the fleet
             # The stored state is as before the message: the message is dead-lettered whole.
             self.decoded.drop(run_id)  # possibly half changed: decode it again next time
@@ -289,35 +368,31 @@ class TrackRunDoFn(beam.DoFn):
             return
         for letter in conflicts:  # the copies of conflicting duplicates not kept
             yield TaggedOutput(DEAD_LETTER_TAG, letter)
-        now_us = round(self.clock() * _US)
-        if _ended(state):  # forgotten gc_after_s after its last message, redelivered ones too
-            gc_timer.set(Timestamp(micros=now_us + round(self.gc_after_s * _US)))
-        if not (added or restored):  # a redelivered message: nothing new
+        if not (added or new):  # a redelivered message: nothing new
             return
-        if restored and restore is not None and restore.reported_us is not None:
-            reported.write(restore.reported_us)  # its snapshot times go on from the table's
-        if restored:  # its history and the message, written whole
+        if new:  # its history and the message, written whole
             stored.write_whole(state)
-        elif batch is not None:
+            final_timer.set(window.max_timestamp())
+        else:
+            assert batch is not None
             stored.append(batch, state)
-        arrived.write(now_us)
-        silence_at = now_us + round(min(self.silence_s, state.hang_threshold_s(self.detection)) * _US)
-        silence_timer.set(Timestamp(micros=silence_at))
-        silence_due.write(silence_at)
-        self.bytes_written.inc(2 * _TIME_BYTES)
+        record = stored.record
+        assert record is not None
+        if reported_us is not None:
+            record.reported_us = reported_us  # its snapshot times go on from the table's
+        now_us = round(self.clock() * _US)
+        record.published_us, record.arrived_us = max(published.micros, record.published_us), now_us
+        quiet_s = (self.gc_after_s if _ended(state)
+                   else min(self.silence_s, state.hang_threshold_s(self.detection)))
+        self._quiet_at(record, record.published_us + round(quiet_s * _US), quiet_timer)
         if (_ended(state) and not was_ended) or self.stopping():
-            snapshot_due.clear()
-            yield from self._snapshot(state, Reported(reported, reported_rows), now_us, now_us)
-            return
-        due = snapshot_due.read()
-        if due is None or due < now_us:  # set once per interval, not once per message
-            due = next_snapshot_due(now_us, self.snapshot_interval_s)
-            snapshot_timer.set(Timestamp(micros=due))
-            snapshot_due.write(due)
-            self.bytes_written.inc(_TIME_BYTES)
+            yield from self._snapshot(stored, state, reported_rows, now_us)
+        elif record.due_us < now_us:  # set once per interval, not once per message
+            record.due_us = next_snapshot_due(now_us, self.snapshot_interval_s)
+            snapshot_timer.set(Timestamp(micros=record.due_us))
+        stored.save()
 
-    # The processing-time timers know when they fire without a clock: when they were set for. A
-    # firing of a timer that was set again for another time since (SNAPSHOT_DUE, SILENCE_DUE) is
+    # A firing of a timer that was set again for another time since (Record.due_us, quiet_us) is
     # not the pending one, and does nothing (see ``_fired_for``).
 
     @on_timer(SNAPSHOT_TIMER)
@@ -325,99 +400,120 @@ class TrackRunDoFn(beam.DoFn):
                     run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                     run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-                    arrived: Any = beam.DoFn.StateParam(ARRIVED),
-                    snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-                    reported: Any = beam.DoFn.StateParam(REPORTED),
                     reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
-        yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
-                                        snapshot_due, Reported(reported, reported_rows), fired)
+        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        record = stored.read_record()
+        if record is not None and record.due_us != NONE and _fired_for(fired, record.due_us):
+            yield from self._report(stored, reported_rows, record.due_us)
 
     @on_timer(FINAL_TIMER)
     def on_final(self, run_id: Any = beam.DoFn.KeyParam,
                  run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                  run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-                 arrived: Any = beam.DoFn.StateParam(ARRIVED),
-                 snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-                 reported: Any = beam.DoFn.StateParam(REPORTED),
                  reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
-        yield from self._report_pending(StoredRun(self, run_id, run_state, run_log, run_info), arrived,
-                                        snapshot_due, Reported(reported, reported_rows),
-                                        at_us=round(self.clock() * _US))
+        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        record = stored.read_record()
+        if record is not None and record.due_us != NONE:
+            yield from self._report(stored, reported_rows, round(self.clock() * _US))
 
-    @on_timer(SILENCE_TIMER)
-    def on_silence(self, run_id: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
-                   run_state: Any = beam.DoFn.StateParam(RUN_STATE),
-                   run_log: Any = beam.DoFn.StateParam(RUN_LOG),
-                   run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-                   arrived: Any = beam.DoFn.StateParam(ARRIVED),
-                   silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
-                   reported: Any = beam.DoFn.StateParam(REPORTED),
-                   reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
-                   silence_timer: Any = beam.DoFn.TimerParam(SILENCE_TIMER)) -> Iterator[Any]:
-        arrived_us, due = arrived.read(), silence_due.read()
-        if due is None:  # set by a job without SILENCE_DUE (then updated), or reported already
-            due = fired.micros
-        elif not _fired_for(fired, due):
+    @on_timer(QUIET_TIMER)
+    def on_quiet(self, run_id: Any = beam.DoFn.KeyParam, fired: Any = beam.DoFn.TimestampParam,
+                 run_state: Any = beam.DoFn.StateParam(RUN_STATE),
+                 run_log: Any = beam.DoFn.StateParam(RUN_LOG),
+                 run_info: Any = beam.DoFn.StateParam(RUN_INFO),
+                 reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
+                 snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
+                 quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
+                 final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER)) -> Iterator[Any]:
+        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        record = stored.read_record()
+        if record is None or record.quiet_us == NONE or not _fired_for(fired, record.quiet_us):
             return
-        silence_due.clear()
-        stored = StoredRun(self, run_id, run_state, run_log, run_info)
-        if arrived_us is not None and (state := stored.load()) is not None:
-            stored.compact(state)
-            if not _ended(state):
-                interval_us = round(self.snapshot_interval_s * _US)
-                if due - interval_us < arrived_us + round(self.silence_s * _US) <= due:  # silent now
-                    self.stalled.inc()
-                yield from self._snapshot(state, Reported(reported, reported_rows), arrived_us, due)
-                again = due + interval_us
-                if again - arrived_us <= round(self.gc_after_s * _US):
-                    silence_timer.set(Timestamp(micros=again))
-                    silence_due.write(again)
-
-    @on_timer(GC_TIMER)
-    def on_gc(self, run_id: Any = beam.DoFn.KeyParam,
-              run_state: Any = beam.DoFn.StateParam(RUN_STATE),
-              run_log: Any = beam.DoFn.StateParam(RUN_LOG),
-              run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-              arrived: Any = beam.DoFn.StateParam(ARRIVED),
-              snapshot_due: Any = beam.DoFn.StateParam(SNAPSHOT_DUE),
-              silence_due: Any = beam.DoFn.StateParam(SILENCE_DUE),
-              reported: Any = beam.DoFn.StateParam(REPORTED),
-              reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> None:
-        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        due = record.quiet_us
+        if self.clock() * _US < due - CLOCK_SLACK_S * _US:  # the watermark passed the clock: the
+            return  # input has ended, and FINAL_TIMER reports the run
         state = stored.load()
-        if state is not None and _ended(state):  # not restarted since
+        assert state is not None
+        forget_at = record.published_us + round(self.gc_after_s * _US)
+        if not _ended(state):
+            interval_us = round(self.snapshot_interval_s * _US)
+            if due - interval_us < record.published_us + round(self.silence_s * _US) <= due:  # silent now
+                self.stalled.inc()
+            silent_for = due - record.published_us
+            yield from self._snapshot(stored, state, reported_rows, record.arrived_us + silent_for)
+        if due >= forget_at:  # nothing of the run is left
             stored.clear()
-            for cell in (arrived, snapshot_due, silence_due, reported, reported_rows):
-                cell.clear()
-
-    def _report_pending(self, stored: StoredRun, arrived: Any, snapshot_due: Any, reported: Reported,
-                        fired: Timestamp | None = None, at_us: int | None = None) -> Iterator[Any]:
-        """The snapshot an interval timer is pending for, if one is (and the timer that
-        ``fired``, if given, is the pending one): as of ``at_us``, or of when it is due. The
-        run's state is compacted first if its log is due for it."""
-        arrived_us, due = arrived.read(), snapshot_due.read()
-        if due is None or (fired is not None and not _fired_for(fired, due)):
+            reported_rows.clear()
+            for timer in (snapshot_timer, quiet_timer, final_timer):
+                timer.clear()
+            self.forgotten.inc()
             return
-        snapshot_due.clear()
-        if arrived_us is not None and (state := stored.load()) is not None:
-            stored.compact(state)
-            yield from self._snapshot(state, reported, arrived_us, due if at_us is None else at_us)
+        self._quiet_at(record, min(due + round(self.snapshot_interval_s * _US), forget_at), quiet_timer)
+        stored.compact(state)
+        stored.save()
 
+    def _quiet_at(self, record: Record, at_us: int, quiet_timer: Any) -> None:
+        record.quiet_us = at_us
+        quiet_timer.set(Timestamp(micros=at_us))
 
-    def _snapshot(self, state: engine.RunState, reported: Reported, arrived_us: int,
+    def _restore(self, run_id: str) -> tuple[tuple[Batch, ...], int | None]:
+        """The history of a run this tracker holds no state for, and its latest snapshot's time,
+        from the tables (none without them, or for a run they do not hold). A read that fails
+        fails the work item where the runner retries it (``RestoreFailed``); locally it is tried
+        ``RESTORE_ATTEMPTS`` times, then logged and counted, and the run goes on without it."""
+        history = self.history
+        for attempt in range(1, RESTORE_ATTEMPTS + 1):
+            try:
+                if history is None or not history.holds(run_id):
+                    return (), None
+                batches, reported_us = history.load(run_id)
+            except Exception as error:
+                self.restore_failures.inc()
+                assert history is not None
+                if self.fail_work_items:
+                    raise RestoreFailed(
+                        f"could not restore run {run_id!r} from {history.tables.source}; the work item "
+                        f"is retried: {type(error).__name__}: {error}") from error
+                if attempt == RESTORE_ATTEMPTS or self.stopping():
+                    _LOG.warning("could not restore run %r from %s after %d tries; it goes on from its "
+                                 "message: %s: %s", run_id, history.tables.source, attempt,
+                                 type(error).__name__, error)
+                    return (), None
+                time.sleep(RESTORE_BACKOFF_S * attempt)
+                continue
+            if batches:
+                self.restored.inc()
+                _LOG.info("restored run %r from %s: %d messages", run_id, history.tables.source, len(batches))
+            return batches, reported_us
+        raise AssertionError("unreachable")
+
+    def _report(self, stored: StoredRun, reported_rows: Any, now_us: int) -> Iterator[Any]:
+        """The pending snapshot, as of ``now_us`` on processing time; the state compacted first if
+        its log is due for it."""
+        state = stored.load()
+        assert state is not None and stored.record is not None
+        stored.compact(state)
+        yield from self._snapshot(stored, state, reported_rows, now_us)
+        stored.save()
+
+    def _snapshot(self, stored: StoredRun, state: engine.RunState, reported_rows: Any,
                   now_us: int) -> Iterator[Any]:
-        """The run's snapshot as of its latest event time plus the processing time since that
-        event arrived, and after its last snapshot: a run's snapshot times only go on, so the
-        one with the latest time is the newest (an end that arrives after a stalled snapshot,
-        late, is reported a microsecond after it, with the ended run's figures). Its anomaly rows
-        are those no snapshot has reported (see ``Reported``): each is written once."""
+        """The run's snapshot as of its latest event time plus the processing time from its last
+        message's arrival to ``now_us``, and after its last snapshot: a run's snapshot times only
+        go on, so the one with the latest time is the newest (an end that arrives after a stalled
+        snapshot, late, is reported a microsecond after it, with the ended run's figures). Its
+        anomaly rows are those no snapshot has reported (see ``Reported``): each is written once.
+        Every message is reported then (``Record.due_us``); the caller saves the record."""
+        record = stored.record
+        assert record is not None
         latest = max((a.last_event_us for a in state.attempts.values()), default=0)
-        as_of, last = latest + max(0, now_us - arrived_us), reported.time.read()
+        last = None if record.reported_us == NONE else record.reported_us
+        as_of = latest + max(0, now_us - record.arrived_us)
         if last is not None and as_of <= last:
             as_of = last + 1
-        reported.time.write(as_of)
-        self.bytes_written.inc(_TIME_BYTES)
+        record.reported_us, record.due_us = as_of, NONE
+        reported = Reported(reported_rows)
         rows = reported.recent_rows()
         try:
             snapshot = state.snapshot(as_of, self.windows_s, detection=self.detection,
@@ -451,14 +547,13 @@ def _row_key(change: AnomalyChange) -> RowKey:
 
 
 class Reported:
-    """What a run's snapshots reported: the last one's time, and the anomaly rows of the last
-    ``LATE_ANOMALIES_US`` before it. A snapshot writes the rows dated in that span that are not
-    among them: a row that a late message shows is written, and no row twice. A run with no
-    record of its rows (restored from the tables, or held by an earlier version) writes the rows
-    dated after the last snapshot only, as before."""
+    """The anomaly rows of a run's snapshots in the last ``LATE_ANOMALIES_US`` before its latest
+    one. A snapshot writes the rows dated in that span that are not among them: a row that a late
+    message shows is written, and no row twice. A run restored from the tables has no record of
+    its rows: it writes the rows dated after its last snapshot only."""
 
-    def __init__(self, time: Any, rows: Any) -> None:
-        self.time, self.rows = time, rows
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
 
     def recent_rows(self) -> set[RowKey] | None:
         data = self.rows.read()
@@ -487,17 +582,22 @@ def _ended(state: engine.RunState) -> bool:
 
 
 class TrackRunsLive(beam.PTransform):
-    """(run_id, Batch or Restored) in, each run's ``Snapshot`` out as described in this module's
-    docstring, and what the engine failed on as the ``dead_letter`` output."""
+    """(run_id, Batch or Unreported) in, each run's ``Snapshot`` out as described in this
+    module's docstring, and what the engine failed on as the ``dead_letter`` output. Runs are
+    restored from ``tables`` where given; ``fail_work_items`` where the runner retries a failed
+    work item (Dataflow), rather than stopping (the DirectRunner)."""
 
     def __init__(self, windows_s: tuple[int, ...], snapshot_interval_s: float = 30.0,
                  silence_s: float = 300.0, gc_after_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, stopping: Stopping = never,
-                 detection: DetectionSettings | None = None) -> None:
+                 detection: DetectionSettings | None = None, tables: EventsTables | None = None,
+                 fail_work_items: bool = False) -> None:
         super().__init__()
+        self.tables = tables
         self.fn = TrackRunDoFn(windows_s, snapshot_interval_s, silence_s, gc_after_s, clock, stopping,
-                               detection)
+                               detection, tables, fail_work_items)
 
     def expand(self, keyed_batches: Any) -> Any:
-        return keyed_batches | "TrackRun" >> beam.ParDo(self.fn).with_outputs(DEAD_LETTER_TAG,
-                                                                                main="snapshots")
+        # Typed, so that the key's coder is the deterministic one of str whatever came before.
+        return keyed_batches | "TrackRun" >> beam.ParDo(self.fn).with_input_types(
+            tuple[str, Any]).with_outputs(DEAD_LETTER_TAG, main="snapshots")

@@ -22,9 +22,8 @@ TEMPLATE = REPO / "dataflow"
 # WriteToMonitoring/Gate) makes an in-place update lose its state: keep them, or give the update a
 # transform name mapping (README "Deploy", runbook).
 STEP_NAMES = [
-    "ReadPubSub", "WithSource", "ParseEvents", "ParseEvents/Validate", "RestoreRuns",
-    "RestoreRuns/Start", "RestoreRuns/UnreportedRuns", "RestoreRuns/WithUnreported",
-    "RestoreRuns/RestoreRun", "TrackRuns", "TrackRuns/TrackRun",
+    "ReadPubSub", "WithSource", "ParseEvents", "ParseEvents/Validate", "Unreported",
+    "Unreported/Start", "Unreported/UnreportedRuns", "WithUnreported", "TrackRuns", "TrackRuns/TrackRun",
     "SnapshotRows", "SnapshotRows/Rows", "InputRows", "DeadLetters", "DeadLetterRows", "DeadLetterRows/Rows",
     "AllRows", "WriteToBigQuery", "WriteToBigQuery/InsertPerBundle", "WriteToMonitoring",
     "WriteToMonitoring/ByRun", "WriteToMonitoring/Gate", "WriteToMonitoring/Write",

@@ -1,11 +1,15 @@
-"""The streaming run tracker with TestStream: processing-time timers, duplicates, silence, cleanup.
+"""The streaming run tracker with TestStream: timers, duplicates, silence, lag, drains, cleanup.
 
-Every test adds its messages at processing time 0 (the injected clock says 0 too), then moves
-processing time on so that the timers fire; each test says which timer fires when.
+Every test adds its messages at processing time 0 (the injected clock says 0 too), published
+(their timestamps) at ``PUBLISHED`` s unless it says otherwise: before the clock, as a publish
+time always is. It then moves processing time on so that SNAPSHOT_TIMER fires, and the watermark
+(what the pipeline has read of the publish times) so that QUIET_TIMER fires; each test says which
+timer fires when. The watermark's move to infinity at the end is the input's end (a drain).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -24,18 +28,26 @@ from apache_beam.utils.timestamp import Timestamp
 from goodput_schemas.wire import encode_batch
 from pipeline.beam import direct_runner, live
 from pipeline.beam.live import DecodedStates, TrackRunsLive
-from pipeline.beam.restore import Restored
 from pipeline.beam.transforms import SnapshotRows, WriteToDuckDB
 from pipeline.core import engine, state_coder
 from pipeline.core.detect import DetectionSettings
 from pipeline.core.events import Batch, Event, encode_events, parse_batch
 from pipeline.core.rows import timestamp
 from pipeline.core.snapshot import Snapshot
+from pipeline.sinks.raw_events import DuckDBEvents
 from support.beam import keyed_stream, replay, streaming_options, table
 from support.runs import record_ours, shape
 from support.steps import S, attempt_events, host_events, host_summaries, step_times
 
 WINDOWS = (300,)
+#: When the tests' messages are published, in seconds: long before the clock's 0, so that QUIET_TIMER
+#: is a silence, not the input's end.
+PUBLISHED = -10_000
+
+
+def published(seconds_after: float) -> float:
+    """The watermark ``seconds_after`` the tests' messages were published."""
+    return PUBLISHED + seconds_after
 
 
 @functools.cache
@@ -59,10 +71,10 @@ NO_EARLY_HANG = DetectionSettings(hang_min_s=3600)
 
 
 def track(stream: Stream, check: Any, stopping: Any = lambda: False, table: str = "goodput_snapshots",
-          detection: DetectionSettings = NO_EARLY_HANG, **timers: float) -> None:
+          detection: DetectionSettings = NO_EARLY_HANG, clock: Any = lambda: 0.0, **timers: float) -> None:
     settings = {"snapshot_interval_s": 30.0, "silence_s": 300.0, "gc_after_s": 600.0, **timers}
     with BeamTestPipeline(options=streaming_options()) as pipeline:
-        tracked = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0, stopping=stopping,
+        tracked = pipeline | stream | TrackRunsLive(WINDOWS, clock=clock, stopping=stopping,
                                                     detection=detection, **settings)
         rows = (tracked.snapshots
                 | SnapshotRows()
@@ -89,10 +101,10 @@ def test_interval_snapshot_and_then_silence():
     five minutes are lost, with every number the engine's for the same events and time."""
     batches = run_batches(end=False)
     latest = latest_time(batches)
-    stream = (keyed_stream()
+    stream = (keyed_stream(PUBLISHED)
               .add_elements([("run", b) for b in batches])
-              .advance_processing_time(31)    # SNAPSHOT_TIMER fires at 30 s
-              .advance_processing_time(280)   # SILENCE_TIMER fires at 300 s
+              .advance_processing_time(31)                # SNAPSHOT_TIMER fires at 30 s
+              .advance_watermark_to(published(310))      # QUIET_TIMER fires at 300 s
               .advance_watermark_to_infinity())
 
     def check(rows: list[dict[str, Any]]) -> None:
@@ -114,10 +126,10 @@ def test_a_silent_run_is_reported_every_interval_until_gc_after_s():
     comes, up to 600 s of silence (gc_after_s); each loses the time since the last event."""
     batches = run_batches(end=False)
     latest = latest_time(batches)
-    stream = (keyed_stream()
+    stream = (keyed_stream(PUBLISHED)
               .add_elements([("run", b) for b in batches])
-              .advance_processing_time(31)   # SNAPSHOT_TIMER at 30 s
-              .advance_processing_time(900)  # SILENCE_TIMER at 300 s, 330 s, ..., 600 s
+              .advance_processing_time(31)             # SNAPSHOT_TIMER at 30 s
+              .advance_watermark_to(published(900))   # QUIET_TIMER at 300 s, 330 s, ..., 600 s
               .advance_watermark_to_infinity())
 
     def check(rows: list[dict[str, Any]]) -> None:
@@ -140,10 +152,10 @@ def test_a_run_with_no_step_is_found_hung_within_its_threshold_and_one_interval(
     last step came 67 s before the restart: a hang it was killed in, found and ended.)"""
     batches = run_batches(end=False)
     last_step = max(t for batch in batches for t in batch.step_times)
-    stream = (keyed_stream()
+    stream = (keyed_stream(PUBLISHED)
               .add_elements([("run", b) for b in batches])
-              .advance_processing_time(31)   # SNAPSHOT_TIMER at 30 s
-              .advance_processing_time(30)   # SILENCE_TIMER at 60 s: the hang threshold
+              .advance_processing_time(31)            # SNAPSHOT_TIMER at 30 s
+              .advance_watermark_to(published(61))   # QUIET_TIMER at 60 s: the hang threshold
               .advance_watermark_to_infinity())
 
     def check(rows: list[dict[str, Any]]) -> None:
@@ -207,13 +219,14 @@ def test_a_worker_without_the_run_decoded_replays_its_log_and_compacts_to_the_sa
 
 
 def test_state_is_cleared_after_the_run_ends():
-    """After gc_after_s the ended run's state is gone: the same messages arriving again are news."""
+    """gc_after_s after its last message the ended run's state is gone: the same messages
+    arriving again are news."""
     batches = run_batches(end=True)
-    stream = (keyed_stream()
+    stream = (keyed_stream(PUBLISHED)
               .add_elements([("run", b) for b in batches])
               .advance_processing_time(10)
               .add_elements([("run", batches[-1])])   # a redelivery: the run has ended already
-              .advance_processing_time(700)           # GC_TIMER fires at 600 s
+              .advance_watermark_to(published(700))   # QUIET_TIMER forgets the run at 600 s
               .add_elements([("run", b) for b in batches])  # after clean-up: a new state
               .advance_processing_time(10)
               .advance_watermark_to_infinity())
@@ -298,31 +311,30 @@ def test_decoded_states_drop_the_least_recently_used_past_their_byte_budget():
     assert tiny.get("big", 1) is not None
 
 
-def test_state_written_per_message_is_the_message_not_the_history():
+def test_state_written_per_message_is_the_message_not_the_history(tmp_path):
     """A run restored with 20,000 steps of history, then 200 messages of 2 steps: the whole
     state is written once, with the restore, and each later message writes its own encoding
-    plus a constant, whatever the history (compaction is not due within these messages). The
+    plus the record, whatever the history (compaction is not due within these messages). The
     worker keeps the run decoded, so a message reads only the stored record, not the state."""
     direct_runner.count_every_bundle()
 
-    def message(first: int, count: int) -> Batch:
+    def message(first: int, count: int) -> bytes:
         records = [(seq, 1_700_000_000_000_000 + seq * 1_000_000, "step_start", {"step": seq})
                    for seq in range(first, first + count)]
-        batch, _ = parse_batch(encode_batch("run", "a", records).data)
-        assert batch is not None
-        return batch
+        return encode_batch("run", "a", records).data
 
-    history = tuple(message(first, 1000) for first in range(0, 20_000, 1000))
-    later = [message(first, 2) for first in range(20_000, 20_400, 2)]
+    history = [message(first, 1000) for first in range(0, 20_000, 1000)]
+    later = [parse_batch(message(first, 2))[0] for first in range(20_000, 20_400, 2)]
     state = engine.RunState("run")
-    for batch in history:
-        state.add_batch(batch)
+    for data in history:
+        state.add_batch(parse_batch(data)[0])
+    state.add_batch(later[0])
     whole = len(state_coder.encode_state(state))
-    messages = sum(len(state_coder.encode_batch(b)) for b in later)
-    stream = (keyed_stream().add_elements([("run", Restored(history, later[0], None))])
-              .add_elements([("run", b) for b in later[1:]]).advance_watermark_to_infinity())
+    logged = sum(len(state_coder.encode_batch(b)) for b in later[1:])  # the first came with the history
+    tables = DuckDBEvents(str(replay(history, tmp_path)))
+    stream = keyed_stream().add_elements([("run", b) for b in later]).advance_watermark_to_infinity()
     pipeline = beam.Pipeline(options=streaming_options())
-    _ = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0)
+    _ = pipeline | stream | TrackRunsLive(WINDOWS, clock=lambda: 0.0, tables=tables)
     result = pipeline.run()
     result.wait_until_finish()
 
@@ -330,16 +342,15 @@ def test_state_written_per_message_is_the_message_not_the_history():
         [counter] = result.metrics().query(MetricsFilter().with_name(name))["counters"]
         return int(counter.committed)
 
-    # the record, and the times of the last event, silence and next snapshot
-    constant = live._RECORD.size + 3 * live._TIME_BYTES
-    logged = messages - len(state_coder.encode_batch(later[0]))  # the first came with the history
-    assert whole + logged < counted("state_bytes_written") <= whole + 100 + logged + len(later) * constant
-    assert counted("state_bytes_read") <= 2 * live._RECORD.size * len(later)  # by messages and timers
+    assert counted("restored_runs") == 1
+    written = counted("state_bytes_written")
+    assert whole + logged < written <= whole + logged + len(later) * live.Record.SIZE + 200
+    assert counted("state_bytes_read") <= 2 * live.Record.SIZE * len(later)  # by messages and timers
 
 
 class Cell:
     """A Beam state cell's interface over memory: a value (read, write, clear) or a bag (read,
-    add, clear), to hold what an earlier version of the tracker stored."""
+    add, clear)."""
 
     def __init__(self, value: Any = None) -> None:
         self.value, self.items = value, []
@@ -362,68 +373,46 @@ class Bag(Cell):
         return list(self.items)
 
 
-def test_a_state_stored_whole_by_an_earlier_version_is_read_then_logged():
-    """A job updated in place holds runs stored whole in run_state with no record (before the
-    log). Such a run is read as it is, and its later messages go to the log; a worker that does
-    not keep it decoded reads the same state back from the whole state and the log."""
-    batches = run_batches(end=True)
-    earlier = engine.RunState("run")
-    for batch in batches[:-2]:
-        earlier.add_batch(batch)
-    fn = live.TrackRunDoFn(WINDOWS, 30.0, 300.0, 600.0)
-    fn.setup()
-    whole, log, info = Cell(state_coder.encode_state(earlier)), Bag(), Cell()
-    stored = live.StoredRun(fn, "run", whole, log, info)
-    state = stored.load()
-    assert state is not None and state.snapshot(latest_time(batches[:-2]), WINDOWS) == engine_snapshot(
-        batches[:-2], latest_time(batches[:-2]))
-    for batch in batches[-2:]:
-        state.add_batch(batch)
-        stored.append(batch, state)
-    assert info.read() is not None and len(log.read()) == 2 and whole.read() is not None
-    fn.decoded.drop("run")  # another worker: it reads the stored state and replays the log
-    again = live.StoredRun(fn, "run", whole, log, info).load()
-    assert again is not state and again is not None
-    assert again.snapshot(latest_time(batches), WINDOWS) == engine_snapshot(batches, latest_time(batches))
-
-
 class Timer:
-    """A timer's interface over memory: the times it was set for, in microseconds."""
+    """A timer's interface over memory: the times it was set for, in microseconds, or None once
+    cleared."""
 
     def __init__(self) -> None:
-        self.times: list[int] = []
+        self.times: list[int | None] = []
 
     def set(self, timestamp: Timestamp) -> None:
         self.times.append(timestamp.micros)
+
+    def clear(self) -> None:
+        self.times.append(None)
 
 
 class Tracked:
     """One run's cells and timers, and the tracker's methods called on them as a runner would."""
 
-    def __init__(self, now: list[float]) -> None:
+    def __init__(self, now: list[float], **settings: Any) -> None:
         self.fn = live.TrackRunDoFn(WINDOWS, 30.0, 300.0, 600.0, clock=lambda: now[0],
-                                    detection=NO_EARLY_HANG)
+                                    **{"detection": NO_EARLY_HANG, **settings})
         self.fn.setup()
-        self.whole, self.log, self.info = Cell(), Bag(), Cell()
-        self.arrived, self.snapshot_due, self.silence_due = Cell(), Cell(), Cell()
-        self.reported, self.reported_rows = Cell(), Cell()
-        self.silence_timer = Timer()
+        self.cells = {"whole": Cell(), "log": Bag(), "info": Cell(), "rows": Cell()}
+        self.timers = {"snapshot": Timer(), "quiet": Timer(), "final": Timer()}
 
-    def message(self, batch: Batch) -> None:
-        list(self.fn.process(
-            ("run", batch), GlobalWindow(), self.whole, self.log, self.info, self.arrived,
-            self.snapshot_due, self.silence_due, self.reported, self.reported_rows, Timer(),
-            self.silence_timer, Timer(), Timer()))
+    def record(self) -> live.Record:
+        return live.Record.decode(self.cells["info"].read())
+
+    def message(self, batch: Batch, published_us: int) -> list[Snapshot]:
+        return _snapshots(self.fn.process(("run", batch), Timestamp(micros=published_us), GlobalWindow(),
+                                          *self.cells.values(), *self.timers.values()))
 
     def snapshot_fires(self, at_us: int) -> list[Snapshot]:
-        return _snapshots(self.fn.on_snapshot(
-            "run", Timestamp(micros=at_us), self.whole, self.log, self.info, self.arrived,
-            self.snapshot_due, self.reported, self.reported_rows))
+        return _snapshots(self.fn.on_snapshot("run", Timestamp(micros=at_us), *self.cells.values()))
 
-    def silence_fires(self, at_us: int) -> list[Snapshot]:
-        return _snapshots(self.fn.on_silence(
-            "run", Timestamp(micros=at_us), self.whole, self.log, self.info, self.arrived,
-            self.silence_due, self.reported, self.reported_rows, self.silence_timer))
+    def quiet_fires(self, at_us: int) -> list[Snapshot]:
+        return _snapshots(self.fn.on_quiet("run", Timestamp(micros=at_us), *self.cells.values(),
+                                           *self.timers.values()))
+
+    def final_fires(self) -> list[Snapshot]:
+        return _snapshots(self.fn.on_final("run", *self.cells.values()))
 
 
 def _snapshots(outputs: Any) -> list[Snapshot]:
@@ -434,29 +423,69 @@ def test_a_timer_firing_that_is_not_the_pending_one_reports_nothing():
     """A runner may deliver a timer's firing twice, or the firing of a timer set again since
     (Beam's DirectRunner did, under a backlog, and a silent run was then reported over and over):
     only the pending timer's firing reports, known to the millisecond (Dataflow keeps a timer's
-    time to the millisecond). A silence firing with no pending time on record (a job updated from
-    a version that kept none) reports at its own time."""
+    time to the millisecond)."""
     batches = run_batches(end=False)
     now = [0.0]
     run = Tracked(now)
-    run.message(batches[0])
-    now[0] = 10.000_457  # the second message: silence due at 310.000457 s, the snapshot still at 30 s
-    run.message(batches[1])
-    assert run.snapshot_due.read() == 30 * S and run.silence_timer.times[-1] == 310 * S + 457
+    run.message(batches[0], PUBLISHED * S)
+    now[0] = 10.000_457  # the second message: silence due 310.000457 s after the first, the snapshot at 30 s
+    run.message(batches[1], PUBLISHED * S + 10_000_457)
+    assert run.record().due_us == 30 * S and run.timers["quiet"].times[-1] == (PUBLISHED + 310) * S + 457
     assert len(run.snapshot_fires(30 * S)) == 1
     assert run.snapshot_fires(30 * S) == []  # delivered twice
-    assert run.silence_fires(300 * S) == []  # set again since, for 310 s
-    [silent] = run.silence_fires(310 * S)  # its time to the millisecond
+    assert run.quiet_fires((PUBLISHED + 300) * S) == []  # set again since, for 310 s
+    [silent] = run.quiet_fires((PUBLISHED + 310) * S)  # its time to the millisecond
     assert silent.as_of_us == latest_time(batches[:2]) + 300 * S
-    assert run.silence_due.read() == 340 * S + 457  # the next, an interval on
-    assert run.silence_fires(310 * S) == []  # delivered twice
-    run.silence_due.clear()  # kept by no version before
-    [unrecorded] = run.silence_fires(400 * S)
-    assert unrecorded.as_of_us == latest_time(batches[:2]) + round((400 - 10.000_457) * S)
+    assert run.record().quiet_us == (PUBLISHED + 340) * S + 457  # the next, an interval on
+    assert run.quiet_fires((PUBLISHED + 310) * S) == []  # delivered twice
     now[0] = 500.0
-    run.message(batches[2])  # the next interval snapshot: at 510 s
+    run.message(batches[2], (PUBLISHED + 500) * S)  # the next interval snapshot: at 510 s
     assert run.snapshot_fires(30 * S) == []  # the one of 30 s, delivered again late
     assert len(run.snapshot_fires(510 * S)) == 1
+
+
+def test_a_run_that_never_ends_leaves_nothing_behind_gc_after_s_after_its_last_message():
+    """A run with no end, silent: reported every interval up to gc_after_s after its last message
+    (600 s, on publish time), then every state cell is empty and every timer cleared; the next
+    message of the run is a new run's first."""
+    batches = run_batches(end=False)
+    now = [0.0]
+    run = Tracked(now)
+    for batch in batches:
+        run.message(batch, PUBLISHED * S)
+    now[0] = 1_000.0  # the clock past every firing: each is a silence, not the input's end
+    fired = 0
+    while (due := run.record().quiet_us) < (PUBLISHED + 600) * S:
+        assert len(run.quiet_fires(due)) == 1
+        fired += 1
+    assert fired == 1 + (600 - 300) // 30 - 1  # at 300 s, 330 s, ..., 570 s
+    [last] = run.quiet_fires((PUBLISHED + 600) * S)
+    assert last.as_of_us == latest_time(batches) + 600 * S
+    assert {name: (cell.value, cell.items) for name, cell in run.cells.items()} == {
+        name: (None, []) for name in run.cells}
+    assert [timer.times[-1] for timer in run.timers.values()] == [None, None, None]
+    assert run.fn.decoded.get("run", 0) is None
+    assert run.final_fires() == [] and run.quiet_fires((PUBLISHED + 600) * S) == []
+    run.message(batches[0], (PUBLISHED + 700) * S)
+    assert run.record().log_entries == 0 and len(run.fn.decoded._entries) == 1  # written whole: new
+
+
+def test_a_quiet_timer_that_fires_before_its_time_on_the_clock_is_the_inputs_end():
+    """A drain moves the watermark to infinity at once: QUIET_TIMER fires though the clock is
+    still before its time. That reports nothing and sets no timer; FINAL_TIMER then reports the
+    run once, and nothing follows it."""
+    batches = run_batches(end=False)
+    now = [0.0]
+    run = Tracked(now, detection=DetectionSettings())
+    for batch in batches:
+        run.message(batch, 0)
+    now[0] = 20.0  # a drain 20 s after the messages: the hang threshold, 60 s, is not up
+    quiet = run.record().quiet_us
+    assert run.quiet_fires(quiet) == []
+    assert run.record().quiet_us == quiet and run.timers["quiet"].times[-1] == quiet
+    [final] = run.final_fires()
+    assert final.as_of_us == latest_time(batches) + 20 * S and final.open_anomalies["hang"] == 0
+    assert run.final_fires() == [] and run.snapshot_fires(run.timers["snapshot"].times[-1]) == []
 
 
 #: The processing time the stream's clock says: set by ``Arrive`` as messages come.
@@ -532,3 +561,42 @@ def test_a_host_summary_too_late_to_be_scored_is_counted():
     result.wait_until_finish()
     [counter] = result.metrics().query(MetricsFilter().with_name("late_host_summaries"))["counters"]
     assert counter.committed == 1
+
+
+def test_a_pipeline_three_hang_thresholds_behind_finds_the_run_that_stopped_and_no_other(tmp_path):
+    """Two runs of 1 s steps publish a message every 10 s; "stuck" stops after 60 s, "busy" goes
+    on for 800 s. The pipeline reads each message 180 s after it was published (three times the
+    hang threshold, 60 s: a backlog after an outage), then catches up. Silence goes by what it has
+    read: "stuck" is found hung, 60 s after its last step; "busy" has no anomaly and no silent
+    snapshot, though the clock was 180 s past its latest message read, again and again."""
+    start = 1_750_000_000 * S
+    runs = {"busy": step_times(800, 1.0, noise=0.0, compile_s=0.0, start_us=start),
+            "stuck": step_times(60, 1.0, noise=0.0, compile_s=0.0, start_us=start)}
+    stream, clock_s = keyed_stream(-1), 0.0
+    for published_s in range(0, 810, 10):
+        read_s = published_s + 180 if published_s < 600 else 780 + (published_s - 600) / 10  # catching up
+        stream, clock_s = stream.advance_processing_time(read_s - clock_s), read_s
+        elements = []
+        for run_id, times in runs.items():
+            events = [dataclasses.replace(event, run_id=run_id) for event in attempt_events("a", times)
+                      if published_s * S <= event.time_us - start + 10 * S < (published_s + 10) * S]
+            if events:
+                elements.append((run_id, (read_s, parse_batch(encode_events(events))[0])))
+        stream = stream.advance_watermark_to(published_s).add_elements(elements)
+    stream = stream.advance_watermark_to_infinity()
+    database = tmp_path / "lag.duckdb"
+    _NOW[0] = 0.0
+    pipeline = beam.Pipeline(options=streaming_options())
+    tracked = (pipeline | stream | beam.ParDo(Arrive())
+               | TrackRunsLive(WINDOWS, clock=_processing_time, detection=DetectionSettings()))
+    tracked.snapshots | SnapshotRows() | WriteToDuckDB(str(database))
+    pipeline.run().wait_until_finish()
+    with duckdb.connect(str(database), read_only=True) as connection:
+        anomalies = connection.execute("SELECT run_id, kind, epoch_us(started_at), epoch_us(detected_at) "
+                                       "FROM run_anomalies").fetchall()
+        busy = connection.execute("SELECT count(*), min(goodput_pct) FROM goodput_snapshots WHERE run_id = "
+                                  "'busy' AND window_s = 300 AND epoch_us(snapshot_time) > ?",
+                                  [start + 400 * S]).fetchall()
+    last_step = runs["stuck"][-1]
+    assert anomalies == [("stuck", "hang", last_step, last_step + 60 * S)]
+    assert busy[0][0] >= 5 and busy[0][1] > 95  # every snapshot of it productive, none silent

@@ -13,13 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import apache_beam as beam
 import duckdb
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
 from goodput_schemas.wire import workload_run_id
 from pipeline.beam.live import TrackRunsLive
-from pipeline.beam.restore import RestoreRuns
+from pipeline.beam.restore import UnreportedRuns
 from pipeline.beam.transforms import DeadLetterRows, SnapshotRows, WriteToDuckDB
 from pipeline.core import engine
 from pipeline.core.events import Batch, parse_batch
@@ -91,16 +92,18 @@ def test_a_failing_snapshot_is_a_dead_letter_and_the_other_runs_are_written(
 
 
 def stream(elements: list[tuple[str, Batch]], database: Path, restore_from: EventsTables | None = None,
-           then: Callable[[Any], Any] = lambda s: s) -> None:
-    """The live tracker on ``elements`` (all at processing time 0, the clock says 0), then
-    ``then``, then 31 s on (SNAPSHOT_TIMER fires at 30 s); its rows in ``database``."""
+           then: Callable[[Any], Any] = lambda s: s, clock_s: float = 0.0) -> None:
+    """The live tracker on ``elements`` (all published at 0 and read at processing time 0, when
+    the clock says ``clock_s``), then ``then``, then 31 s on (SNAPSHOT_TIMER fires at 30 s if the
+    clock said 0), then the end of the input; its rows in ``database``."""
     test_stream = then(keyed_stream().add_elements(elements)).advance_processing_time(31)
     test_stream = test_stream.advance_watermark_to_infinity()
     with BeamTestPipeline(options=streaming_options()) as pipeline:
         events = pipeline | test_stream
         if restore_from is not None:
-            events = events | RestoreRuns(restore_from, 600.0, clock=lambda: 0.0)
-        tracked = events | TrackRunsLive(WINDOWS, 30.0, 10_000.0, 600.0, clock=lambda: 0.0)
+            events = (events, pipeline | UnreportedRuns(restore_from, clock=lambda: clock_s)) | beam.Flatten()
+        tracked = events | TrackRunsLive(WINDOWS, 30.0, 10_000.0, 600.0, clock=lambda: clock_s,
+                                         tables=restore_from)
         tracked.snapshots | "SnapshotRows" >> SnapshotRows() | "Snapshots" >> WriteToDuckDB(str(database))
         (tracked.dead_letter | DeadLetterRows()
          | "DeadLetters" >> WriteToDuckDB(str(database)))
@@ -201,18 +204,28 @@ def test_a_run_whose_history_cannot_be_read_goes_on_from_its_message(clean_lines
 
 
 def test_a_run_forgotten_after_its_end_is_restored_when_it_speaks_again(clean_lines, tmp_path):
-    """After GC_TIMER cleared an ended run, a message that arrives late is added to its whole
-    history from the events table, not to an empty state."""
-    ended = [line for line in clean_lines if batch_of(line).run_id == "run-a"]  # shape 1 ends
-    late = ended.pop(len(ended) // 2)
-    written = replay(ended, tmp_path / "written")  # what the stream wrote before it forgot the run
-    stream(keyed(ended), tmp_path / "live.duckdb", restore_from=DuckDBEvents(str(written)),
-           then=lambda s: s.advance_processing_time(700).add_elements(keyed([late])))  # GC at 600 s
-    stream(keyed([*ended, late]), tmp_path / "whole.duckdb")
-    # The same ended run; reported as of a later time: after its interval snapshot while the
-    # late message was missing (a run's snapshot times never go back).
-    live, whole = (final_rows(tmp_path / name)["run-a"] for name in ("live.duckdb", "whole.duckdb"))
-    assert live[1:] == whole[1:] and live[0] > whole[0]
+    """A run silent for 600 s of publish time after its last message (gc_after_s, the clock past
+    it) is forgotten, ended or not. Its end, arriving later, is added to its whole history from
+    the events table the stream writes, not to an empty state: the run's numbers are those of a
+    stream that had the end in time, reported after its silent snapshots. Without the restore,
+    the run would be the end's message alone."""
+    run = [line for line in clean_lines if batch_of(line).run_id == "run-a"]  # shape 1 ends
+    [late] = [line for line in run if any(e.kind == "job_end" for e in batch_of(line).others)]
+    run.remove(late)
+    live = replay(run, tmp_path / "live")  # the table as the stream wrote it before it forgot the run
+    for database, tables in ((live, DuckDBEvents(str(live))), (tmp_path / "forgetful.duckdb", None)):
+        stream(keyed(run), database, restore_from=tables, clock_s=1_000.0,
+               then=lambda s: s.advance_watermark_to(700).add_elements(keyed([late])))
+    stream(keyed([*run, late]), tmp_path / "whole.duckdb")
+    restored, forgetful, whole = (final_rows(database)["run-a"] for database in (
+        live, tmp_path / "forgetful.duckdb", tmp_path / "whole.duckdb"))
+    assert restored[1:] == whole[1:] and restored[-1]
+    assert forgetful[1:] != whole[1:]
+    cumulative = "SELECT count(*) FROM goodput_snapshots WHERE run_id = 'run-a' AND window_s = 0 AND "
+    [(earlier,)] = query(live, cumulative + f"snapshot_time >= '{restored[0]}'")
+    assert earlier == 1  # the restored run's snapshot is its latest
+    [(silent,)] = query(live, cumulative + "NOT ended")
+    assert silent > 10  # from its hang threshold on, every 30 s, up to 600 s
 
 
 def test_an_end_that_arrives_after_a_later_snapshot_is_the_runs_latest(clean_lines, tmp_path):

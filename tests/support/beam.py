@@ -13,12 +13,14 @@ import duckdb
 SNAPSHOT_TABLES = ("goodput_snapshots", "badput_snapshots", "step_stats", "disruptions")
 
 
-def keyed_stream() -> Any:
-    """A TestStream of (run id, message) pairs, with a deterministic key coder for keyed state."""
+def keyed_stream(published_s: float = 0.0) -> Any:
+    """A TestStream of (run id, message) pairs, with a deterministic key coder for keyed state. Its
+    elements are published (timestamped) at ``published_s`` unless the test moves the watermark."""
     from apache_beam import coders
     from apache_beam.testing.test_stream import TestStream
 
-    return TestStream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.FastPrimitivesCoder()]))
+    return TestStream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.FastPrimitivesCoder()])
+                      ).advance_watermark_to(published_s)
 
 
 def streaming_options() -> Any:
