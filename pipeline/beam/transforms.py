@@ -17,13 +17,14 @@ without its rows would have lost them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.coders import PickleCoder, VarIntCoder
+from apache_beam.coders import BytesCoder, VarIntCoder
 from apache_beam.metrics.metric import Metrics
 from apache_beam.pvalue import AsSingleton, PCollection, TaggedOutput
 from apache_beam.transforms.timeutil import TimeDomain
@@ -334,9 +335,14 @@ class _GateSeries(beam.DoFn):
     writer, in time order, and no point sooner than ``min_interval_s`` after the last. A snapshot
     that the interval holds back waits, replaced by any later one, until the interval allows
     (while streaming) or the input ends (the end of a batch, a drain); one older than
-    ``max_lag_s`` is history and is not written, unless ``latest_now``."""
+    ``max_lag_s`` is history and is not written, unless ``latest_now``.
 
-    PENDING = ReadModifyWriteStateSpec("pending", PickleCoder())  # (as_of_us, points) held back
+    While streaming, RELEASE fires once more ``min_interval_s`` after a release, and forgets the
+    time of the last points if none came since: a run's state here lasts an interval past its
+    last snapshot, and its timers with it. The state's coders are deterministic (the pending
+    points as versioned JSON, ``encode_pending``), so that an update (``--update``) carries it."""
+
+    PENDING = ReadModifyWriteStateSpec("pending", BytesCoder())  # encode_pending(as_of_us, points)
     LAST = ReadModifyWriteStateSpec("last_us", VarIntCoder())  # end time of the last points
     RELEASE = TimerSpec("release", TimeDomain.REAL_TIME)
     FINAL = TimerSpec("final", TimeDomain.WATERMARK)
@@ -355,31 +361,36 @@ class _GateSeries(beam.DoFn):
         points = snapshot_points(snapshot, settings.location, settings.cluster_name)
         earliest = self._earliest(last)
         if not self.streaming or (self._now_us() >= earliest and pending.read() is None):
-            yield from self._release(snapshot.as_of_us, points, last)
+            yield from self._release(snapshot.as_of_us, points, last, release)
             return
         if pending.read() is None:
             release.set(Timestamp(micros=earliest))
             final.set(window.max_timestamp())
-        pending.write((snapshot.as_of_us, points))
+        pending.write(encode_pending(snapshot.as_of_us, points))
 
     @on_timer(RELEASE)
     def on_release(self, pending: Any = beam.DoFn.StateParam(PENDING),
-                   last: Any = beam.DoFn.StateParam(LAST)) -> Iterator[Point]:
-        yield from self._release_pending(pending, last)
+                   last: Any = beam.DoFn.StateParam(LAST), release: Any = beam.DoFn.TimerParam(RELEASE),
+                   final: Any = beam.DoFn.TimerParam(FINAL)) -> Iterator[Point]:
+        if pending.read() is not None:
+            final.clear()
+            yield from self._release_pending(pending, last, release)
+        elif self._now_us() >= self._earliest(last):  # an interval after the last points: forget them
+            last.clear()
 
     @on_timer(FINAL)
     def on_final(self, pending: Any = beam.DoFn.StateParam(PENDING),
-                 last: Any = beam.DoFn.StateParam(LAST)) -> Iterator[Point]:
-        yield from self._release_pending(pending, last)
+                 last: Any = beam.DoFn.StateParam(LAST), release: Any = beam.DoFn.TimerParam(RELEASE)
+                 ) -> Iterator[Point]:
+        yield from self._release_pending(pending, last, release)
 
-    def _release_pending(self, pending: Any, last: Any) -> Iterator[Point]:
+    def _release_pending(self, pending: Any, last: Any, release: Any) -> Iterator[Point]:
         held = pending.read()
         pending.clear()
         if held is not None:
-            as_of_us, points = held
-            yield from self._release(as_of_us, points, last)
+            yield from self._release(*decode_pending(held), last, release)
 
-    def _release(self, as_of_us: int, points: list[Point], last: Any) -> Iterator[Point]:
+    def _release(self, as_of_us: int, points: list[Point], last: Any, release: Any) -> Iterator[Point]:
         """The points stamped now, or as soon as the interval allows; none if they are history."""
         now_us = self._now_us()
         if (now_us - as_of_us) / 1e6 > self.settings.max_lag_s and not self.settings.latest_now:
@@ -387,6 +398,8 @@ class _GateSeries(beam.DoFn):
             return
         end_us = max(now_us, self._earliest(last))
         last.write(end_us)
+        if self.streaming:
+            release.set(Timestamp(micros=self._earliest(last)))  # to forget end_us then
         for point in points:
             yield dataclasses.replace(point, end_us=end_us)
 
@@ -397,6 +410,25 @@ class _GateSeries(beam.DoFn):
 
     def _now_us(self) -> int:
         return round(self.clock() * 1e6)
+
+
+#: The version of ``encode_pending``'s layout.
+PENDING_VERSION = 1
+
+
+def encode_pending(as_of_us: int, points: list[Point]) -> bytes:
+    """A snapshot's points held back by the gate, as deterministic, versioned JSON."""
+    return json.dumps([PENDING_VERSION, as_of_us, [
+        [p.metric, [list(label) for label in p.labels], p.run_id, p.location, p.value] for p in points]],
+        separators=(",", ":")).encode()
+
+
+def decode_pending(data: bytes) -> tuple[int, list[Point]]:
+    version, as_of_us, points = json.loads(data)
+    if version != PENDING_VERSION:
+        raise ValueError(f"not a version {PENDING_VERSION} pending snapshot: version {version}")
+    return as_of_us, [Point(metric, tuple((key, value) for key, value in labels), run_id, location, value)
+                      for metric, labels, run_id, location, value in points]
 
 
 class _WritePoints(beam.DoFn):

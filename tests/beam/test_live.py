@@ -37,6 +37,7 @@ from pipeline.core.snapshot import Snapshot
 from pipeline.sinks.raw_events import DuckDBEvents
 from support.beam import keyed_stream, replay, streaming_options, table
 from support.runs import record_ours, shape
+from support.state import Bag, Cell, Timer
 from support.steps import S, attempt_events, host_events, host_summaries, step_times
 
 WINDOWS = (300,)
@@ -346,45 +347,6 @@ def test_state_written_per_message_is_the_message_not_the_history(tmp_path):
     written = counted("state_bytes_written")
     assert whole + logged < written <= whole + logged + len(later) * live.Record.SIZE + 200
     assert counted("state_bytes_read") <= 2 * live.Record.SIZE * len(later)  # by messages and timers
-
-
-class Cell:
-    """A Beam state cell's interface over memory: a value (read, write, clear) or a bag (read,
-    add, clear)."""
-
-    def __init__(self, value: Any = None) -> None:
-        self.value, self.items = value, []
-
-    def read(self) -> Any:
-        return self.value
-
-    def write(self, value: Any) -> None:
-        self.value = value
-
-    def add(self, item: Any) -> None:
-        self.items.append(item)
-
-    def clear(self) -> None:
-        self.value, self.items = None, []
-
-
-class Bag(Cell):
-    def read(self) -> Any:
-        return list(self.items)
-
-
-class Timer:
-    """A timer's interface over memory: the times it was set for, in microseconds, or None once
-    cleared."""
-
-    def __init__(self) -> None:
-        self.times: list[int | None] = []
-
-    def set(self, timestamp: Timestamp) -> None:
-        self.times.append(timestamp.micros)
-
-    def clear(self) -> None:
-        self.times.append(None)
 
 
 class Tracked:

@@ -3,11 +3,14 @@ points in time order and no more often than the interval, with the run's latest 
 
 from __future__ import annotations
 
+import json
+
 import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that
+from apache_beam.transforms.window import GlobalWindow
 
-from pipeline.beam.transforms import _GateSeries
+from pipeline.beam.transforms import PENDING_VERSION, _GateSeries, decode_pending
 from pipeline.sinks.monitoring import (
     REFERENCE,
     MonitoringSettings,
@@ -16,6 +19,8 @@ from pipeline.sinks.monitoring import (
 )
 from support.beam import keyed_stream, streaming_options
 from support.runs import run_snapshot
+from support.state import Cell, Timer
+from support.steps import S
 
 
 def test_gate_releases_each_run_at_most_every_interval_with_its_latest_values():
@@ -51,3 +56,28 @@ def test_gate_releases_each_run_at_most_every_interval_with_its_latest_values():
                   | stream
                   | beam.ParDo(_GateSeries(MonitoringSettings(), streaming=True, clock=lambda: 0.0)))
         assert_that(points, check)
+
+
+def test_gate_forgets_a_run_an_interval_after_its_last_points_and_codes_its_state_as_json():
+    """Called as a runner would: a snapshot released at once, a second held back (its points kept
+    as versioned JSON, the same points back), released when the interval allows; an interval
+    after that, with nothing new, the run's state is empty and its timers cleared or spent."""
+    gate = _GateSeries(MonitoringSettings(), streaming=True, clock=lambda: now[0])
+    now = [100.0]
+    pending, last, release, final = Cell(), Cell(), Timer(), Timer()
+    first, second = run_snapshot(after_s=0), run_snapshot(after_s=5)
+    released = list(gate.process(("run-1", first), GlobalWindow(), pending, last, release, final))
+    assert {p.end_us for p in released} == {100 * S} and release.times == [110 * S]
+    now[0] = 103.0
+    assert list(gate.process(("run-1", second), GlobalWindow(), pending, last, release, final)) == []
+    assert decode_pending(pending.read()) == (second.as_of_us, snapshot_points(second))
+    assert json.loads(pending.read())[0] == PENDING_VERSION
+    now[0] = 110.0
+    held = list(gate.on_release(pending, last, release, final))
+    assert [p.value for p in held] == [p.value for p in snapshot_points(second)]
+    assert {p.end_us for p in held} == {110 * S} and final.times[-1] is None and release.times[-1] == 120 * S
+    now[0] = 115.0  # a firing delivered early or again: the interval is not up, nothing forgotten
+    assert list(gate.on_release(pending, last, release, final)) == [] and last.read() == 110 * S
+    now[0] = 120.0
+    assert list(gate.on_release(pending, last, release, final)) == []
+    assert (pending.read(), last.read()) == (None, None)
