@@ -426,6 +426,7 @@ def test_a_run_that_never_ends_leaves_nothing_behind_gc_after_s_after_its_last_m
     assert {name: (cell.value, cell.items) for name, cell in run.cells.items()} == {
         name: (None, []) for name in run.cells}
     assert [timer.times[-1] for timer in run.timers.values()] == [None, None, None]
+    assert run.timers["snapshot"].times == [30 * S, None]  # set by the first message only, then cleared
     assert run.fn.decoded.get("run", 0) is None
     assert run.final_fires() == [] and run.quiet_fires((PUBLISHED + 600) * S) == []
     run.message(batches[0], (PUBLISHED + 700) * S)
