@@ -7,9 +7,10 @@ metrics (``state_bytes_written``, ``state_bytes_read``, ``state_bytes_compacted`
 figure here is those counters.
 
 * At each history size the run comes with that history (a relaunch that restores it from the
-  warehouse, written whole once), then ``MESSAGES`` live messages follow, through the tracker on
+  warehouse's raw events, written whole once; here a table in memory holds them), then
+  ``MESSAGES`` live messages follow, through the tracker on
   the DirectRunner with its state in the runner. Per message: what a message writes on its own
-  path (its log entry, the record, its times), over the messages after the first; compaction
+  path (its log entry and the record of its state and times), over the messages after the first; compaction
   (``state_bytes_compacted``, on a timer, off that path) is shown apart. The message's own size
   is its Pub/Sub data. The whole state, which every message wrote before the state kept a log,
   is shown beside.
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.costs import FLEET_RUN_ID, STEP_S, _fleet_records, _Line, _live_messages
+from pipeline.sinks.raw_events import EventsTables
 
 HISTORIES = (1_000, 10_000, 100_000)  # steps before the measured messages
 MESSAGES = 200
@@ -40,15 +42,34 @@ MESSAGE_MARGIN_BYTES = 1_000  # a message writes at most its own size and this
 
 
 def _messages(steps: int) -> list[Any]:
-    """The fleet run's live messages up to ``steps`` steps, parsed: (Pub/Sub data bytes, batch)."""
+    """The fleet run's live messages up to ``steps`` steps: (Pub/Sub data, its batch)."""
     from pipeline.core.events import parse_batch
 
     parsed = []
     for message in _live_messages(FLEET_RUN_ID, "attempt-1", _fleet_records(steps)):
         batch, dead = parse_batch(message.data)
         assert batch is not None and not dead
-        parsed.append((len(message.data), batch))
+        parsed.append((message.data, batch))
     return parsed
+
+
+class _History(EventsTables):
+    """Raw events tables in memory that hold one run's messages (the tracker restores it from
+    them), and nothing unreported."""
+
+    source = "memory"
+
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = messages
+
+    def run_ids(self) -> frozenset[str]:
+        return frozenset({FLEET_RUN_ID})
+
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+        return [(self.source, data) for data in self.messages], None
+
+    def unreported_runs(self, since_us: int) -> list[str]:
+        return []
 
 
 def _counted(result: Any, name: str) -> int:
@@ -58,9 +79,9 @@ def _counted(result: Any, name: str) -> int:
     return sum(int(counter.committed) for counter in counters)
 
 
-def _through_beam(history: list[Any], later: list[Any]) -> tuple[int, ...]:
+def _through_beam(history: list[bytes], later: list[Any]) -> tuple[int, ...]:
     """Bytes written (of them, by compaction) and read by the tracker on the DirectRunner: the
-    run restored with ``history`` and the first of ``later``, then the rest of ``later``."""
+    run restored from ``history`` (messages) with the first of ``later``, then the rest."""
     import apache_beam as beam
     from apache_beam import coders
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -68,17 +89,16 @@ def _through_beam(history: list[Any], later: list[Any]) -> tuple[int, ...]:
 
     from pipeline.beam import direct_runner
     from pipeline.beam.live import TrackRunsLive
-    from pipeline.beam.restore import Restored
 
     direct_runner.count_every_bundle()
     options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
     options.view_as(StandardOptions).streaming = True
     stream = (TestStream(coder=coders.TupleCoder([coders.StrUtf8Coder(), coders.FastPrimitivesCoder()]))
-              .add_elements([(FLEET_RUN_ID, Restored(tuple(history), later[0], None))])
+              .add_elements([(FLEET_RUN_ID, later[0])])
               .add_elements([(FLEET_RUN_ID, batch) for batch in later[1:]])
               .advance_watermark_to_infinity())
     pipeline = beam.Pipeline(options=options)
-    _ = pipeline | stream | TrackRunsLive((300,), clock=lambda: 0.0)
+    _ = pipeline | stream | TrackRunsLive((300,), clock=lambda: 0.0, tables=_History(history))
     result = pipeline.run()
     result.wait_until_finish()
     return tuple(_counted(result, f"state_bytes_{name}") for name in ("written", "compacted", "read"))
@@ -92,14 +112,14 @@ def _per_message() -> list[dict[str, float]]:
     for history_steps in HISTORIES:
         first = next(i for i, (_, batch) in enumerate(messages)
                      if batch.steps and batch.steps[-1] >= history_steps)
-        history = [batch for _, batch in messages[:first]]
+        history = messages[:first]
         later = messages[first:first + MESSAGES]
         state = engine.RunState(FLEET_RUN_ID)
-        for batch in [*history, later[0][1]]:
+        for _, batch in [*history, later[0]]:
             state.add_batch(batch)
         restored = len(state_coder.encode_state(state))
-        written, compacted, read = _through_beam(history, [batch for _, batch in later])
-        rows.append({"steps": history_steps, "message": statistics.median(n for n, _ in later),
+        written, compacted, read = _through_beam([data for data, _ in history], [batch for _, batch in later])
+        rows.append({"steps": history_steps, "message": statistics.median(len(data) for data, _ in later),
                      "whole": restored, "written": (written - restored - compacted) / (MESSAGES - 1),
                      "compacted": compacted, "read": read / (MESSAGES - 1)})
     return rows
@@ -177,7 +197,7 @@ def state_writes(batches: list[Any]) -> tuple[float, int]:
     from pipeline.core import engine
 
     fn, state = _tracker(), engine.RunState(batches[0].run_id)
-    stored = StoredRun(fn, state.run_id, _Value(), _Bag(), _Value())
+    stored = StoredRun(fn.store, state.run_id, _Value(), _Bag(), _Value())
     interval_us = round(SNAPSHOT_INTERVAL_S * 1e6)
     next_snapshot_us, seconds = batches[0].max_time_us + interval_us, 0.0
     with _counting() as counted:
@@ -188,6 +208,7 @@ def state_writes(batches: list[Any]) -> tuple[float, int]:
             if batch.max_time_us >= next_snapshot_us:
                 stored.compact(state)
                 next_snapshot_us += interval_us
+            stored.save()
             seconds += time.perf_counter() - started
         return seconds, counted("state_bytes_written")
 
@@ -195,12 +216,12 @@ def state_writes(batches: list[Any]) -> tuple[float, int]:
 def _life() -> list[tuple[int, int, int, int, float]]:
     """(steps, messages, bytes written, of them by compaction, CPU s) at every checkpoint."""
     from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import Timestamp
 
     fn = _tracker()
-    cells = {name: _Value() for name in ("run_state", "run_info", "arrived", "snapshot_due",
-                                          "silence_due", "reported")}
-    cells["run_log"] = _Bag()
-    timers = [_Timer() for _ in range(4)]  # snapshot, silence, gc, final
+    due = Timestamp(micros=round(SNAPSHOT_INTERVAL_S * 1e6))  # the clock says 0: always this
+    cells = [_Value(), _Bag(), _Value(), _Value()]  # run_state, run_log, run_info, reported_rows
+    timers = [_Timer() for _ in range(3)]  # snapshot, quiet, final
     points = []
     messages = _messages(LIFE_STEPS)
     interval_us = round(SNAPSHOT_INTERVAL_S * 1e6)
@@ -214,13 +235,10 @@ def _life() -> list[tuple[int, int, int, int, float]]:
     with _counting() as counted:
         for count, (_, batch) in enumerate(messages, 1):
             started = time.process_time()
-            drain(fn.process((FLEET_RUN_ID, batch), GlobalWindow(), cells["run_state"], cells["run_log"],
-                             cells["run_info"], cells["arrived"], cells["snapshot_due"],
-                             cells["silence_due"], cells["reported"], *timers))
+            published = Timestamp(micros=batch.max_time_us)
+            drain(fn.process((FLEET_RUN_ID, batch), published, GlobalWindow(), *cells, *timers))
             if batch.max_time_us >= next_snapshot_us:  # the interval timer, as of that time
-                drain(fn.on_snapshot(FLEET_RUN_ID, cells["run_state"], cells["run_log"],
-                                     cells["run_info"], cells["arrived"], cells["snapshot_due"],
-                                     cells["reported"]))
+                drain(fn.on_snapshot(FLEET_RUN_ID, due, *cells))
                 next_snapshot_us += interval_us
             cpu_s += time.process_time() - started
             if batch.steps and batch.steps[-1] + 1 >= next_checkpoint:
@@ -231,6 +249,8 @@ def _life() -> list[tuple[int, int, int, int, float]]:
 
 
 def run() -> str:
+    from pipeline.beam.live import Record
+
     rows = _per_message()
     life = _life()
     written = [row["written"] for row in rows]
@@ -254,8 +274,8 @@ def run() -> str:
         "",
         f"Written per message: largest / smallest = {flat:.2f} (target ≤ {FLAT_MAX}); every size "
         f"{'within' if bound_ok else 'NOT within'} the message's own size + {MESSAGE_MARGIN_BYTES:,} "
-        "bytes. A message reads only the 32-byte record of the run's state when its worker keeps "
-        "the run decoded.",
+        f"bytes. A message reads only the {Record.SIZE}-byte record of the run's state when its "
+        "worker keeps the run decoded.",
         "",
         "| over the life (steps) | messages | state written (bytes) | of it, compaction (bytes) "
         "| tracker CPU (s) |",

@@ -195,6 +195,17 @@ class Record:
         return cls(*cls._LAYOUT.unpack(data)[1:])
 
 
+class RunStore:
+    """What the stored runs of a worker process share: the decoded states it keeps and the
+    counters of the bytes of state read and written."""
+
+    def __init__(self, decoded: DecodedStates) -> None:
+        self.decoded = decoded
+        self.written = Metrics.counter("goodput", "state_bytes_written")
+        self.read = Metrics.counter("goodput", "state_bytes_read")
+        self.compacted = Metrics.counter("goodput", "state_bytes_compacted")  # written, too
+
+
 class StoredRun:
     """One run's state as Beam stores it, through the state cells of one call of the tracker:
     the state encoded whole as of its last compaction (``whole``), the messages added since
@@ -209,8 +220,8 @@ class StoredRun:
     (and ``COMPACT_MIN_BYTES``): the state written whole at least doubles in between, so a run's
     life writes bytes in proportion to its length. Changes are written by ``save``."""
 
-    def __init__(self, fn: TrackRunDoFn, run_id: str, whole: Any, log: Any, info: Any) -> None:
-        self.fn, self.run_id, self.whole, self.log, self.info = fn, run_id, whole, log, info
+    def __init__(self, store: RunStore, run_id: str, whole: Any, log: Any, info: Any) -> None:
+        self.store, self.run_id, self.whole, self.log, self.info = store, run_id, whole, log, info
         self.record: Record | None = None
         self._changed: engine.RunState | None = None  # a state to store under a new token
 
@@ -220,7 +231,7 @@ class StoredRun:
             data = self.info.read()
             if data is None:
                 return None
-            self.fn.bytes_read.inc(len(data))
+            self.store.read.inc(len(data))
             self.record = Record.decode(data)
         return self.record
 
@@ -229,22 +240,22 @@ class StoredRun:
         record = self.read_record()
         if record is None:
             return None
-        kept = self.fn.decoded.get(self.run_id, record.token)
+        kept = self.store.decoded.get(self.run_id, record.token)
         if kept is not None:
             return kept
         state = (state_coder.decode_state(self.whole.read()) if record.whole_bytes
                  else engine.RunState(self.run_id))
         for entry in self.log.read():
             state.add_batch(state_coder.decode_batch(self.run_id, entry))
-        self.fn.bytes_read.inc(record.whole_bytes + record.log_bytes)
-        self.fn.decoded.put(self.run_id, record.token, record.whole_bytes + record.log_bytes, state)
+        self.store.read.inc(record.whole_bytes + record.log_bytes)
+        self.store.decoded.put(self.run_id, record.token, record.whole_bytes + record.log_bytes, state)
         return state
 
     def append(self, batch: Batch, state: engine.RunState) -> None:
         """Stores ``state``, which is the loaded one with ``batch`` added."""
         entry = state_coder.encode_batch(batch)
         self.log.add(entry)
-        self.fn.bytes_written.inc(len(entry))
+        self.store.written.inc(len(entry))
         record = self.record = self.record or Record()
         record.log_entries, record.log_bytes = record.log_entries + 1, record.log_bytes + len(entry)
         self._changed = state
@@ -254,7 +265,7 @@ class StoredRun:
         encoded = state_coder.encode_state(state)
         self.whole.write(encoded)
         self.log.clear()
-        self.fn.bytes_written.inc(len(encoded))
+        self.store.written.inc(len(encoded))
         record = self.record = self.record or Record()
         record.whole_bytes, record.log_entries, record.log_bytes = len(encoded), 0, 0
         self._changed = state
@@ -264,24 +275,24 @@ class StoredRun:
         record = self.record
         if record is not None and record.log_bytes >= max(record.whole_bytes, COMPACT_MIN_BYTES):
             self.write_whole(state)
-            self.fn.bytes_compacted.inc(record.whole_bytes)
+            self.store.compacted.inc(record.whole_bytes)
 
     def save(self) -> None:
         """Writes the record, under a new token if the state changed."""
         assert self.record is not None
         if self._changed is not None:
             self.record.token = random.getrandbits(63)
-            self.fn.decoded.put(self.run_id, self.record.token,
+            self.store.decoded.put(self.run_id, self.record.token,
                                 self.record.whole_bytes + self.record.log_bytes, self._changed)
             self._changed = None
         self.info.write(self.record.encode())
-        self.fn.bytes_written.inc(Record.SIZE)
+        self.store.written.inc(Record.SIZE)
 
     def clear(self) -> None:
         for cell in (self.whole, self.log, self.info):
             cell.clear()
         self.record = None
-        self.fn.decoded.drop(self.run_id)
+        self.store.decoded.drop(self.run_id)
 
 
 class TrackRunDoFn(beam.DoFn):
@@ -312,16 +323,12 @@ class TrackRunDoFn(beam.DoFn):
         self.forgotten = Metrics.counter("goodput", "forgotten_runs")
         self.restored = Metrics.counter("goodput", "restored_runs")
         self.restore_failures = Metrics.counter("goodput", "restore_failures")
-        self.bytes_written = Metrics.counter("goodput", "state_bytes_written")
-        self.bytes_read = Metrics.counter("goodput", "state_bytes_read")
-        self.bytes_compacted = Metrics.counter("goodput", "state_bytes_compacted")  # written, too
         self.late_host_summaries = Metrics.counter("goodput", "late_host_summaries")  # left out
         self._decoded = Shared()  # one DecodedStates per process, kept between bundles
         self._history = Shared()  # one RunHistory per process
 
     def setup(self) -> None:
-        self.decoded: DecodedStates = self._decoded.acquire(
-            lambda: DecodedStates(DECODED_STATES_MAX_BYTES))
+        self.store = RunStore(self._decoded.acquire(lambda: DecodedStates(DECODED_STATES_MAX_BYTES)))
         tables = self.tables
         self.history: RunHistory | None = None if tables is None else self._history.acquire(
             lambda: RunHistory(tables, self.gc_after_s / 2), tag=tables.source)
@@ -341,7 +348,7 @@ class TrackRunDoFn(beam.DoFn):
     ) -> Iterator[Any]:
         run_id, message = element
         batch = None if isinstance(message, Unreported) else message
-        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
         reported_us = None
         try:
             state = stored.load()
@@ -363,7 +370,7 @@ class TrackRunDoFn(beam.DoFn):
             raise  # the runner retries the work item
         except Exception as error:  # noqa: BLE001 -- a bug for one message must not stop the fleet
             # The stored state is as before the message: the message is dead-lettered whole.
-            self.decoded.drop(run_id)  # possibly half changed: decode it again next time
+            self.store.decoded.drop(run_id)  # possibly half changed: decode it again next time
             yield engine_failure(run_id, error, batch)
             return
         for letter in conflicts:  # the copies of conflicting duplicates not kept
@@ -401,7 +408,7 @@ class TrackRunDoFn(beam.DoFn):
                     run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                     run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                     reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
-        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
         record = stored.read_record()
         if record is not None and record.due_us != NONE and _fired_for(fired, record.due_us):
             yield from self._report(stored, reported_rows, record.due_us)
@@ -412,7 +419,7 @@ class TrackRunDoFn(beam.DoFn):
                  run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                  reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
-        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
         record = stored.read_record()
         if record is not None and record.due_us != NONE:
             yield from self._report(stored, reported_rows, round(self.clock() * _US))
@@ -426,7 +433,7 @@ class TrackRunDoFn(beam.DoFn):
                  snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
                  quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
                  final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER)) -> Iterator[Any]:
-        stored = StoredRun(self, run_id, run_state, run_log, run_info)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
         record = stored.read_record()
         if record is None or record.quiet_us == NONE or not _fired_for(fired, record.quiet_us):
             return
@@ -520,7 +527,7 @@ class TrackRunDoFn(beam.DoFn):
                                       anomalies_after_us=last if rows is None or last is None
                                       else last - LATE_ANOMALIES_US)
         except Exception as error:  # noqa: BLE001 -- as in process: one run's bug stays its own
-            self.decoded.drop(state.run_id)
+            self.store.decoded.drop(state.run_id)
             yield engine_failure(state.run_id, error)
             return
         if snapshot is not None:
@@ -529,7 +536,7 @@ class TrackRunDoFn(beam.DoFn):
             kept = {key for key in (rows or set()) | {_row_key(change) for change in fresh}
                     if key[-1] > as_of - LATE_ANOMALIES_US}
             if kept != rows:
-                self.bytes_written.inc(reported.write_rows(kept))
+                self.store.written.inc(reported.write_rows(kept))
             yield dataclasses.replace(snapshot, anomalies=fresh) if fresh != snapshot.anomalies else snapshot
 
 

@@ -427,10 +427,10 @@ def test_a_run_that_never_ends_leaves_nothing_behind_gc_after_s_after_its_last_m
         name: (None, []) for name in run.cells}
     assert [timer.times[-1] for timer in run.timers.values()] == [None, None, None]
     assert run.timers["snapshot"].times == [30 * S, None]  # set by the first message only, then cleared
-    assert run.fn.decoded.get("run", 0) is None
+    assert run.fn.store.decoded.get("run", 0) is None
     assert run.final_fires() == [] and run.quiet_fires((PUBLISHED + 600) * S) == []
     run.message(batches[0], (PUBLISHED + 700) * S)
-    assert run.record().log_entries == 0 and len(run.fn.decoded._entries) == 1  # written whole: new
+    assert run.record().log_entries == 0 and run.record().whole_bytes  # written whole: a new run
 
 
 def test_a_quiet_timer_that_fires_before_its_time_on_the_clock_is_the_inputs_end():
