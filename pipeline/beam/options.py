@@ -180,29 +180,38 @@ class GoodputOptions(PipelineOptions):
                                  "letters are still written)")
         parser.add_argument("--no_restore", action="store_true",
                             help="streaming: do not restore runs from the raw events table. By "
-                                 "default, the first message of a run the stream does not hold "
-                                 "(after a restart, a relaunch, or once it forgot an ended run) "
-                                 "comes with the run's history from the raw events table of "
-                                 "--duckdb, or else of --bigquery_dataset (one query per run)")
+                                 "default, the first message of a run the stream holds no state "
+                                 "for (after a restart, a relaunch, or once it forgot the run "
+                                 "--gc_after_s after its last message) is added to the run's "
+                                 "history from the raw events table of --duckdb, or else of "
+                                 "--bigquery_dataset (two queries per run), and at the start the "
+                                 "runs with events no snapshot counts are restored and reported")
         parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
                             help="snapshot time (default: the latest event time in the input)")
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
                             help="streaming: the Pub/Sub subscription to read (with --streaming)")
         parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
-                            help="streaming: snapshot each active run this often; a stop (SIGINT or "
-                                 "SIGTERM) takes at most this + 2 s, plus --monitoring_min_interval_s "
-                                 "when writing Cloud Monitoring, unless what was read takes longer "
-                                 "to write (it says so) (default: %(default)s)")
+                            help="streaming: snapshot each active run this often (processing "
+                                 "time); a Dataflow drain waits at most this long for the pending "
+                                 "snapshots; a local stop (SIGINT or SIGTERM) takes at most this "
+                                 "+ 2 s, plus --monitoring_min_interval_s when writing Cloud "
+                                 "Monitoring, unless what was read takes longer to write (it says "
+                                 "so) (default: %(default)s)")
         parser.add_argument("--silence_s", type=parse_seconds, default=300.0, metavar="S",
-                            help="streaming: a run with no event for this long (or for its hang "
-                                 "threshold, if sooner: see --hang_min_s) is stalled: it gets a "
-                                 "snapshot showing the lost time, and another every snapshot "
-                                 "interval while it stays silent, up to --gc_after_s "
+                            help="streaming: a run is stalled once the pipeline has read "
+                                 "everything published this long after its last message (or its "
+                                 "hang threshold, if sooner: see --hang_min_s) and nothing of the "
+                                 "run came; judged on Pub/Sub publish times, so a pipeline that "
+                                 "is behind is not a run that hangs. It gets a snapshot showing "
+                                 "the lost time, and another every snapshot interval of publish "
+                                 "time while it stays silent, up to --gc_after_s "
                                  "(default: %(default)s)")
         parser.add_argument("--gc_after_s", type=parse_seconds, default=3600.0, metavar="S",
-                            help="streaming: forget a run that has ended this long after its last "
-                                 "message; stop reporting a silent run this long after its last event "
-                                 "(default: %(default)s)")
+                            help="streaming: this long after a run's last message (publish "
+                                 "time), ended or not, stop reporting it and forget it: every "
+                                 "state cell and timer of it is cleared, and a run that speaks "
+                                 "again is restored; DuckDB's run ids are read again every half "
+                                 "of it (default: %(default)s)")
         parser.add_argument("--min_slowdown", type=parse_slowdown, default=0.10, metavar="FRACTION",
                             help="the smallest step-time slowdown looked for, against the run's "
                                  "baseline: 0.10 is 10 %% slower (default: %(default)s)")
