@@ -45,6 +45,10 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "column": "a column name of a table's schema",
         "columns": "the names and types of a seeded table's columns, from its schema",
         "kind": "a DuckDB type, mapped from a schema's type"},
+    "pipeline/app/gke.py": dict.fromkeys(
+        ("_LATEST_SQL.format(start='$start', end='$end')", "_LETTERS_SQL.format(start='$start')",
+         "_LATEST_SQL.format(start='@start', end='@end')", "_LETTERS_SQL.format(start='@start')"),
+        "a constant query given the placeholders of its parameters (DuckDB's or BigQuery's)"),
     "pipeline/sinks/raw_events.py": {"COLUMNS": "a constant list of the events table's columns",
                                      "BIGQUERY_COLUMNS": "a constant list of the events table's columns",
                                      "dataset": "a project and a dataset matched by parse_dataset"},
