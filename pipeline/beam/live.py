@@ -196,11 +196,13 @@ class Record:
 
 
 class RunStore:
-    """What the stored runs of a worker process share: the decoded states it keeps and the
-    counters of the bytes of state read and written."""
+    """What the tracker keeps in a worker process, between bundles: the decoded states, the
+    tables runs are restored from (if any), and the counters of the bytes of state read and
+    written. One object, held by one ``Shared`` handle: Beam keeps alive only the object of the
+    handle a process acquired last."""
 
-    def __init__(self, decoded: DecodedStates) -> None:
-        self.decoded = decoded
+    def __init__(self, decoded: DecodedStates, history: RunHistory | None) -> None:
+        self.decoded, self.history = decoded, history
         self.written = Metrics.counter("goodput", "state_bytes_written")
         self.read = Metrics.counter("goodput", "state_bytes_read")
         self.compacted = Metrics.counter("goodput", "state_bytes_compacted")  # written, too
@@ -324,14 +326,13 @@ class TrackRunDoFn(beam.DoFn):
         self.restored = Metrics.counter("goodput", "restored_runs")
         self.restore_failures = Metrics.counter("goodput", "restore_failures")
         self.late_host_summaries = Metrics.counter("goodput", "late_host_summaries")  # left out
-        self._decoded = Shared()  # one DecodedStates per process, kept between bundles
-        self._history = Shared()  # one RunHistory per process
+        self._store = Shared()  # one RunStore per process, kept between bundles
 
     def setup(self) -> None:
-        self.store = RunStore(self._decoded.acquire(lambda: DecodedStates(DECODED_STATES_MAX_BYTES)))
         tables = self.tables
-        self.history: RunHistory | None = None if tables is None else self._history.acquire(
-            lambda: RunHistory(tables, self.gc_after_s / 2), tag=tables.source)
+        self.store: RunStore = self._store.acquire(lambda: RunStore(
+            DecodedStates(DECODED_STATES_MAX_BYTES),
+            None if tables is None else RunHistory(tables, self.gc_after_s / 2)))
 
     def process(
         self,
@@ -469,7 +470,7 @@ class TrackRunDoFn(beam.DoFn):
         from the tables (none without them, or for a run they do not hold). A read that fails
         fails the work item where the runner retries it (``RestoreFailed``); locally it is tried
         ``RESTORE_ATTEMPTS`` times, then logged and counted, and the run goes on without it."""
-        history = self.history
+        history = self.store.history
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:
                 if history is None or not history.holds(run_id):

@@ -12,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import gc
 import itertools
+import pickle
+import weakref
 from typing import Any
 
 import apache_beam as beam
@@ -563,3 +566,21 @@ def test_a_pipeline_three_hang_thresholds_behind_finds_the_run_that_stopped_and_
     last_step = runs["stuck"][-1]
     assert anomalies == [("stuck", "hang", last_step, last_step + 60 * S)]
     assert busy[0][0] >= 5 and busy[0][1] > 95  # every snapshot of it productive, none silent
+
+
+def test_a_worker_keeps_its_decoded_runs_and_tables_between_bundles(tmp_path):
+    """A runner may set the tracker up anew for every bundle (Beam's DirectRunner as shipped) and
+    drop the last: the next one finds the process's decoded runs and restore tables as they
+    were. (Beam keeps alive only the object of the ``Shared`` handle a process acquired last: with
+    one handle for the decoded runs and another for the tables, each bundle decoded every run's
+    whole history again.)"""
+    fn = TrackRunsLive(WINDOWS, tables=DuckDBEvents(str(tmp_path / "none.duckdb"))).fn
+    first = pickle.loads(pickle.dumps(fn))
+    first.setup()
+    kept = weakref.ref(first.store)
+    first.teardown()
+    del first
+    gc.collect()
+    second = pickle.loads(pickle.dumps(fn))
+    second.setup()
+    assert kept() is second.store and second.store.history is not None
