@@ -186,7 +186,9 @@ class Record:
     SIZE = _LAYOUT.size
 
     def encode(self) -> bytes:
-        return self._LAYOUT.pack(self.VERSION, *dataclasses.astuple(self))
+        return self._LAYOUT.pack(  # not dataclasses.astuple, which deep-copies: a third of a message's cost
+            self.VERSION, self.token, self.whole_bytes, self.log_entries, self.log_bytes, self.published_us,
+            self.arrived_us, self.due_us, self.quiet_us, self.reported_us)
 
     @classmethod
     def decode(cls, data: bytes) -> Record:

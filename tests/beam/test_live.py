@@ -584,3 +584,12 @@ def test_a_worker_keeps_its_decoded_runs_and_tables_between_bundles(tmp_path):
     second = pickle.loads(pickle.dumps(fn))
     second.setup()
     assert kept() is second.store and second.store.history is not None
+
+
+def test_a_run_record_reads_back_as_written_and_refuses_another_layout():
+    record = live.Record(token=7, whole_bytes=1, log_entries=2, log_bytes=3, published_us=-4, arrived_us=5,
+                         due_us=live.NONE, quiet_us=6, reported_us=7)
+    data = record.encode()
+    assert len(data) == live.Record.SIZE and live.Record.decode(data) == record
+    with pytest.raises(ValueError, match="not a version 1 run record"):
+        live.Record.decode(b"\x02" + data[1:])
