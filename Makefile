@@ -23,15 +23,21 @@ install: $(STAMP)
 
 # The four distributions of this repository (see the README), editable; never the reference, which
 # shares ml_goodput_measurement's import path (older checkouts installed it here).
+# Quiet but for a line per stage. Setuptools says, for each distribution built from its own folder,
+# that an editable install of it is one ("Editable installation": information, nothing to act on).
 $(STAMP): pyproject.toml emitter/pyproject.toml emitter/setup.py emitter/_lane.c goodput_schemas/pyproject.toml ml_goodput_measurement/pyproject.toml
+	@echo "installing into $(VENV): the four distributions, Beam, JAX and the test tools (about a minute and a half the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip uninstall --quiet --yes ml-goodput-measurement
-	$(PY) -m pip install --quiet -e ./goodput_schemas -e ./emitter -e ./ml_goodput_measurement -e '.[test,demo]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet \
+		-e ./goodput_schemas -e ./emitter -e ./ml_goodput_measurement -e '.[test,demo]'
 	touch $(STAMP)
+	@echo "installed: the goodput command is $(VENV)/bin/goodput (. $(VENV)/bin/activate puts it on PATH)"
 
 demo: $(STAMP)
 	$(PY) -m pipeline.demo
+	@echo "next: . $(VENV)/bin/activate, then the README's quick start (goodput query, goodput report, ...)"
 
 $(CHECKOV):
 	$(PYTHON) -m venv .venv-checkov
