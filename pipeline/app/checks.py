@@ -10,19 +10,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import logging
 import os
 import stat
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from pipeline.core.events import GZIP_MAGIC
 
 #: How long a DuckDB file another process is writing is waited for (it holds the file for one
 #: bundle at a time).
 LOCK_WAIT_S = 5.0
+#: How long a stream waits for Pub/Sub to say whether its subscription exists, before it starts.
+SUBSCRIPTION_CHECK_S = 10.0
+
+_T = TypeVar("_T")
 
 # Formats an emitter file is sometimes mistaken for, by their first bytes: what they are, and how
 # to make an emitter file of them. gzip is not here: it is read as it is.
@@ -128,33 +133,96 @@ def read_only(path: str, option: str = "--duckdb", output: bool = False) -> Iter
     if status.st_size == 0:
         raise UsageError(f"{option}={path} is an empty file, not a DuckDB file: remove it, or name "
                          "another file")
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            connection = open_reader(path)
-            break
-        except NotOurs as error:
-            hint = ("it was left untouched: name a new file or one this pipeline wrote" if output
-                    else "name a file this pipeline wrote with --duckdb")
-            raise UsageError(f"{option}={path} is not a DuckDB file this pipeline wrote "
-                             f"({error.problem}); {hint}") from None
-        except duckdb.IOException as error:
-            if "lock" in str(error) and time.monotonic() < deadline:
-                time.sleep(0.1)
-                continue
-            if "not a valid DuckDB database file" in str(error):
-                raise UsageError(f"{option}={path} is not a DuckDB file: name a DuckDB file this "
-                                 "pipeline wrote") from None
-            if "lock" in str(error):
-                raise UsageError(f"{option}={path} is held by another process for longer than "
-                                 f"{LOCK_WAIT_S:g} s: try again once it is done") from None
-            raise UsageError(f"cannot open {option}={path}: {error}") from None
-        except duckdb.Error as error:
-            raise UsageError(f"cannot open {option}={path}: {error}") from None
+    try:
+        connection = while_locked(path, option, lambda: open_reader(path))
+    except NotOurs as error:
+        hint = ("it was left untouched: name a new file or one this pipeline wrote" if output
+                else "name a file this pipeline wrote with --duckdb")
+        raise UsageError(f"{option}={path} is not a DuckDB file this pipeline wrote "
+                         f"({error.problem}); {hint}") from None
+    except duckdb.IOException as error:
+        if "not a valid DuckDB database file" in str(error):
+            raise UsageError(f"{option}={path} is not a DuckDB file: name a DuckDB file this "
+                             "pipeline wrote") from None
+        raise UsageError(f"cannot open {option}={path}: {error}") from None
+    except duckdb.Error as error:
+        raise UsageError(f"cannot open {option}={path}: {error}") from None
     try:
         yield connection
     finally:
         connection.close()
+
+
+def while_locked(path: str, option: str, attempt: Callable[[], _T]) -> _T:
+    """``attempt()`` (which opens the DuckDB file ``path``), tried again for up to
+    ``LOCK_WAIT_S`` while another process holds the file (a stream writing it, a bundle at a
+    time); then a ``UsageError``. Every opening of a file that a command reads goes through here,
+    for another process may take the file between two of them."""
+    import duckdb
+
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return attempt()
+        except duckdb.IOException as error:
+            if "lock" not in str(error):
+                raise
+            if time.monotonic() >= deadline:
+                raise UsageError(f"{option}={path} is held by another process for longer than "
+                                 f"{LOCK_WAIT_S:g} s: try again once it is done") from None
+            time.sleep(0.1)
+
+
+def check_credentials(needed_by: str, instead: str) -> None:
+    """``UsageError`` unless Google's application default credentials are found, as the client
+    libraries look for them (``$GOOGLE_APPLICATION_CREDENTIALS``, gcloud's, the metadata server):
+    a command whose ``needed_by`` (a service it reaches, in words) has none would otherwise fail
+    in a client's traceback, perhaps after writing other outputs. ``instead`` says how to do
+    without them (a local stand-in's option)."""
+    import google.auth
+    from google.auth import exceptions
+
+    # google.auth logs each place it looked in vain; the one line below says it all.
+    quiet = logging.getLogger("google.auth")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        google.auth.default()
+    except exceptions.DefaultCredentialsError as error:
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        why = (f"$GOOGLE_APPLICATION_CREDENTIALS={named} does not hold them "
+               f"({str(error).split('. ')[0].rstrip('.')})" if named else "none were found")
+        raise UsageError(f"{needed_by} needs Google credentials and {why}: run gcloud auth "
+                         f"application-default login, or {instead}") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def check_subscription(subscription: str) -> None:
+    """``UsageError`` if Pub/Sub (the emulator at ``$PUBSUB_EMULATOR_HOST``, if set) says that
+    the subscription a stream is to read does not exist: the stream would wait for it for ever.
+    A service that does not answer, or does not let the subscription be looked at, is left to
+    the stream, which retries until it answers."""
+    from google.api_core import exceptions
+    from google.cloud.pubsub_v1 import SubscriberClient
+
+    emulator = os.environ.get("PUBSUB_EMULATOR_HOST")
+    if not emulator:
+        check_credentials(f"--subscription={subscription}",
+                          "set PUBSUB_EMULATOR_HOST=HOST:PORT for a local emulator")
+    client = SubscriberClient()
+    try:
+        client.get_subscription(subscription=subscription, timeout=SUBSCRIPTION_CHECK_S, retry=None)
+    except exceptions.NotFound:
+        where = f"on the Pub/Sub emulator at {emulator}" if emulator else "in Pub/Sub"
+        create = (f"goodput emulator pubsub --topic projects/P/topics/T --subscription {subscription} "
+                  "starts an emulator that has it" if emulator
+                  else "terraform apply creates it, or gcloud pubsub subscriptions create")
+        raise UsageError(f"--subscription={subscription} does not exist {where}: {create}") from None
+    except exceptions.GoogleAPIError:
+        pass
+    finally:
+        client.close()
 
 
 def check_duckdb_output(path: str, option: str = "--duckdb") -> None:
@@ -203,3 +271,26 @@ def check_output_file(path: str, option: str, inputs: tuple[str, ...], starts: b
     if head and head != starts:
         raise UsageError(f"{option}={path} exists and is not a file this command wrote: it was left "
                          "untouched; name another file")
+
+
+#: How to reach each of Google's services without credentials: a local stand-in.
+BIGQUERY_INSTEAD = "give --bigquery_endpoint=URL of a local stand-in (goodput emulator bigquery)"
+MONITORING_INSTEAD = "give --monitoring_endpoint=HOST:PORT of a local stand-in (goodput emulator monitoring)"
+
+
+def check_services(options: Any) -> None:
+    """What a run of the pipeline on a local runner (``options``, its ``PipelineOptions``) needs
+    of Google Cloud, looked at before anything is read or written: credentials for each sink
+    that has no local endpoint, and the stream's subscription. A job for Dataflow is left to
+    Dataflow, whose workers have credentials of their own."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    standard = options.view_as(StandardOptions)
+    if "dataflow" in (standard.runner or "").lower():
+        return
+    if options.bigquery_dataset and not options.bigquery_endpoint:
+        check_credentials(f"--bigquery_dataset={options.bigquery_dataset}", BIGQUERY_INSTEAD)
+    if options.monitoring_project and not options.monitoring_endpoint:
+        check_credentials(f"--monitoring_project={options.monitoring_project}", MONITORING_INSTEAD)
+    if standard.streaming and options.subscription:
+        check_subscription(options.subscription)

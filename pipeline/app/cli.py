@@ -5,6 +5,7 @@ file, imports of the reference's history, and the local emulators.
     goodput replay --events=events.jsonl --duckdb=goodput.duckdb   batch (python -m pipeline)
     goodput replay --from_duckdb=goodput.duckdb --duckdb=new.duckdb  a backfill from the raw events
     goodput report --duckdb goodput.duckdb --output report.html    a self-contained HTML report
+    goodput report --duckdb goodput.duckdb --run RUN --output run.html   one run's page
     goodput import exported.json --output events.jsonl             the reference's Cloud Logging history
     goodput import gke-metrics --project P --duckdb goodput.duckdb  GKE's JobSet metrics, the last 2 hours
     goodput import capacity --csv capacity.csv --duckdb goodput.duckdb  the accelerator capacity paid for
@@ -13,6 +14,8 @@ file, imports of the reference's history, and the local emulators.
     goodput query NAME --duckdb goodput.duckdb        run one, print a table
     goodput query NAME --sql --dataset PROJECT.DATASET  print its BigQuery SQL, ready to run there
     goodput emulator pubsub --port 8085               a local Pub/Sub emulator
+    goodput emulator pubsub --topic projects/P/topics/T --subscription projects/P/subscriptions/S
+                                                      ... holding a topic and a subscription of it
     goodput emulator bigquery --port 9050             a local BigQuery API stand-in
     goodput emulator monitoring --port 8086           a local Cloud Monitoring stand-in
 
@@ -32,7 +35,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from goodput_schemas import saved_queries
-from pipeline.app.checks import OneLineParser, UsageError, read_only
+from pipeline.app.checks import OneLineParser, UsageError, read_only, while_locked
+from pipeline.emulators import add_topic_options, check_topic_options
 
 #: What every report this command writes has near its start: a file without it is not one to overwrite.
 _REPORT_MARK = b"<title>Fleet goodput report"
@@ -166,13 +170,23 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     import duckdb
 
     from pipeline.app.report import write_report
+    from pipeline.app.run_page import write_run_report
+
+    def write() -> None:
+        if args.run is None:
+            write_report(Path(args.duckdb), Path(args.output))
+        else:
+            write_run_report(Path(args.duckdb), args.run, Path(args.output))
 
     try:
         with read_only(args.duckdb):
             pass
         _check_report_output(Path(args.output), Path(args.duckdb))
         try:
-            write_report(Path(args.duckdb), Path(args.output))
+            # The report opens the file again, and a stream writing it may have taken it meanwhile.
+            while_locked(args.duckdb, "--duckdb", write)
+        except LookupError as error:  # a run the file does not know
+            raise UsageError(f"--run: {error.args[0]}") from None
         except (duckdb.CatalogException, duckdb.BinderException) as error:
             raise UsageError(f"{args.duckdb} lacks a table or column the report needs "
                              f"({_first_line_of(error)}); write it with python -m pipeline --duckdb "
@@ -205,8 +219,18 @@ def _emulator(args: argparse.Namespace, out: TextIO) -> int:
 
     module = importlib.import_module(f"pipeline.emulators.{args.service}")
     port = args.port or _EMULATORS[args.service]
+    held = [*(["--topic", args.topic] if args.topic else []),
+            *(part for name in args.subscription or () for part in ("--subscription", name))]
+    if held and args.service != "pubsub":
+        print(f"goodput emulator: {held[0]} is for the pubsub emulator, which holds topics and "
+              "subscriptions", file=sys.stderr)
+        return 2
+    problem = check_topic_options(args.topic, args.subscription)
+    if problem is not None:
+        print(f"goodput emulator: {problem}", file=sys.stderr)
+        return 2
     try:
-        code: int = module.main(["--port", str(port), "--host", args.host])
+        code: int = module.main(["--port", str(port), "--host", args.host, *held])
     except (OSError, RuntimeError) as error:  # gRPC says RuntimeError when it cannot bind
         if "bind" not in str(error).lower() and "address" not in str(error).lower():
             raise
@@ -261,6 +285,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--duckdb", metavar="FILE", required=True, help="the DuckDB file the pipeline wrote")
     report.add_argument("--output", metavar="FILE", default="report.html",
                         help="where to write the report (default: %(default)s)")
+    report.add_argument("--run", metavar="RUN",
+                        help="write the page of this run alone: a timeline of its attempts and spans, its "
+                             "goodput over time, configs and metrics")
     report.set_defaults(handler=_report)
     from pipeline.app import importer
 
@@ -296,6 +323,7 @@ def parser() -> argparse.ArgumentParser:
     emulator.add_argument("--port", type=_port, default=None,
                           help="port (default: " + ", ".join(f"{k} {v}" for k, v in _EMULATORS.items()) + ")")
     emulator.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
+    add_topic_options(emulator)
     emulator.set_defaults(handler=_emulator)
     return top
 

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from goodput_schemas.limits import MAX_COUNT, MAX_DURATION_S, MAX_TIME_US, MIN_TIME_US, text_problem
-from pipeline.app.checks import OneLineParser, UsageError
+from pipeline.app.checks import MONITORING_INSTEAD, OneLineParser, UsageError, check_credentials
 from pipeline.app.outputs import (
     MONITORING_ENDPOINT_HELP,
     add_output_options,
@@ -364,6 +364,8 @@ def _check(args: argparse.Namespace) -> tuple[int, int]:
     if start_us >= end_us:
         raise UsageError(f"--start ({timestamp(start_us).isoformat()}) must be before --end "
                          f"({timestamp(end_us).isoformat()})")
+    if not args.monitoring_endpoint:
+        check_credentials(f"reading GKE's metrics of --project={args.project}", MONITORING_INSTEAD)
     return start_us, end_us
 
 

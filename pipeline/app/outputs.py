@@ -42,14 +42,17 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """``UsageError`` unless the options of ``add_output_options`` name an output and hold together;
-    the DuckDB file, checked last, is looked at read-only."""
-    from pipeline.app.checks import check_duckdb_output
+    the DuckDB file is looked at read-only, and credentials are looked for where BigQuery needs
+    them."""
+    from pipeline.app.checks import BIGQUERY_INSTEAD, check_credentials, check_duckdb_output
 
     if not (args.duckdb or args.bigquery_dataset):
         raise UsageError("no output: give --duckdb=FILE or --bigquery_dataset=PROJECT:DATASET (or both)")
     check_dataset(args)
     if args.duckdb:
         check_duckdb_output(args.duckdb)
+    if args.bigquery_dataset and not args.bigquery_endpoint:
+        check_credentials(f"--bigquery_dataset={args.bigquery_dataset}", BIGQUERY_INSTEAD)
 
 
 def check_dataset(args: argparse.Namespace) -> None:

@@ -33,7 +33,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from pipeline.app.checks import OneLineParser, UsageError
+from pipeline.app.checks import (
+    BIGQUERY_INSTEAD,
+    MONITORING_INSTEAD,
+    OneLineParser,
+    UsageError,
+    check_credentials,
+)
 from pipeline.app.outputs import (
     BIGQUERY_ENDPOINT_HELP,
     MONITORING_ENDPOINT_HELP,
@@ -174,6 +180,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         check_monitoring_endpoint(args)
         check_dataset(args)
+        if args.bigquery_dataset and not args.bigquery_endpoint:
+            check_credentials(f"--bigquery_dataset={args.bigquery_dataset}", BIGQUERY_INSTEAD)
+        if not args.monitoring_endpoint:
+            check_credentials(f"writing to Cloud Monitoring of --project={args.project}", MONITORING_INSTEAD)
         if args.duckdb:
             runs, fleet = read_duckdb(args.duckdb)
         else:

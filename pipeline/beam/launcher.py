@@ -43,7 +43,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner
 
-from pipeline.app.checks import UsageError
+from pipeline.app.checks import UsageError, check_services
 from pipeline.beam import direct_runner
 from pipeline.beam.graph import build_pipeline
 from pipeline.beam.live import next_snapshot_due
@@ -196,6 +196,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "python -m pipeline") -> 
     try:
         options = parse_command_line(argv)
         check_files(options)
+        check_services(options.view_as(GoodputOptions))
     except UsageError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2

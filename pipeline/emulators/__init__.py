@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -57,6 +58,33 @@ def emulator_parser(name: str, description: str, port: int) -> argparse.Argument
     parser.add_argument("--port", type=int, default=port, help="port to listen on (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     return parser
+
+
+#: The names ``--topic`` and ``--subscription`` of the Pub/Sub emulator take.
+_TOPIC = re.compile(r"projects/[^/\s]+/topics/[^/\s]+")
+_SUBSCRIPTION = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
+
+
+def add_topic_options(parser: argparse.ArgumentParser) -> None:
+    """``--topic`` and ``--subscription``: what the emulator holds when it starts."""
+    parser.add_argument("--topic", metavar="projects/P/topics/T",
+                        help="create this topic at start (where the emitter publishes: "
+                             "GOODPUT_DESTINATION=projects/P/topics/T)")
+    parser.add_argument("--subscription", metavar="projects/P/subscriptions/S", action="append",
+                        help="create this subscription of --topic at start (what the stream reads: "
+                             "python -m pipeline --streaming --subscription=...); may be repeated")
+
+
+def check_topic_options(topic: str | None, subscriptions: list[str] | None) -> str | None:
+    """What is wrong with ``--topic`` and ``--subscription``, in one line; None if nothing."""
+    if subscriptions and not topic:
+        return "--subscription needs --topic, the topic it is a subscription of"
+    if topic is not None and not _TOPIC.fullmatch(topic):
+        return f"--topic={topic} is not projects/P/topics/T"
+    for name in subscriptions or ():
+        if not _SUBSCRIPTION.fullmatch(name):
+            return f"--subscription={name} is not projects/P/subscriptions/S"
+    return None
 
 
 def log_to_console() -> None:

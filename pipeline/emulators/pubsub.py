@@ -4,8 +4,11 @@ Google's emulator needs ``gcloud`` and Java, which a development machine or CI m
 one keeps topics, subscriptions and messages in memory and speaks the real protocol, so the
 unmodified clients reach it exactly as they reach Google's emulator::
 
-    python -m pipeline.emulators.pubsub --port 8085 &
+    python -m pipeline.emulators.pubsub --port 8085 \
+        --topic projects/local/topics/goodput --subscription projects/local/subscriptions/goodput &
     export PUBSUB_EMULATOR_HOST=localhost:8085
+
+(it starts empty but for the ``--topic`` and ``--subscription`` it is given),
 
 or in-process: ``with PubSubEmulator() as emulator: os.environ["PUBSUB_EMULATOR_HOST"] =
 emulator.host``.
@@ -49,6 +52,8 @@ from pipeline.emulators import (
     FRONT_END_MAX_REQUEST_BYTES,
     GRPC_SERVER_OPTIONS,
     Sized,
+    add_topic_options,
+    check_topic_options,
     emulator_parser,
     log_to_console,
     payload_too_large,
@@ -547,14 +552,33 @@ class PubSubEmulator:
         self.stop()
 
 
+def create(broker: PubSubBroker, topic: str | None, subscriptions: list[str] | None) -> None:
+    """Creates ``topic`` and its ``subscriptions`` in ``broker``, as a client would."""
+    if topic is not None:
+        broker.create_topic(types.Topic(name=topic))
+    for name in dict.fromkeys(subscriptions or ()):
+        broker.create_subscription(types.Subscription(name=name, topic=topic))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = emulator_parser(
         "pubsub", "Run a local Pub/Sub emulator (google.pubsub.v1 over gRPC, in memory). "
                   "Point clients at it with PUBSUB_EMULATOR_HOST=HOST:PORT.", 8085)
+    add_topic_options(parser)
     args = parser.parse_args(argv)
+    problem = check_topic_options(args.topic, args.subscription)
+    if problem is not None:
+        parser.error(problem)
     log_to_console()
-    emulator = PubSubEmulator(args.port, args.host).start()
+    emulator = PubSubEmulator(args.port, args.host)
+    create(emulator.broker, args.topic, args.subscription)
+    emulator.start()
     print(f"export PUBSUB_EMULATOR_HOST={emulator.host}", flush=True)
+    if args.topic:
+        print(f"export GOODPUT_DESTINATION={args.topic}", flush=True)
+    for name in dict.fromkeys(args.subscription or ()):
+        print(f"# {name}: read it with python -m pipeline --streaming --runner=BundleBasedDirectRunner "
+              f"--subscription={name} --duckdb=goodput.duckdb", flush=True)
     return serve_until_signalled(emulator)
 
 
