@@ -34,30 +34,56 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import html
 import io
 import math
 import re
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.app.run_page import RunPage
 
 from pipeline.app.alerts import ANOMALY_POLICIES, POLICIES, Alert, AlertThresholds, evaluate_connection
-from pipeline.core.detect import HANG, SLOWDOWN, STRAGGLER
+from pipeline.core.detect import HANG as HANG_KIND
+from pipeline.core.detect import SLOWDOWN, STRAGGLER
+from pipeline.core.snapshot import (
+    CHECKPOINT_RESTORE,
+    CHECKPOINT_SAVE,
+    DATA_LOADING_SYNC,
+    ELASTIC_REINITIALIZATION,
+    ELASTIC_SCALE_UP,
+    ELASTIC_SLICE_DOWN,
+    INFRASTRUCTURE_RECOVERY,
+    OTHER,
+    PROGRAM_STARTUP,
+    TPU_INITIALIZATION,
+    TRAINING_PREP,
+    WASTED_PROGRESS,
+)
 
 #: The sections of the report: (element id, heading).
-SECTIONS = (("goodput", "Goodput over time"), ("badput", "Badput breakdown"),
+SECTIONS = (("fleet-trend", "Fleet over time"), ("worst-runs", "Costliest runs"),
+            ("goodput", "Goodput per run"), ("badput", "Badput breakdown"),
             ("productivity", "ML Productivity Goodput and capacity"), ("disruptions", "Disruptions"),
             ("step-deviation", "Step-time deviation"), ("anomalies", "Anomalies"),
             ("run-groups", "Run groups compared"), ("alerts", "Alerts that would have fired"),
             ("fleet-queries", "Fleet queries"))
 #: Runs named in a plot's legend; the others are drawn in grey as one entry.
 MAX_LEGEND_RUNS = 10
+#: Runs drawn in grey after them; the others are left out of a plot of lines, and its note says so.
+MAX_GREY_RUNS = 50
 #: Runs given their own panel, bar or timeline row (those with the most chip-hours).
 MAX_PANELS = 12
 MAX_BARS = 30
 MAX_TIMELINE_ROWS = 40
 MAX_TABLE_ROWS = 200
+#: Runs given their own page in the report (those losing the most chip-hours); any run's page is
+#: ``goodput report --run RUN``.
+MAX_RUN_PAGES = 3
 #: Points drawn of one series; a longer history is thinned evenly.
 MAX_POINTS = 600
 #: Run groups compared (those whose latest run started last), the runs of each (its latest), and
@@ -74,12 +100,29 @@ _DISRUPTION_COLUMNS = ("run_id", "disruption_index", "restart_time", "last_step_
                        "wasted_progress_s", "recovery_s", "in_process")
 _GOOD = "#2e9d5b"
 _BAD = "#c8463d"
-_KIND_COLORS = {SLOWDOWN: "#f28e2b", HANG: "#e15759", STRAGGLER: "#17becf"}
+#: Hung time: what the hang anomalies (``run_anomalies``) found with no step, shown apart from the
+#: OTHER bucket the engine counts it in (the engine's buckets, and ``badput_snapshots``, keep it there).
+HANG = "HANG"
+#: Each badput bucket's colour, the same whatever its rank or the runs shown; none is green, the
+#: colour of productive time. A custom badput type has one of ``_CUSTOM_COLORS``, chosen by its name.
+BUCKET_COLORS = {
+    TPU_INITIALIZATION: "#4e79a7", TRAINING_PREP: "#a0cbe8", PROGRAM_STARTUP: "#b07aa1",
+    DATA_LOADING_SYNC: "#9c755f", CHECKPOINT_SAVE: "#edc948", CHECKPOINT_RESTORE: "#d4a6c8",
+    WASTED_PROGRESS: "#e15759", INFRASTRUCTURE_RECOVERY: "#ff9da7", HANG: "#7d1d2c", OTHER: "#bab0ac",
+    ELASTIC_SLICE_DOWN: "#f28e2b", ELASTIC_SCALE_UP: "#ffbe7d", ELASTIC_REINITIALIZATION: "#d37295",
+}
+_CUSTOM_COLORS = ("#8f6cc2", "#5b6f99", "#c27c4e", "#6d5a8f", "#a36b8a", "#4f5d75")
+_KIND_COLORS = {SLOWDOWN: "#f28e2b", HANG_KIND: "#7d1d2c", STRAGGLER: "#17becf"}
 _POLICY_STYLE = {"low_goodput": ("v", "#c8463d"), "disruption": ("X", "#7b3fb5"),
                  "step_deviation": ("D", "#d98a1c"), "stalled": ("s", "#3a6fb0"),
                  **{ANOMALY_POLICIES[kind]: ("^", color) for kind, color in _KIND_COLORS.items()}}
-_SOURCE_COLORS = ["#e15759", "#f28e2b", "#edc948", "#76b7b2", "#59a14f", "#4e79a7", "#b07aa1", "#ff9da7",
-                  "#9c755f", "#bab0ac", "#86bcb6", "#d37295", "#8cd17d", "#499894"]
+
+
+def bucket_color(bucket: str) -> str:
+    """The colour of badput bucket ``bucket`` (``BUCKET_COLORS``; a custom or newer one by its name)."""
+    if bucket in BUCKET_COLORS:
+        return BUCKET_COLORS[bucket]
+    return _CUSTOM_COLORS[zlib.crc32(bucket.encode()) % len(_CUSTOM_COLORS)]
 
 
 @dataclasses.dataclass
@@ -93,9 +136,12 @@ class _Fleet:
     queries: list[tuple[str, str, list[str], list[tuple[Any, ...]], str | None]]
     alerts: list[Alert]
     groups: list[_Group] | None = None  # the run groups of several runs; None: no configs or metrics tables
+    #: accelerator type -> USD per chip-hour (accelerator_prices)
+    prices: dict[str, float] = dataclasses.field(default_factory=dict)
+    run_pages: list[RunPage] = dataclasses.field(default_factory=list)  # the costliest runs' own pages
 
-    def latest(self) -> dict[str, dict[str, Any]]:
-        """Each run's latest cumulative row."""
+    @functools.cached_property
+    def _latest(self) -> dict[str, dict[str, Any]]:
         latest: dict[str, dict[str, Any]] = {}
         for row in self.goodput:
             if row["window_s"] == 0 and (row["run_id"] not in latest
@@ -103,11 +149,92 @@ class _Fleet:
                 latest[row["run_id"]] = row
         return latest
 
-    def ranked_runs(self) -> list[str]:
-        """Run ids, those with the most chip-hours (then elapsed time) first."""
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """Each run's latest cumulative row."""
+        return self._latest
+
+    @functools.cached_property
+    def _ranked(self) -> list[str]:
         latest = self.latest()
-        return sorted(latest, key=lambda run: (-(latest[run]["total_chip_s"] or 0),
-                                               -(latest[run]["total_time_s"] or 0), run))
+        return sorted(latest, key=lambda run: (-lost_chip_s(latest[run]), -lost_s(latest[run]), run))
+
+    def ranked_runs(self) -> list[str]:
+        """Run ids, those losing the most chip-hours (then the most elapsed time) first."""
+        return self._ranked
+
+    @functools.cached_property
+    def rank(self) -> dict[str, int]:
+        """Each run's place in ``ranked_runs``; a run with no snapshot comes after them all."""
+        return {run: index for index, run in enumerate(self.ranked_runs())}
+
+    def rank_of(self, run: object) -> int:
+        return self.rank.get(run, len(self.rank)) if isinstance(run, str) else len(self.rank)
+
+    def lost_usd(self, row: dict[str, Any]) -> float | None:
+        """What a run's lost chip-hours cost (``row``: its latest cumulative row), where its
+        accelerator type has a price in ``accelerator_prices``."""
+        price = self.prices.get(row["accelerator_type"]) if row["accelerator_type"] else None
+        return None if price is None else lost_chip_s(row) / 3600 * price
+
+    def cost(self, runs: Iterable[str]) -> str:
+        """What ``runs`` lose: "N chip-hours" and its price where some are priced, "$X" (or "≥ $X"
+        where some of them have no price)."""
+        latest = self.latest()
+        rows = [latest[run] for run in set(runs) if run in latest]
+        text = f"{_fmt(sum(map(lost_chip_s, rows)) / 3600, 1)} chip-hours"
+        usd = [self.lost_usd(row) for row in rows if lost_chip_s(row) > 0]
+        priced = [value for value in usd if value is not None]
+        if priced:
+            text += f" ({'≥ ' if len(priced) < len(usd) else ''}${sum(priced):,.0f})"
+        return text
+
+    def left_out(self, runs: Iterable[str]) -> str:
+        """What a cut list says of the runs it leaves out: "and N more runs losing X chip-hours"."""
+        runs = set(runs)
+        return f"and {len(runs):,} more run{'' if len(runs) == 1 else 's'} losing {self.cost(runs)}"
+
+    @functools.cached_property
+    def hang_s(self) -> dict[str, float]:
+        """Each run's hung time: the time with no step of its hang anomalies, an ongoing one's up
+        to its run's latest snapshot (not only up to when it was found)."""
+        hung: dict[str, float] = {}
+        latest = self.latest()
+        for row in self.anomalies or ():
+            if row["kind"] != HANG_KIND:
+                continue
+            seconds = row["lost_s"] or 0.0
+            if row["ended_at"] is None and row["run_id"] in latest:
+                so_far = (latest[row["run_id"]]["snapshot_time"] - row["started_at"]).total_seconds()
+                seconds = max(seconds, so_far - (row["baseline_step_s"] or 0.0))
+            hung[row["run_id"]] = hung.get(row["run_id"], 0.0) + seconds
+        return hung
+
+    @functools.cached_property
+    def buckets(self) -> dict[str, dict[str, float]]:
+        """Each run's badput seconds by bucket, as its latest cumulative snapshot has them, with its
+        hung time (``hang_s``) taken out of OTHER as HANG (at most all of OTHER); informational
+        DATA_LOADING_ASYNC left out."""
+        seconds: dict[str, dict[str, float]] = {}
+        for row in self.badput:
+            if row["badput_source"] != INFORMATIONAL and row["seconds"]:
+                seconds.setdefault(row["run_id"], {})[row["badput_source"]] = row["seconds"]
+        for run, hung in self.hang_s.items():
+            own = seconds.get(run, {})
+            hang = min(hung, own.get(OTHER, 0.0))
+            if hang > 0:
+                own[HANG] = hang
+                own[OTHER] -= hang
+        return seconds
+
+
+def lost_s(row: dict[str, Any]) -> float:
+    """A run's elapsed seconds that were not productive (``row``: a cumulative snapshot row)."""
+    return max(0.0, (row["total_time_s"] or 0.0) - (row["productive_time_s"] or 0.0))
+
+
+def lost_chip_s(row: dict[str, Any]) -> float:
+    """A run's lost chip-seconds: its badput seconds times its chips (0 where chips are unknown)."""
+    return max(0.0, (row["total_chip_s"] or 0.0) - (row["productive_chip_s"] or 0.0))
 
 
 @dataclasses.dataclass
@@ -156,8 +283,7 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
     from goodput_schemas import saved_queries
     from pipeline.app.fleet_sql import DUCKDB_DATASET, run_saved
 
-    tables = {row[0] for row in
-              connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    tables = table_names(connection)
 
     def rows(table: str, columns: Sequence[str], sql: str) -> list[dict[str, Any]]:
         if table not in tables:
@@ -188,9 +314,27 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
             queries.append((name, about, columns, result, None))
         except duckdb.Error as error:  # an older file may lack a table the query reads
             queries.append((name, about, [], [], str(error).splitlines()[0]))
-    return _Fleet(goodput=goodput, badput=badput, disruptions=disruptions, anomalies=anomalies,
-                  queries=queries, alerts=evaluate_connection(connection, thresholds),
-                  groups=_read_groups(connection, tables))
+    fleet = _Fleet(goodput=goodput, badput=badput, disruptions=disruptions, anomalies=anomalies,
+                   queries=queries, alerts=evaluate_connection(connection, thresholds),
+                   groups=_read_groups(connection, tables), prices=read_prices(connection, tables))
+    from pipeline.app.run_page import read_run
+
+    fleet.run_pages = [read_run(connection, tables, run) for run in fleet.ranked_runs()[:MAX_RUN_PAGES]]
+    return fleet
+
+
+def table_names(connection: Any) -> set[str]:
+    """The tables and views of an open reader of the file."""
+    query = "SELECT table_name FROM information_schema.tables"
+    return {name for name, in connection.execute(query).fetchall()}
+
+
+def read_prices(connection: Any, tables: set[str]) -> dict[str, float]:
+    """Each accelerator type's price per chip-hour (``accelerator_prices``); none in an older file."""
+    if "accelerator_prices" not in tables:
+        return {}
+    return dict(connection.execute("SELECT accelerator_type, usd_per_chip_hour FROM accelerator_prices "
+                                   "WHERE usd_per_chip_hour IS NOT NULL").fetchall())
 
 
 # A run's user configs: the value it recorded last for each key.
@@ -302,17 +446,28 @@ def _label(run_id: str) -> str:
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] | None = None,
-           limit: int = MAX_TABLE_ROWS) -> str:
+           limit: int | None = MAX_TABLE_ROWS, fleet: _Fleet | None = None,
+           run_column: int | None = None) -> str:
+    """A table of ``rows`` (sortable and filterable in the page), its first ``limit`` rows (None:
+    all) and a note of the rest: how many, and (with ``fleet`` and the ``run_column`` of each row's
+    run) what their runs lose. A caller that cuts puts the rows of the costliest runs first."""
     if numeric is None:
         numeric = [all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows
                        if row[i] is not None) and any(row[i] is not None for row in rows)
                    for i in range(len(columns))]
+    shown = rows if limit is None else rows[:limit]
     head = "".join(f'<th{" class=num" if num else ""}>{_esc(c)}</th>' for c, num in zip(columns, numeric,
                                                                                         strict=True))
     body = "".join("<tr>" + "".join(f'<td{" class=num" if num else ""}>{_esc(_fmt(v))}</td>'
                                     for v, num in zip(row, numeric, strict=True)) + "</tr>"
-                   for row in rows[:limit])
-    more = (f'<p class="note">{len(rows) - limit} more rows not shown.</p>' if len(rows) > limit else "")
+                   for row in shown)
+    more = ""
+    if len(rows) > len(shown):
+        more = f"{len(rows) - len(shown):,} more rows not shown"
+        if fleet is not None and run_column is not None:
+            runs = {str(row[run_column]) for row in rows[len(shown):]}
+            more += f", of {len(runs):,} runs losing {fleet.cost(runs)} in all"
+        more = f'<p class="note">{more}.</p>'
     return (f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
             f"</div>{more}")
 
@@ -386,29 +541,34 @@ def _run_colors(runs: Sequence[str]) -> dict[str, str]:
 
 
 def _lines_by_run(plots: _Plots, axis: Any, series: dict[str, list[tuple[datetime.datetime, float]]],
-                  ranked: Sequence[str]) -> None:
-    """One line per run: the top runs in color and in the legend, the rest in grey."""
-    colors = _run_colors([run for run in ranked if series.get(run)])
-    others = 0
-    for run in reversed(ranked):  # the top runs drawn last, on top
-        points = series.get(run)
-        if not points:
-            continue
-        times, values = zip(*_thin(points), strict=True)
+                  ranked: Sequence[str]) -> list[str]:
+    """One line per run, the costliest first: the top MAX_LEGEND_RUNS in colour and in the legend,
+    the next MAX_GREY_RUNS in grey as one entry; returns the runs left out (for the caller's note)."""
+    drawn = [run for run in ranked if series.get(run)]
+    colors = _run_colors(drawn)
+    grey = drawn[len(colors):len(colors) + MAX_GREY_RUNS]
+    for run in reversed([*drawn[:len(colors)], *grey]):  # the top runs drawn last, on top
+        times, values = zip(*_thin(series[run]), strict=True)
         if run in colors:
             axis.plot(times, values, color=colors[run], linewidth=1.6, marker="o", markersize=2.5,
                       label=_label(run))
         else:
-            others += 1
             axis.plot(times, values, color="#bbbbbb", linewidth=0.8, marker="o", markersize=1.5,
-                      label=f"{sum(1 for r in ranked if series.get(r) and r not in colors)} other runs"
-                      if others == 1 else None)
+                      label=f"{len(grey)} other runs" if run == grey[0] else None)
     handles, labels = axis.get_legend_handles_labels()
     if handles:
         order = sorted(range(len(labels)), key=lambda i: (labels[i].endswith("other runs"), labels[i]))
         axis.legend([handles[i] for i in order], [labels[i] for i in order], loc="center left",
                     bbox_to_anchor=(1.01, 0.5))
     plots.time_axis(axis)
+    return drawn[len(colors) + len(grey):]
+
+
+def _lines_left_out(fleet: _Fleet, left_out: Sequence[str]) -> str:
+    if not left_out:
+        return ""
+    return (f'<p class="note">Lines for the {MAX_LEGEND_RUNS + MAX_GREY_RUNS} runs losing the most '
+            f"chip-hours, {_esc(fleet.left_out(left_out))}.</p>")
 
 
 def _goodput_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -> str:
@@ -434,10 +594,11 @@ def _goodput_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) 
         axis.annotate(f"alert below {thresholds.goodput_threshold_pct:g} %",
                       (0, thresholds.goodput_threshold_pct), xycoords=("axes fraction", "data"),
                       xytext=(4, 3), textcoords="offset points", color=_BAD, fontsize=8)
-        _lines_by_run(plots, axis, cumulative, ranked)
+        left_out = _lines_by_run(plots, axis, cumulative, ranked)
         axis.set_ylim(0, 105)
         axis.set_ylabel("goodput %")
         parts.append(plots.svg(figure, "Cumulative goodput of each run over time"))
+    parts.append(_lines_left_out(fleet, left_out))
     shown = ranked[:MAX_PANELS]
     windows = sorted({w for run in shown for w in rolling.get(run, {})})
     window_colors = dict(zip(windows, ["#f28e2b", "#4e79a7", "#b07aa1", "#76b7b2", "#9c755f", "#edc948"] * 4,
@@ -485,8 +646,108 @@ def _goodput_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) 
                         fontweight="bold")
         parts.append(plots.svg(figure, "Cumulative and rolling goodput per run"))
     if len(ranked) > len(shown):
-        parts.append(f'<p class="note">Panels for the {len(shown)} runs with the most chip-hours; '
-                     f"{len(ranked) - len(shown)} more runs are in the plot above.</p>")
+        parts.append(f'<p class="note">Panels for the {len(shown)} runs losing the most chip-hours, '
+                     f"{_esc(fleet.left_out(ranked[len(shown):]))}.</p>")
+    return "".join(parts)
+
+
+def _worst_runs_section(fleet: _Fleet) -> str:
+    from pipeline.app.run_page import run_section
+
+    if not fleet.run_pages:
+        return _note("No runs in this file yet.")
+    parts = [f'<p class="note">The {len(fleet.run_pages)} runs losing the most chip-hours, each as its own '
+             "page shows it: goodput report --duckdb FILE --run RUN --output run.html writes any run's.</p>"]
+    for index, page in enumerate(fleet.run_pages, start=1):
+        parts.append(f'<div class="run-page" id="run-page-{index}"><h3 class="run-title">{index}. '
+                     f"<code>{_esc(page.run_id)}</code></h3>{run_section(page)}</div>")
+    return "".join(parts)
+
+
+#: Times the fleet's goodput is drawn at, at most: a long history is sampled evenly.
+MAX_TREND_TIMES = 300
+
+
+def fleet_trend(fleet: _Fleet) -> tuple[list[datetime.datetime], dict[str, list[float | None]], bool]:
+    """The fleet's cumulative goodput over time: at each of up to MAX_TREND_TIMES snapshot times, the
+    productive over elapsed chip-seconds of every run's latest cumulative row at or before it (its
+    seconds where no run's chips are known), for the fleet (key ``""``), each run group
+    (``"group:NAME"``) and each accelerator type (``"accelerator:TYPE"``); and whether it is
+    chip-weighted."""
+    rows = sorted((row for row in fleet.goodput if row["window_s"] == 0),
+                  key=lambda row: row["snapshot_time"])
+    chip_weighted = any((row["total_chip_s"] or 0) > 0 for row in rows)
+    times = sorted({row["snapshot_time"] for row in rows})
+    step = -(-len(times) // MAX_TREND_TIMES)
+    sampled = times if step <= 1 else [*times[:-1:step], times[-1]]
+    sums: dict[str, list[float]] = {}  # key -> [productive, total]
+    current: dict[str, tuple[float, float, tuple[str, ...]]] = {}
+    series: dict[str, list[float | None]] = {}
+    index = 0
+    for moment_index, moment in enumerate(sampled):
+        while index < len(rows) and rows[index]["snapshot_time"] <= moment:
+            row = rows[index]
+            index += 1
+            productive, total = ((row["productive_chip_s"] or 0.0, row["total_chip_s"] or 0.0)
+                                 if chip_weighted else
+                                 (row["productive_time_s"] or 0.0, row["total_time_s"] or 0.0))
+            keys = ("", f"group:{row['run_group'] or 'none'}",
+                    f"accelerator:{row['accelerator_type'] or 'unknown'}")
+            old_productive, old_total, old_keys = current.get(row["run_id"], (0.0, 0.0, keys))
+            for key in old_keys:
+                sums.setdefault(key, [0.0, 0.0])
+                sums[key][0] -= old_productive
+                sums[key][1] -= old_total
+            for key in keys:
+                sums.setdefault(key, [0.0, 0.0])
+                sums[key][0] += productive
+                sums[key][1] += total
+            current[row["run_id"]] = (productive, total, keys)
+        for key, (productive, total) in sums.items():
+            series.setdefault(key, [None] * moment_index).append(
+                100 * productive / total if total > 0 else None)
+    return sampled, series, chip_weighted
+
+
+def _fleet_trend_section(plots: _Plots, fleet: _Fleet) -> str:
+    times, series, chip_weighted = fleet_trend(fleet)
+    if not times:
+        return _note("No goodput snapshots in this file.")
+    latest = fleet.latest()
+    parts = []
+    with plots.context():
+        figure = plots.figure(10, 5.6)
+        axes = figure.subplots(2, 1, sharex=True)
+        for axis, kind, noun in zip(axes, ("group", "accelerator"), ("run group", "accelerator type"),
+                                    strict=True):
+            lost: dict[str, float] = {}
+            for row in latest.values():
+                name = row["run_group" if kind == "group" else "accelerator_type"] or (
+                    "none" if kind == "group" else "unknown")
+                lost[name] = lost.get(name, 0.0) + lost_chip_s(row)
+            names = sorted(lost, key=lambda name: (-lost[name], name))
+            shown = names[:MAX_LEGEND_RUNS]
+            colors = _run_colors(shown)
+            for name in reversed(shown):
+                values = series.get(f"{kind}:{name}", [])
+                axis.plot(times, [math.nan if value is None else value for value in values],
+                          color=colors[name], linewidth=1.2, label=_label(name))
+            axis.plot(times, [math.nan if value is None else value for value in series[""]], color="#1f2430",
+                      linewidth=2.4, label="fleet")
+            title = f"By {noun}" + (f" (the {len(shown)} losing the most chip-hours of {len(names)})"
+                                    if len(names) > len(shown) else "")
+            axis.set_title(title)
+            axis.set_ylim(0, 105)
+            axis.set_ylabel("goodput %")
+            axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+        plots.time_axis(axes[1])
+        parts.append(plots.svg(figure, "Fleet goodput over time, by run group and by accelerator type"))
+    weighting = ("chip-weighted: productive over elapsed chip-seconds, runs of unknown chips left out"
+                 if chip_weighted else "time-weighted: no run's chips are known")
+    parts.append(f'<p class="note">Cumulative goodput of the fleet (black) and of each run group and '
+                 f"accelerator type at each snapshot time, from every run's latest snapshot at that time; "
+                 f"{weighting}. A batch replay snapshots each run once, at its end or at --as_of: replays "
+                 "as of several times draw a history.</p>")
     return "".join(parts)
 
 
@@ -495,10 +756,7 @@ def _badput_section(plots: _Plots, fleet: _Fleet) -> str:
     ranked = [run for run in fleet.ranked_runs() if (latest[run]["total_time_s"] or 0) > 0]
     if not ranked:
         return _note("No elapsed time in this file yet.")
-    seconds: dict[str, dict[str, float]] = {}
-    for row in fleet.badput:
-        if row["badput_source"] != INFORMATIONAL and row["seconds"]:
-            seconds.setdefault(row["run_id"], {})[row["badput_source"]] = row["seconds"]
+    seconds = fleet.buckets
     chip_weighted = any((latest[run]["total_chip_s"] or 0) > 0 for run in ranked)
 
     def weight(run: str) -> float:
@@ -509,8 +767,8 @@ def _badput_section(plots: _Plots, fleet: _Fleet) -> str:
     for run in ranked:
         for source, value in seconds.get(run, {}).items():
             fleet_totals[source] = fleet_totals.get(source, 0.0) + value * weight(run)
-    sources = sorted(fleet_totals, key=lambda source: -fleet_totals[source])
-    colors = {source: _SOURCE_COLORS[i % len(_SOURCE_COLORS)] for i, source in enumerate(sources)}
+    sources = sorted(fleet_totals, key=lambda source: (-fleet_totals[source], source))
+    colors = {source: bucket_color(source) for source in sources}
     productive = sum((latest[run]["productive_time_s"] or 0) * weight(run) for run in ranked)
     total = sum(latest[run]["total_time_s"] * weight(run) for run in ranked)
     unit = "chip-hours" if chip_weighted else "hours"
@@ -548,8 +806,11 @@ def _badput_section(plots: _Plots, fleet: _Fleet) -> str:
                      f'<li><span class="swatch" style="background:{color}"></span>{_esc(name)}</li>'
                      for name, color in [("productive", _GOOD), *colors.items()]) + "</ul>"]
     if len(ranked) > len(shown):
-        parts.append(f'<p class="note">Bars for the {len(shown)} runs with the most chip-hours; '
-                     f"{len(ranked) - len(shown)} more runs count in the fleet bar.</p>")
+        parts.append(f'<p class="note">Bars for the {len(shown)} runs losing the most chip-hours, '
+                     f"{_esc(fleet.left_out(ranked[len(shown):]))}, who count in the fleet bar.</p>")
+    if HANG in fleet_totals:
+        parts.append(f'<p class="note">{HANG}: the time with no step of the hangs found (run_anomalies), '
+                     "taken out of OTHER, where the goodput engine (and badput_snapshots) counts it.</p>")
     parts.append('<p class="note">Informational DATA_LOADING_ASYNC overlaps steps and is left out. '
                  f"The fleet bar weighs each run by its {'chips' if chip_weighted else 'elapsed time'}"
                  f"{' (runs with unknown chips count zero)' if chip_weighted else ''}.</p>")
@@ -578,16 +839,16 @@ def _productivity_section(plots: _Plots, fleet: _Fleet) -> str:
     parts = ['<p class="note">ML Productivity Goodput (MPG) = scheduling goodput (GKE: all the JobSet\'s '
              "pods ready) × runtime goodput (the run's own cumulative goodput) × program goodput (its mean "
              "MFU, else its mean TFLOPS over its chips' peak): the product of the factors known, — where "
-             "one is unknown. The runs with the most chip-hours first.</p>"]
+             "one is unknown. The runs losing the most chip-hours first.</p>"]
     if runs:
-        rank = {run: index for index, run in enumerate(fleet.ranked_runs())}
-        runs = sorted(runs, key=lambda row: (rank.get(row["run_id"], len(rank)), row["run_id"]))
+        runs = sorted(runs, key=lambda row: (fleet.rank_of(row["run_id"]), row["run_id"]))
         rows = [(row["run_id"], _fmt(row["accelerator_type"]), _fmt(row["chip_count"] or None),
                  *(_share(row[f"{factor}_goodput"]) for factor in ("scheduling", "runtime", "program")),
                  _fmt(row["program_from"]), _share(row["ml_productivity_goodput"])) for row in runs]
         parts.append('<div id="productivity-runs">' + _table(
             ("run", "accelerator", "chips", "scheduling", "runtime", "program", "program from", "MPG"), rows,
-            numeric=[False, False, True, True, True, True, False, True]) + "</div>")
+            numeric=[False, False, True, True, True, True, False, True], fleet=fleet,
+            run_column=0) + "</div>")
     else:
         parts.append(_note("No runs in this file yet."))
     return "".join(parts) + _capacity_part(plots, _saved(fleet, "capacity_goodput"))
@@ -674,9 +935,8 @@ def _disruptions_section(plots: _Plots, fleet: _Fleet) -> str:
     counts: dict[str, int] = {}
     for row in fleet.disruptions:
         counts[row["run_id"]] = counts.get(row["run_id"], 0) + 1
-    ranked = fleet.ranked_runs()
-    runs = sorted(counts, key=lambda run: (-counts[run], ranked.index(run) if run in ranked else 0, run))
-    runs = runs[:MAX_TIMELINE_ROWS]
+    disrupted = sorted(counts, key=lambda run: (fleet.rank_of(run), run))
+    runs = disrupted[:MAX_TIMELINE_ROWS]
 
     def draw(axis: Any, positions: dict[str, int]) -> None:
         first = True
@@ -695,14 +955,17 @@ def _disruptions_section(plots: _Plots, fleet: _Fleet) -> str:
             first = False
 
     parts = [_timeline(plots, "Disruptions: each run's span, recovery and restart", runs, fleet, draw)]
-    if len(counts) > len(runs):
-        parts.append(f'<p class="note">{len(counts) - len(runs)} more disrupted runs are in the table '
-                     "only.</p>")
+    if len(disrupted) > len(runs):
+        parts.append(f'<p class="note">Rows for the {len(runs)} disrupted runs losing the most chip-hours, '
+                     f"{_esc(fleet.left_out(disrupted[len(runs):]))}, in the table.</p>")
+    ordered = sorted(fleet.disruptions, key=lambda row: (fleet.rank_of(row["run_id"]), row["restart_time"]))
     table_rows = [(row["run_id"], row["disruption_index"], row["restart_time"], row["last_step_before"],
                    row["resume_step"], row["wasted_progress_s"], row["recovery_s"], row["in_process"])
-                  for row in fleet.disruptions]
+                  for row in ordered]
+    parts.append('<p class="note">The disruptions of the runs losing the most chip-hours first.</p>')
     parts.append(_table(("run", "#", "restart (UTC)", "last step before", "resumed at step",
-                         "wasted progress s", "recovery s", "in-process"), table_rows))
+                         "wasted progress s", "recovery s", "in-process"), table_rows, fleet=fleet,
+                        run_column=0))
     return "".join(parts)
 
 
@@ -721,11 +984,12 @@ def _step_deviation_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThres
         axis.annotate(f"alert above {thresholds.step_deviation_threshold_s:g} s for 10 min",
                       (0, thresholds.step_deviation_threshold_s), xycoords=("axes fraction", "data"),
                       xytext=(4, 3), textcoords="offset points", color=_BAD, fontsize=8)
-        _lines_by_run(plots, axis, series, fleet.ranked_runs())
+        left_out = _lines_by_run(plots, axis, series, fleet.ranked_runs())
         top = max(value for points in series.values() for _, value in points)
         axis.set_ylim(0, max(top, thresholds.step_deviation_threshold_s) * 1.15 or 1)
         axis.set_ylabel("seconds")
-        return plots.svg(figure, "Step-time deviation of each run over time")
+        svg = plots.svg(figure, "Step-time deviation of each run over time")
+    return svg + _lines_left_out(fleet, left_out)
 
 
 def _anomaly_end(row: dict[str, Any], latest: dict[str, dict[str, Any]]) -> datetime.datetime:
@@ -749,8 +1013,7 @@ def _anomalies_section(plots: _Plots, fleet: _Fleet) -> str:
     for row in anomalies:
         open_, total = counts.get(row["run_id"], (0, 0))
         counts[row["run_id"]] = (open_ + (row["ended_at"] is None), total + 1)
-    rank = {run: index for index, run in enumerate(fleet.ranked_runs())}
-    runs = sorted(counts, key=lambda run: (-counts[run][0], -counts[run][1], rank.get(run, len(rank)), run))
+    runs = sorted(counts, key=lambda run: (fleet.rank_of(run), run))
     shown = runs[:MAX_TIMELINE_ROWS]
     known = {kind: index for index, kind in enumerate(_KIND_COLORS)}
     kinds = sorted({row["kind"] for row in anomalies}, key=lambda kind: (known.get(kind, len(known)), kind))
@@ -787,18 +1050,25 @@ def _anomalies_section(plots: _Plots, fleet: _Fleet) -> str:
     parts = [_timeline(plots, "Anomalies: each from its onset to its end", shown, fleet, draw,
                        row_height=0.5)]
     if len(runs) > len(shown):
-        parts.append(f'<p class="note">{len(runs) - len(shown)} more runs with anomalies are in the table '
-                     "only.</p>")
+        parts.append(f'<p class="note">Rows for the {len(shown)} runs with anomalies losing the most '
+                     f"chip-hours, {_esc(fleet.left_out(runs[len(shown):]))}, in the table.</p>")
     parts.append('<p class="note">The latest state of each anomaly, ongoing ones first, then those that '
-                 "lost the most time: the time its steps took beyond the run's baseline step time (a hang: "
-                 "the time with no step), up to its end, or up to when it was found if it goes on.</p>")
-    ordered = sorted(anomalies, key=lambda row: (row["ended_at"] is not None, -row["lost_s"],
+                 "lost the most chip-hours: the time its steps took beyond the run's baseline step time (a "
+                 "hang: the time with no step), up to its end, or up to when it was found if it goes on, "
+                 "times the run's chips.</p>")
+
+    def chips(run: str) -> int:
+        return int(latest[run]["chip_count"] or 0) if run in latest else 0
+
+    ordered = sorted(anomalies, key=lambda row: (row["ended_at"] is not None,
+                                                 -row["lost_s"] * max(1, chips(row["run_id"])),
                                                  row["started_at"], row["run_id"]))
     table_rows = [(row["run_id"], row["kind"], row["host"], row["started_at"], row["detected_at"],
                    "ongoing" if row["ended_at"] is None else row["ended_at"], row["baseline_step_s"],
                    row["observed_step_s"], row["lost_s"]) for row in ordered]
     parts.append(_table(("run", "kind", "host", "started (UTC)", "detected (UTC)", "ended (UTC)",
-                         "baseline step s", "observed step s", "lost s"), table_rows))
+                         "baseline step s", "observed step s", "lost s"), table_rows, fleet=fleet,
+                        run_column=0))
     return "".join(parts)
 
 
@@ -889,10 +1159,8 @@ def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -
     if not fleet.alerts:
         parts.append(_note("No alert would have fired on this snapshot history."))
         return "".join(parts)
-    counts: dict[str, int] = {}
-    for alert in fleet.alerts:
-        counts[alert.run_id] = counts.get(alert.run_id, 0) + 1
-    runs = sorted(counts, key=lambda run: (-counts[run], run))[:MAX_TIMELINE_ROWS]
+    alerted = sorted({alert.run_id for alert in fleet.alerts}, key=lambda run: (fleet.rank_of(run), run))
+    runs = alerted[:MAX_TIMELINE_ROWS]
 
     fired = {alert.policy for alert in fleet.alerts}
     order = [policy for policy in POLICIES if policy in fired]
@@ -917,9 +1185,15 @@ def _alerts_section(plots: _Plots, fleet: _Fleet, thresholds: AlertThresholds) -
 
     parts.append(_timeline(plots, "When each alert would have fired (line: while its condition held)", runs,
                            fleet, draw, row_height=0.5))
+    if len(alerted) > len(runs):
+        parts.append(f'<p class="note">Rows for the {len(runs)} alerted runs losing the most chip-hours, '
+                     f"{_esc(fleet.left_out(alerted[len(runs):]))}, in the table.</p>")
+    ordered = sorted(fleet.alerts, key=lambda alert: (fleet.rank_of(alert.run_id), alert.fired_at))
     rows = [(alert.policy, POLICIES[alert.policy], alert.run_id, alert.since, alert.fired_at, alert.value)
-            for alert in fleet.alerts]
-    parts.append(_table(("policy", "condition", "run", "held since (UTC)", "fired at (UTC)", "value"), rows))
+            for alert in ordered]
+    parts.append('<p class="note">The alerts of the runs losing the most chip-hours first.</p>')
+    parts.append(_table(("policy", "condition", "run", "held since (UTC)", "fired at (UTC)", "value"), rows,
+                        fleet=fleet, run_column=2))
     return "".join(parts)
 
 
@@ -932,11 +1206,34 @@ def _queries_section(fleet: _Fleet) -> str:
         if error:
             parts.append(f'<p class="error">Could not run on this file: {_esc(error)}</p>')
         elif rows:
-            parts.append(_table(columns, rows))
+            parts.append(_query_table(fleet, name, columns, rows))
         else:
             parts.append(_note("No rows."))
         parts.append("</div>")
     return "".join(parts)
+
+
+#: The saved query whose list is never cut: every run that needs attention now.
+NEVER_CUT = "stalled_or_regressed"
+
+
+def _query_table(fleet: _Fleet, name: str, columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """A saved query's result: the whole of NEVER_CUT's; another's, where it has more than
+    MAX_TABLE_ROWS rows and a run_id column, the rows of the runs losing the most chip-hours (a
+    note says so, and what the rest lose); else its first rows in its own order."""
+    run_column = columns.index("run_id") if "run_id" in columns else None
+    if run_column is None:
+        return _table(columns, rows, limit=None if name == NEVER_CUT else MAX_TABLE_ROWS)
+    if name == NEVER_CUT or len(rows) > MAX_TABLE_ROWS:
+        rows = sorted(rows, key=lambda row: fleet.rank_of(row[run_column]))  # stable: the query's order next
+    note = ""
+    if name != NEVER_CUT and len(rows) > MAX_TABLE_ROWS:
+        note = ('<p class="note">More rows than the page shows: those of the runs losing the most '
+                "chip-hours.</p>")
+    elif name == NEVER_CUT:
+        note = '<p class="note">Every row, the runs losing the most chip-hours first.</p>'
+    return note + _table(columns, rows, limit=None if name == NEVER_CUT else MAX_TABLE_ROWS, fleet=fleet,
+                         run_column=run_column)
 
 
 # -- The page -----------------------------------------------------------------------------------
@@ -966,7 +1263,6 @@ def _summary(fleet: _Fleet, source: str) -> str:
     goodput, chip_weighted = fleet_goodput(latest)
     ended = sum(1 for row in latest.values() if row["ended"])
     chip_s = sum(row["total_chip_s"] or 0 for row in latest.values())
-    lost_chip_s = sum((row["total_chip_s"] or 0) - (row["productive_chip_s"] or 0) for row in latest.values())
     disruptions = sum(row["disruptions"] or 0 for row in latest.values())
     times = [row["snapshot_time"] for row in fleet.goodput]
     span = f"snapshots {_fmt(min(times))} to {_fmt(max(times))} UTC" if times else "no snapshots yet"
@@ -977,7 +1273,7 @@ def _summary(fleet: _Fleet, source: str) -> str:
         ("fleet-goodput", "—" if goodput is None else f"{goodput:.2f} %",
          "no elapsed time yet" if goodput is None else f"chip-weighted over {known} of {len(latest)} runs"
          if chip_weighted else "time-weighted (no chip counts)", goodput_class),
-        ("chip-hours", _fmt(chip_s / 3600, 1), f"{_fmt(lost_chip_s / 3600, 1)} lost", ""),
+        ("chip-hours", _fmt(chip_s / 3600, 1), f"{fleet.cost(latest)} lost", ""),
         ("disruption-count", str(disruptions), "across all runs", "bad" if disruptions else ""),
         _anomaly_card(fleet.anomalies),
         ("alert-count", str(len(fleet.alerts)), "would have fired", "bad" if fleet.alerts else "good"),
@@ -988,35 +1284,104 @@ def _summary(fleet: _Fleet, source: str) -> str:
         f'<div class="card {css}"><div class="label">{names[key]}</div>'
         f'<div class="value" id="{key}">{_esc(value)}</div><div class="sub">{_esc(sub)}</div></div>'
         for key, value, sub, css in cards)
-    run_rows = []
-    for run in sorted(latest, key=lambda run: (latest[run]["goodput_pct"] is None,
-                                               latest[run]["goodput_pct"] or 0, run))[:MAX_TABLE_ROWS]:
-        row = latest[run]
-        pct = row["goodput_pct"]
-        bar = ("—" if pct is None else
-               f'<span class="meter"><span style="width:{max(0.0, min(100.0, pct)):.1f}%"></span></span>'
-               f"{pct:.2f} %")
-        run_rows.append(
-            f'<tr><td class="run">{_esc(run)}</td><td>{_esc(_fmt(row["run_group"]))}</td>'
-            f'<td>{_esc(_fmt(row["accelerator_type"]))}</td>'
-            f'<td class="num">{_esc(row["chip_count"] or "—")}</td>'
-            f'<td class="goodput">{bar}</td><td class="num">{_esc(_duration(row["total_time_s"]))}</td>'
-            f'<td class="num">{row["disruptions"]}</td><td>{"ended" if row["ended"] else "running"}</td>'
-            f'<td>{_esc(_fmt(row["snapshot_time"]))}</td></tr>')
-    more = len(latest) - len(run_rows)
-    runs_table = ""
-    if latest:
-        runs_table = ('<div class="table-wrap"><table class="runs"><thead><tr><th>run</th><th>group</th>'
-                      '<th>accelerator</th><th class="num">chips</th><th>goodput (cumulative)</th>'
-                      '<th class="num">elapsed</th><th class="num">disruptions</th><th>state</th>'
-                      f'<th>latest snapshot (UTC)</th></tr></thead><tbody>{"".join(run_rows)}</tbody>'
-                      "</table></div>")
-        if more > 0:
-            runs_table += f'<p class="note">{more} more runs not listed.</p>'
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     return (f'<header id="summary"><h1>Fleet goodput report</h1>'
             f'<p class="meta">{_esc(source)} · {_esc(span)} · generated {_esc(_fmt(now))} UTC</p>'
-            f'<div class="cards">{card_html}</div>{runs_table}</header>')
+            f'<div class="cards">{card_html}</div>{_top_runs(fleet)}{_attention(fleet)}</header>')
+
+
+def _goodput_meter(pct: float | None) -> str:
+    return ("—" if pct is None else
+            f'<span class="meter"><span style="width:{max(0.0, min(100.0, pct)):.1f}%"></span></span>'
+            f"{pct:.2f} %")
+
+
+def _top_bucket(fleet: _Fleet, run: str) -> str:
+    """The bucket a run lost the most time to, with its colour, as a cell's HTML."""
+    own = fleet.buckets.get(run, {})
+    if not own:
+        return "—"
+    bucket = max(own, key=lambda name: (own[name], name))
+    return (f'<span class="swatch" style="background:{bucket_color(bucket)}"></span>{_esc(bucket)} '
+            f"({_esc(_duration(own[bucket]))})")
+
+
+def _top_runs(fleet: _Fleet) -> str:
+    """The runs losing the most chip-hours, costliest first: the first thing the page shows after
+    the figures, so a fleet of thousands opens on the runs that matter."""
+    latest = fleet.latest()
+    if not latest:
+        return ""
+    ranked = fleet.ranked_runs()
+    rows = []
+    for place, run in enumerate(ranked[:MAX_TABLE_ROWS], start=1):
+        row = latest[run]
+        lost = lost_chip_s(row) / 3600
+        usd = fleet.lost_usd(row)
+        rows.append(
+            f'<tr><td class="num">{place}</td><td class="run">{_esc(run)}</td>'
+            f'<td class="num" data-v="{lost:.6f}">{_esc(_fmt(lost, 1))}</td>'
+            f'<td class="num">{"—" if usd is None else f"${usd:,.0f}"}</td>'
+            f'<td class="goodput" data-v="{row["goodput_pct"] if row["goodput_pct"] is not None else ""}">'
+            f'{_goodput_meter(row["goodput_pct"])}</td><td class="bucket">{_top_bucket(fleet, run)}</td>'
+            f'<td>{_esc(_fmt(row["run_group"]))}</td><td>{_esc(_fmt(row["accelerator_type"]))}</td>'
+            f'<td class="num">{_esc(row["chip_count"] or "—")}</td>'
+            f'<td class="num" data-v="{row["total_time_s"] or 0}">{_esc(_duration(row["total_time_s"]))}</td>'
+            f'<td class="num">{row["disruptions"]}</td><td>{"ended" if row["ended"] else "running"}</td>'
+            f'<td>{_esc(_fmt(row["snapshot_time"]))}</td></tr>')
+    more = ""
+    if len(ranked) > len(rows):
+        more = f'<p class="note" id="top-runs-more">{_esc(fleet.left_out(ranked[len(rows):]))}.</p>'
+    priced = "" if fleet.prices else " (no accelerator_prices in this file: no money figures)"
+    return ('<h2 id="top-runs-title">Runs losing the most chip-hours</h2>'
+            f'<p class="note">Lost chip-hours: elapsed chip-hours that were not productive (badput seconds '
+            "× chips), from each run's latest snapshot; lost $: at the accelerator_prices of its "
+            f"accelerator type{priced}. goodput report --run RUN writes any run's own page.</p>"
+            '<div class="table-wrap tall"><table class="runs" id="top-runs"><thead><tr><th class="num">#</th>'
+            '<th>run</th><th class="num">lost chip-hours</th><th class="num">lost $</th>'
+            '<th>goodput (cumulative)</th><th>most lost to</th><th>group</th><th>accelerator</th>'
+            '<th class="num">chips</th><th class="num">elapsed</th><th class="num">disruptions</th>'
+            f'<th>state</th><th>latest snapshot (UTC)</th></tr></thead><tbody>{"".join(rows)}</tbody>'
+            f"</table></div>{more}")
+
+
+def _attention(fleet: _Fleet) -> str:
+    """Every run that needs attention now (the saved query ``stalled_or_regressed``), costliest
+    first, never cut."""
+    flagged = _saved(fleet, "stalled_or_regressed")
+    title = "<h2 id=\"attention-title\">Runs that need attention now</h2>"
+    if flagged is None:
+        return title + _note("stalled_or_regressed cannot run on this file (it was written before the "
+                             "tables it reads).")
+    if not flagged:
+        return title + _note("No run is stalled or has regressed.")
+    latest = fleet.latest()
+    flagged = sorted(flagged, key=lambda row: (fleet.rank_of(row["run_id"]), str(row["run_id"])))
+    rows = []
+    for row in flagged:
+        run = latest.get(row["run_id"])
+        why = [*(["stalled"] if row["stalled"] else []),
+               *([f"step time ×{_fmt(row['step_time_ratio'], 2)}"] if row["regressed"] else [])]
+        usd = fleet.lost_usd(run) if run else None
+        lost = lost_chip_s(run) / 3600 if run else 0.0
+        since = row["since_last_step_s"]
+        rows.append(
+            f'<tr><td class="run">{_esc(row["run_id"])}</td><td>{_esc(", ".join(why))}</td>'
+            f'<td class="num" data-v="{"" if since is None else since}">{_esc(_duration(since))}</td>'
+            f'<td class="num" data-v="{lost:.6f}">{_esc(_fmt(lost, 1))}</td>'
+            f'<td class="num">{"—" if usd is None else f"${usd:,.0f}"}</td>'
+            f'<td>{_esc(_fmt(run["run_group"] if run else None))}</td>'
+            f'<td>{_esc(_fmt(run["accelerator_type"] if run else None))}</td>'
+            f'<td class="num">{_esc((run["chip_count"] if run else None) or "—")}</td></tr>')
+    stalled = sum(1 for row in flagged if row["stalled"])
+    return (f'{title}<p class="note">All {len(flagged):,} of them ({stalled:,} stalled: not ended, no '
+            "productive time in their shortest rolling window; the others' recent step time regressed), "
+            "costliest first.</p>"
+            '<div class="table-wrap tall"><table class="runs" id="attention"><thead><tr><th>run</th>'
+            '<th>why</th><th class="num">since last step</th><th class="num">lost chip-hours</th>'
+            '<th class="num">lost $</th><th>group</th><th>accelerator</th><th class="num">chips</th>'
+            "</tr></thead>"
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
 _CSS = """
@@ -1065,12 +1430,95 @@ ul.legend { display: flex; flex-wrap: wrap; gap: 4px 16px; padding: 0; margin: 0
 ul.legend .swatch { display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin-right: 6px;
   vertical-align: -1px; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+.table-wrap.tall { max-height: 430px; overflow-y: auto; }
+td .swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 5px;
+  vertical-align: -1px; }
+td.bucket { white-space: normal; min-width: 220px; font-size: 12px; }
+th.sortable { cursor: pointer; user-select: none; }
+th.sortable:hover { color: var(--ink); }
+th[data-dir="asc"]::after { content: " ▲"; } th[data-dir="desc"]::after { content: " ▼"; }
+svg.gantt, svg.goodput-line { width: 100%; height: auto; display: block; font-size: 11px; }
+svg .track { fill: #f6f7f9; } svg .grid { stroke: #e4e4e4; stroke-width: 1; }
+svg text { fill: #475467; }
+svg .lane:hover .track { fill: #eef1f5; }
+.stack { display: flex; height: 18px; border-radius: 4px; overflow: hidden; margin: 6px 0; background: #eee; }
+.stack span { display: block; height: 100%; }
+dl.figures { display: grid; grid-template-columns: repeat(auto-fit, minmax(150px, 1fr)); gap: 8px 16px;
+  margin: 8px 0 4px; }
+dl.figures dt { color: var(--muted); font-size: 11.5px; text-transform: uppercase; letter-spacing: .04em; }
+dl.figures dd { margin: 0; font-weight: 600; }
+.metrics { display: grid; grid-template-columns: repeat(auto-fill, minmax(300px, 1fr)); gap: 10px; }
+figure.metric { margin: 0; border: 1px solid var(--line); border-radius: 6px; padding: 6px 8px; }
+figure.metric figcaption { font-size: 12px; font-weight: 600; }
+figure.metric figcaption span { color: var(--muted); font-weight: normal; }
+.run-page + .run-page { border-top: 1px solid var(--line); margin-top: 18px; }
+input.filter { margin: 6px 0 2px; padding: 4px 8px; width: 280px; border: 1px solid var(--line);
+  border-radius: 6px; font: inherit; font-size: 12.5px; }
+"""
+
+#: What makes every table of the page sortable (a click on a column's heading; again, the other way)
+#: and filterable (a box above a table of more than a few rows keeps the rows holding its text).
+#: Inline and plain: the page loads nothing.
+_SCRIPT = """
+(function () {
+  function key(cell) {
+    if (!cell) return "";
+    if (cell.dataset.v !== undefined && cell.dataset.v !== "") return parseFloat(cell.dataset.v);
+    var text = cell.textContent.trim();
+    if (/^[-+$]?[\\d,]*\\.?\\d+( ?%)?$/.test(text)) return parseFloat(text.replace(/[,$% ]/g, ""));
+    return text.toLowerCase();
+  }
+  function compare(a, b) {
+    var an = typeof a === "number", bn = typeof b === "number";
+    if (an && bn) return a - b;
+    if (an !== bn) return an ? -1 : 1;
+    return a < b ? -1 : a > b ? 1 : 0;
+  }
+  document.querySelectorAll(".table-wrap > table").forEach(function (table) {
+    var body = table.tBodies[0];
+    if (!body || !table.tHead) return;
+    var rows = Array.prototype.slice.call(body.rows);
+    var heads = table.tHead.rows[0].cells;
+    Array.prototype.forEach.call(heads, function (th, column) {
+      th.classList.add("sortable");
+      th.title = "Sort by this column";
+      th.addEventListener("click", function () {
+        var dir = th.dataset.dir === "desc" ? "asc" : "desc";
+        Array.prototype.forEach.call(heads, function (other) { delete other.dataset.dir; });
+        th.dataset.dir = dir;
+        var keyed = rows.map(function (row, index) { return [key(row.cells[column]), index, row]; });
+        keyed.sort(function (a, b) {
+          return (dir === "asc" ? compare(a[0], b[0]) : compare(b[0], a[0])) || a[1] - b[1];
+        });
+        keyed.forEach(function (item) { body.appendChild(item[2]); });
+      });
+    });
+    if (rows.length > 8) {
+      var box = document.createElement("input");
+      box.type = "search";
+      box.className = "filter";
+      box.placeholder = "Filter these " + rows.length + " rows";
+      box.setAttribute("aria-label", box.placeholder);
+      if (table.id) box.id = table.id + "-filter";
+      box.addEventListener("input", function () {
+        var words = box.value.toLowerCase().split(/\\s+/).filter(Boolean);
+        rows.forEach(function (row) {
+          var text = row.textContent.toLowerCase();
+          row.hidden = !words.every(function (word) { return text.indexOf(word) >= 0; });
+        });
+      });
+      table.parentNode.parentNode.insertBefore(box, table.parentNode);
+    }
+  });
+})();
 """
 
 
 def _page(source: str, fleet: _Fleet, thresholds: AlertThresholds) -> str:
     plots = _Plots()
     bodies = {
+        "fleet-trend": lambda: _fleet_trend_section(plots, fleet),
+        "worst-runs": lambda: _worst_runs_section(fleet),
         "goodput": lambda: _goodput_section(plots, fleet, thresholds),
         "badput": lambda: _badput_section(plots, fleet),
         "productivity": lambda: _productivity_section(plots, fleet),
@@ -1091,4 +1539,4 @@ def _page(source: str, fleet: _Fleet, thresholds: AlertThresholds) -> str:
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>Fleet goodput report · {_esc(source)}</title><style>{_CSS}</style></head>"
             f"<body><nav>{nav}</nav><main>{_summary(fleet, source)}{''.join(sections())}</main>"
-            "</body></html>\n")
+            f"<script>{_SCRIPT}</script></body></html>\n")

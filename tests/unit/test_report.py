@@ -78,8 +78,8 @@ def test_many_runs_keep_legends_and_panels_bounded(tmp_path: Path):
     page = output.read_text()
     assert section(page, "goodput").count("30 other runs") == 1
     assert section(page, "step-deviation").count("30 other runs") == 1
-    assert "Panels for the 12 runs with the most chip-hours; 28 more runs" in page
-    assert "Bars for the 30 runs with the most chip-hours; 10 more runs" in page
+    assert "Panels for the 12 runs losing the most chip-hours, and 28 more runs losing" in page
+    assert "Bars for the 30 runs losing the most chip-hours, and 10 more runs losing" in page
     assert all(f'<td class="run">run-{n:02d}</td>' in page for n in range(40))
     assert output.stat().st_size < 3_000_000
 
@@ -182,8 +182,9 @@ def test_many_anomalies_keep_the_timeline_and_table_bounded(tmp_path: Path):
     output = tmp_path / "many.html"
     write_report(database, output)
     anomalies_section = section(output.read_text(), "anomalies")
-    assert f"{50 - MAX_TIMELINE_ROWS} more runs with anomalies are in the table only." in anomalies_section
-    assert f"{250 - MAX_TABLE_ROWS} more rows not shown." in anomalies_section
+    assert (f"Rows for the {MAX_TIMELINE_ROWS} runs with anomalies losing the most chip-hours, and "
+            f"{50 - MAX_TIMELINE_ROWS} more runs losing") in anomalies_section
+    assert f"{250 - MAX_TABLE_ROWS} more rows not shown, of " in anomalies_section
     svg = anomalies_section.split("</svg>")[0]
     assert sum(f">run-{n:02d}<" in svg for n in range(50)) == MAX_TIMELINE_ROWS
     assert anomalies_section.count("<tr>") == MAX_TABLE_ROWS + 1
