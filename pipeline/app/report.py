@@ -1,28 +1,35 @@
 """A self-contained HTML report of a DuckDB file written by the pipeline.
 
-One file to open in a browser or attach to a post-mortem: the fleet at a glance, then goodput over
-time per run (cumulative and rolling windows), the badput breakdown per run and for the fleet,
-each run's ML Productivity Goodput and its factors, the fleet's goodput over the capacity paid for
-(where ``goodput import capacity`` filled the ``capacity`` table), disruptions on a timeline,
-step-time deviation, the anomalies the pipeline found (slowdowns, hangs and stragglers,
-``pipeline.core.detect``) on a timeline, the runs of each run group side by side (the user configs
-that differ between them, their metrics' last values, and each metric over steps), the alerts the
-Terraform policies would have fired (``pipeline.app.alerts``), and the result of every saved fleet
-query (``goodput_schemas/sql/``).
-The plots are drawn with matplotlib and embedded as inline SVG; the file loads nothing from the
-network::
+One file to open in a browser or attach to a post-mortem. It opens on the runs losing the most
+chip-hours (elapsed chip-hours that were not productive, from each run's latest cumulative
+snapshot) and what they cost at the ``accelerator_prices`` of their accelerator type, then every
+run that needs attention now (the saved query ``stalled_or_regressed``, never cut). Then the
+fleet's chip-weighted goodput over time by run group and accelerator type, the costliest runs'
+own pages (``pipeline.app.run_page``), goodput over time per run (cumulative and rolling windows),
+the badput breakdown per run and for the fleet (each bucket in its fixed colour; hung time, from
+the hang anomalies, apart from OTHER), each run's ML Productivity Goodput and its factors, the
+fleet's goodput over the capacity paid for (where ``goodput import capacity`` filled the
+``capacity`` table), disruptions on a timeline, step-time deviation, the anomalies the pipeline
+found (slowdowns, hangs and stragglers, ``pipeline.core.detect``) on a timeline, the runs of each
+run group side by side (the user configs that differ between them, their metrics' last values,
+and each metric over steps), the alerts the Terraform policies would have fired
+(``pipeline.app.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``).
+The plots are drawn with matplotlib and embedded as inline SVG; the tables sort and filter with
+an inline script; the file loads nothing from the network::
 
     from pipeline.app.report import write_report
     write_report(Path("goodput.duckdb"), Path("report.html"))
 
-Every section is an element with a stable id (``summary``, ``goodput``, ``badput``,
+Every section is an element with a stable id (``summary`` with its tables ``top-runs`` and
+``attention``, ``fleet-trend``, ``worst-runs`` with ``run-page-1``…, ``goodput``, ``badput``,
 ``productivity`` with its tables ``productivity-runs`` and ``capacity-goodput``, ``disruptions``,
 ``step-deviation``, ``anomalies``, ``run-groups``, ``alerts``, ``fleet-queries``,
 ``group-NAME`` for each run group compared and ``query-NAME`` for each saved query), as are the
 summary's figures (``run-count``,
 ``fleet-goodput``, ``chip-hours``, ``disruption-count``, ``anomaly-count``, ``alert-count``).
-Legends, panels, bars, timeline rows and tables are capped for large fleets and long histories are
-thinned, so the page stays readable and light. A file written before anomalies were detected (no
+Legends, panels, bars, timeline rows and tables are capped for large fleets, keeping the runs
+losing the most chip-hours and saying what the others lose, and long histories are thinned, so
+the page stays readable and light. A file written before anomalies were detected (no
 ``run_anomalies`` table), or before configs and metrics were recorded (no ``run_configs`` and
 ``model_metrics`` tables), or before MPG and capacity (no ``accelerator_peaks``, ``jobset_metrics``
 or ``capacity`` table), still gives the whole report. The DuckDB file is opened as every reader

@@ -3,6 +3,7 @@ real headless browser."""
 
 from __future__ import annotations
 
+import colorsys
 import html
 import re
 import struct
@@ -15,7 +16,8 @@ import pytest
 from goodput_schemas import saved_queries
 from pipeline.app.alerts import evaluate_file
 from pipeline.app.fleet_sql import run_saved
-from pipeline.app.report import write_report
+from pipeline.app.report import BUCKET_COLORS, bucket_color, write_report
+from pipeline.app.run_page import write_run_report
 from support.browser import opened
 from support.history import SECTION_IDS, SlowStretch, replay, section, simulate, simulate_profile
 
@@ -169,6 +171,66 @@ def test_the_report_loads_nothing_from_the_network(report: str):
     assert references and all(reference.startswith("#") for reference in references)
     assert re.findall(r"<script[^>]*>", report) == ["<script>"]
     assert "@import" not in report and "url(http" not in report and "fetch(" not in report
+
+
+def test_badput_buckets_keep_their_colour_and_none_is_green(report: str, fleet_database: Path,
+                                                              tmp_path: Path):
+    """Each bucket's swatch is its fixed colour (BUCKET_COLORS) in the fleet's badput legend and on a
+    run's page, whatever its rank there; no badput colour is green, the colour of productive time."""
+    swatch = r'<span class="swatch" style="background:(#[0-9a-f]{6})"></span>([A-Z_.]+)'
+    legend = {name: color for color, name in re.findall(swatch + "</li>", section(report, "badput"))}
+    assert {"OTHER", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", "TPU_INITIALIZATION"} <= set(legend)
+    assert legend == {name: bucket_color(name) for name in legend}
+    write_run_report(fleet_database, "run-b", tmp_path / "run-b.html")
+    run_page = (tmp_path / "run-b.html").read_text()
+    run_legend = {name: color for color, name in re.findall(swatch + " ", run_page)}
+    assert run_legend and all(legend.get(name, color) == color for name, color in run_legend.items())
+    for color in {*BUCKET_COLORS.values(), *legend.values()}:
+        hue, _, saturation = colorsys.rgb_to_hls(*(int(color[i:i + 2], 16) / 255 for i in (1, 3, 5)))
+        assert not (80 <= hue * 360 <= 170 and saturation > 0.2), color
+
+
+def test_a_crashed_runs_page_draws_its_attempts_crash_and_recovery(fleet_database: Path, tmp_path: Path):
+    """run-a crashed once: two attempt lanes with their init, steps, checkpoints and evals; a crash
+    mark at its restart less its recovery, and a recovery span up to the restart the disruptions
+    table holds; its goodput over time and its configs and metrics."""
+    output = tmp_path / "run-a.html"
+    write_run_report(fleet_database, "run-a", output)
+    page = output.read_text()
+    gantt = page.split('<svg class="gantt"')[1].split("</svg>")[0]
+    assert re.findall(r">(attempt \d|disruptions)</text>", gantt) == ["attempt 1", "attempt 2", "disruptions"]
+    for kind in ("init", "prep", "data loading", "steps", "checkpoint save", "checkpoint restore", "recovery",
+                 "wasted progress"):
+        assert f'data-kind="{kind}"' in gantt, kind
+    assert gantt.count('class="crash"') == 1
+    (restart,), = sql(fleet_database, "SELECT DISTINCT restart_time FROM disruptions WHERE run_id = 'run-a'")
+    assert f"recovery to the restart at {restart:%Y-%m-%d %H:%M:%S} UTC" in gantt
+    assert '<svg class="goodput-line"' in page and ">LOSS<" not in gantt and "LOSS" in page
+
+
+def test_a_run_page_of_a_run_the_file_does_not_know_is_an_error(fleet_database: Path, tmp_path: Path):
+    """A run id the file has no snapshot or event of raises LookupError, naming runs it has."""
+    with pytest.raises(LookupError, match="no run 'nope' in this file; it has run-a"):
+        write_run_report(fleet_database, "nope", tmp_path / "nope.html")
+    assert not (tmp_path / "nope.html").exists()
+
+
+def test_tables_sort_in_the_browser(report: str, fleet_database: Path, tmp_path: Path):
+    """In chromium a click on a column's heading sorts the table by it (the runs by elapsed time,
+    as SQL orders them), and a second click the other way."""
+    page_file = tmp_path / "report.html"
+    page_file.write_text(report)
+    by_elapsed = [run for run, in sql(
+        fleet_database, "SELECT run_id FROM goodput_snapshots WHERE window_s = 0 QUALIFY snapshot_time = "
+                        "max(snapshot_time) OVER (PARTITION BY run_id) ORDER BY total_time_s DESC")]
+    with opened(page_file) as (page, problems):
+        runs = page.locator("#top-runs tbody td.run")
+        assert runs.all_inner_texts() != by_elapsed
+        page.locator("#top-runs thead th", has_text="elapsed").click()
+        assert runs.all_inner_texts() == by_elapsed
+        page.locator("#top-runs thead th", has_text="elapsed").click()
+        assert runs.all_inner_texts() == by_elapsed[::-1]
+    assert problems == []
 
 
 def png_size(data: bytes) -> tuple[int, int]:
