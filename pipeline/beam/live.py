@@ -528,7 +528,7 @@ class TrackRunDoFn(beam.DoFn):
         try:
             snapshot = state.snapshot(as_of, self.windows_s, detection=self.detection,
                                       anomalies_after_us=last if rows is None or last is None
-                                      else last - LATE_ANOMALIES_US)
+                                      else last - LATE_ANOMALIES_US, reported_us=last)
         except Exception as error:  # noqa: BLE001 -- as in process: one run's bug stays its own
             self.store.decoded.drop(state.run_id)
             yield engine_failure(state.run_id, error)

@@ -56,7 +56,14 @@ A slowdown ends when the mirror sum ``D = max(0, D + k - x)`` passes ``h``, at t
 
 **Hang.** A gap between two step starts (or from the last one to the attempt's end, or to now)
 of ``max(hang_min_s, hang_factor * median)`` or more: found that long after the last step
-started, ended when a step (or the attempt's end, or its successor) comes.
+started, ended when a step (or the attempt's end) comes. An attempt that died without a job_end
+(killed, its machine lost) ends, as far as a hang goes, at its last sign of life, its last event
+before its successor's start: the silence from there to the restart is the crash's, a disruption
+(``pipeline.core.timeline``), not also a hang. So a crash is a hang only if the attempt lived on
+without a step for the threshold first (a hang its watchdog killed: both, each for its own time).
+While an attempt is silent and has no successor yet, a dead one cannot be told from a hung one:
+the hang is found at its threshold, and once the restart shows it was a crash the stream closes
+what it reported (``pipeline.core.engine``).
 """
 
 from __future__ import annotations
@@ -203,14 +210,34 @@ class Detector:
         """Whether a slowdown was found and has not ended."""
         return self._open is not None
 
-    def end_attempt(self, last_us: int | None, end_us: int) -> None:
+    def end_attempt(self, last_us: int | None, end_us: int, known_us: int | None = None) -> None:
         """Keeps the rows of a hang between the current attempt's last step start and its end
-        ``end_us`` (its job_end, or its successor's start), and the end of a slowdown open then,
-        before ``new_attempt``: a slowdown is an attempt's, and one that goes on after a restart
-        is found again."""
-        self.changes += self.tail(last_us, end_us, end_us)
+        ``end_us``, and the end of a slowdown open then, before ``new_attempt``: a slowdown is an
+        attempt's, and one that goes on after a restart is found again. ``end_us`` is its job_end,
+        or, for an attempt that died without one, its last sign of life: the silence after it is
+        its crash's (a disruption), not a hang. ``known_us`` is when the end became known (its
+        successor's start), when its rows' ends are found (``end_us`` if None)."""
+        rows = self.tail(last_us, end_us, end_us)
+        if known_us is not None:
+            rows = [row if row.ended_us is None
+                    else dataclasses.replace(row, changed_us=max(known_us, row.changed_us)) for row in rows]
+        self.changes += rows
         if self._open is not None:
             self._open, self._sum, self._onset, self._block = None, 0.0, None, []
+
+    def crash_end(self, last_us: int, heard_us: int, known_us: int) -> AnomalyChange | None:
+        """The end of the hang a stream reported while an attempt was silent after its last step
+        start ``last_us``, once its successor's start at ``known_us`` showed that it had died at
+        ``heard_us``, its last sign of life, less than a threshold after that step: it ended
+        there, and the rest of the silence is the crash's. None if the threshold is not known."""
+        threshold = self.hang_threshold_us()
+        if threshold is None:
+            return None
+        found, _ = self._hang(last_us, heard_us, threshold)
+        mean = found.baseline_s * _US
+        return dataclasses.replace(found, ended_us=heard_us, changed_us=known_us,
+                                   observed_s=(heard_us - last_us) / _US,
+                                   lost_s=max(0.0, heard_us - last_us - mean) / _US)
 
     def to_json(self) -> dict[str, Any]:
         """The detector as JSON values (for the state coder: a decoded run goes on from here

@@ -500,6 +500,7 @@ class RunState:
         configured_ideal_step_time_s: float | None = None,
         anomalies_after_us: int | None = None,
         detection: DetectionSettings | None = None,
+        reported_us: int | None = None,
     ) -> Snapshot | None:
         """The run's figures as of ``as_of_us``; None if nothing was recorded before it.
 
@@ -513,6 +514,9 @@ class RunState:
             anomalies_after_us: The snapshot's anomaly rows are those found after this time (the
                 previous snapshot's, in a stream); None for all of them.
             detection: What is looked for in the run's steps (the defaults if None).
+            reported_us: In a stream, the previous snapshot's time (``anomalies_after_us`` if
+                None): a hang it reported of an attempt that was silent then and has since
+                turned out to have crashed gets the row of its end (``_crash_ends``).
         """
         timeline = self._timeline
         if (timeline is not None and timeline.version == self._version
@@ -545,7 +549,8 @@ class RunState:
         reference_ideal = configured if configured is not None else _seconds(reference_us)
         deviation = None if ideal is None else _seconds(stats.deviation(ideal * _US))
         stepping, available = timeline.slice_efficiency()
-        anomalies, open_anomalies = self._anomalies(timeline, anomalies_after_us)
+        anomalies, open_anomalies = self._anomalies(
+            timeline, anomalies_after_us, anomalies_after_us if reported_us is None else reported_us)
         return Snapshot(
             run_id=self.run_id,
             as_of_us=as_of_us,
@@ -605,8 +610,8 @@ class RunState:
                     before = self.attempts[layout[i - 1][0]]
                     last = layout[i - 1][2]
                     assert attempt.start_us is not None
-                    end = attempt.start_us if before.end_us is None else min(before.end_us, attempt.start_us)
-                    self._detector.end_attempt(before.step_times[last - 1] if last else None, end)
+                    self._detector.end_attempt(before.step_times[last - 1] if last else None,
+                                               *_heard_until(before, attempt.start_us))
                 self._detector.new_attempt()
             start = detector_fed[i][2] if i < len(detector_fed) else 0
             if count > start:
@@ -618,11 +623,12 @@ class RunState:
         self._stats_fed = self._detector_fed = list(layout)
         return self._stats
 
-    def _anomalies(self, timeline: Timeline,
-                   after_us: int | None) -> tuple[tuple[AnomalyChange, ...], dict[str, int]]:
+    def _anomalies(self, timeline: Timeline, after_us: int | None,
+                   reported_us: int | None) -> tuple[tuple[AnomalyChange, ...], dict[str, int]]:
         """The detector's rows found after ``after_us`` up to the timeline's time, with the hang
-        the live attempt is in, if it is in one (the detector must have been fed); and how many
-        anomalies of each kind are open then."""
+        the live attempt is in, if it is in one (the detector must have been fed), and the ends of
+        the hangs a snapshot as of ``reported_us`` reported that crashes explain since; and how
+        many anomalies of each kind are open then."""
         as_of = timeline.as_of_us
         changes = self._detector.changes + self.hosts.changes
         known = len(changes)
@@ -637,6 +643,8 @@ class RunState:
             sub = timeline.subsegments[-1]
             end = None if sub.end_kind == "open" else sub.end_us
             changes += self._detector.tail(sub.last_time, end, as_of)
+        if reported_us is not None and layout:
+            changes += self._crash_ends(layout, reported_us, as_of)
         after = -1 if after_us is None else after_us
         found = (c for c in changes if after < c.changed_us <= as_of)
         open_hangs = sum(change.ended_us is None for change in changes[known:])
@@ -644,6 +652,42 @@ class RunState:
         open_anomalies = {SLOWDOWN: int(self._detector.slowdown_open and not slowdown_ended),
                           HANG: open_hangs, STRAGGLER: self.hosts.open_count}
         return tuple(sorted(found, key=lambda c: (c.changed_us, c.kind, c.started_us))), open_anomalies
+
+    def _crash_ends(self, layout: list[tuple[str, int, int]], reported_us: int,
+                    as_of_us: int) -> list[AnomalyChange]:
+        """The ends of the hangs a snapshot as of ``reported_us`` reported of attempts silent
+        then, past their hang threshold, that their successors' starts since show to have died
+        less than a threshold after their last step (a silent attempt is a hung one until then):
+        the detector's rows have no such hang (``_heard_until``), so the stream closes the ones it
+        wrote. Reads only the attempts started after ``reported_us``."""
+        ends = []
+        settings = self._detector.settings
+        for index in range(len(layout) - 1, 0, -1):
+            restart = self.attempts[layout[index][0]].start_us
+            assert restart is not None
+            if restart <= reported_us:
+                break
+            before_id, _, count = layout[index - 1]
+            before = self.attempts[before_id]
+            if count <= settings.warmup_steps or restart > as_of_us or before.end_us is not None:
+                continue  # no hang looked for, not a restart yet, or an end the rows go to
+            last, heard = before.step_times[count - 1], _heard_until(before, restart)[0]
+            threshold = self._detector.hang_threshold_us()
+            if threshold is not None and heard - last < threshold <= reported_us - last:
+                end = self._detector.crash_end(last, heard, restart)
+                if end is not None:
+                    ends.append(end)
+        return ends
+
+
+def _heard_until(attempt: Attempt, next_start_us: int) -> tuple[int, int | None]:
+    """Where an attempt that another followed ended, as far as a hang goes, and when that was
+    known (None: then): its job_end, if it recorded one by the next start; else its last sign of
+    life before it, known at the next start, for it died without an end (killed, its machine
+    lost) and the silence after that is its crash's, not a hang."""
+    if attempt.end_us is not None:
+        return min(attempt.end_us, next_start_us), None
+    return min(max(attempt.last_event_us, attempt.start_us or 0), next_start_us), next_start_us
 
 
 def _extends(fed: list[tuple[str, int, int]] | None, layout: list[tuple[str, int, int]]) -> bool:

@@ -171,8 +171,8 @@ def test_detection_settings_are_checked():
 
 
 def run_events() -> tuple[list[Event], int]:
-    """A run with a slowdown, a hang its process was killed in, a restart, a hang it came out of
-    and one it is in at the end."""
+    """A run with a slowdown, a crash (the process silent for 300 s after its last step, then a
+    restart), a hang it came out of and one it is in at the end."""
     first = step_times(2_000, 1.0, slow=(600, 1200, 0.3))
     restart = first[-1] + 300 * S
     second = step_times(800, 1.0, seed=1, start_us=restart + 20 * S, gaps={700: 1000.0})
@@ -202,18 +202,25 @@ def snapshots_rows(events: list[Event], as_of_times: list[int], coded: bool = Fa
 
 
 def test_a_stream_finds_the_rows_a_replay_finds_whatever_its_snapshot_interval():
+    """The same rows, but for the crashed attempt's silence: a stream whose snapshots saw it past
+    the hang threshold reported a hang, and closes it at the restart; a replay has no hang there."""
     events, end = run_events()
     replay = snapshots_rows(events, [end])
     assert [(c.kind, c.ended_us is not None) for c in replay] == [
-        (SLOWDOWN, False), (SLOWDOWN, True), (HANG, False), (HANG, True), (HANG, False), (HANG, True),
-        (HANG, False)]
+        (SLOWDOWN, False), (SLOWDOWN, True), (HANG, False), (HANG, True), (HANG, False)]
     restart = next(e.time_us for e in events if e.attempt_id == "b" and e.kind == "job_start")
-    assert replay[3].ended_us == restart  # the first attempt's hang ends at the restart
+    last_step = max(e.time_us for e in events if e.attempt_id == "a")
+    assert all(c.started_us > restart for c in replay if c.kind == HANG)
     start = min(e.time_us for e in events)
     for interval_s in (7, 30, 61):
         times = [*range(start, end, interval_s * S), end]
-        assert snapshots_rows(events, times) == replay, interval_s
-    assert snapshots_rows(events, [*range(start, end, 30 * S), end], coded=True) == replay
+        stream = snapshots_rows(events, times)
+        reported = [c for c in stream if c.kind == HANG and c.started_us == last_step]
+        assert [(c.detected_us, c.ended_us, c.changed_us) for c in reported] == [
+            (last_step + 60 * S, None, last_step + 60 * S), (last_step + 60 * S, last_step, restart)]
+        assert [c for c in stream if c not in reported] == replay, interval_s
+    coded = snapshots_rows(events, [*range(start, end, 30 * S), end], coded=True)
+    assert [c for c in coded if c.started_us != last_step or c.kind != HANG] == replay
 
 
 def test_a_decoded_run_goes_on_from_its_detectors_state_without_feeding_its_history_again(
@@ -255,6 +262,68 @@ def test_a_hang_under_way_is_reported_once_and_its_end_later():
     assert (ended.started_us, ended.ended_us) == (last, last + 100 * S)
     assert after.open_anomalies[HANG] == 0
     assert state.hang_threshold_s() == 60.0
+
+
+def crashed_run(lived_s: float, end: dict[str, object] | None = None) -> tuple[list[Event], int, int]:
+    """A run whose first attempt stops stepping and lives on ``lived_s`` (heartbeats every 10 s,
+    and the job_end ``end`` if given, with its body), then a restart 300 s after its last step;
+    its events, its last step's time and the restart's."""
+    first = step_times(300, 1.0)
+    last, restart = first[-1], first[-1] + 300 * S
+    events = attempt_events("a", first)
+    beats = range(10, int(lived_s) + 1, 10)
+    events += [Event("run", "a", len(events) + k, last + t * S, "heartbeat", {}) for k, t in enumerate(beats)]
+    if end is not None:
+        events.append(Event("run", "a", len(events), last + round(lived_s * S), "job_end", end))
+    events += attempt_events("b", step_times(100, 1.0, seed=1, start_us=restart + 20 * S), first_step=300,
+                             start_us=restart)
+    return events, last, restart
+
+
+def hang_rows(events: list[Event], as_of_us: int) -> list[tuple[int, int | None, int]]:
+    """(onset, end, when found or ended) of each hang row a replay as of ``as_of_us`` writes."""
+    state = engine.RunState("run")
+    state.add_all(events)
+    snapshot = state.snapshot(as_of_us)
+    assert snapshot is not None
+    return [(c.started_us, c.ended_us, c.changed_us) for c in snapshot.anomalies if c.kind == HANG]
+
+
+def test_the_silence_of_an_attempt_that_died_before_its_restart_is_no_hang():
+    """A process killed 10 s after its last step, without a job_end, and restarted 300 s later:
+    no hang row, the gap being its crash's (a disruption)."""
+    events, _, restart = crashed_run(10)
+    assert hang_rows(events, restart + 200 * S) == []
+    state = engine.RunState("run")
+    state.add_all(events)
+    snapshot = state.snapshot(restart + 200 * S)
+    assert snapshot is not None and len(snapshot.disruptions) == 1
+
+
+def test_a_hang_its_process_was_killed_in_lasts_until_its_last_sign_of_life():
+    """A process that heartbeats 120 s without a step and is then killed is a hang from its last
+    step to its last heartbeat, found at its threshold and ended when the restart shows it; one
+    that records its failed end 120 s after its last step is a hang until that end."""
+    events, last, restart = crashed_run(120)
+    assert hang_rows(events, restart + 200 * S) == [(last, None, last + 60 * S),
+                                                    (last, last + 120 * S, restart)]
+    events, last, restart = crashed_run(120, {"failed": True})
+    assert hang_rows(events, restart + 200 * S) == [(last, None, last + 60 * S),
+                                                    (last, last + 120 * S, last + 120 * S)]
+
+
+def test_a_hang_reported_while_an_attempt_was_silent_is_closed_when_its_restart_shows_a_crash():
+    """A stream that saw the killed attempt silent past its threshold reported a hang, open; the
+    restart closes it, at the attempt's last sign of life, and nothing of it stays open. A stream
+    whose snapshots came before the threshold and after the restart reports nothing."""
+    events, last, restart = crashed_run(10)
+    rows = snapshots_rows(events, [last + 30 * S, last + 90 * S, restart + 30 * S, restart + 200 * S])
+    assert [(c.kind, c.started_us, c.ended_us, c.changed_us) for c in rows] == [
+        (HANG, last, None, last + 60 * S), (HANG, last, last + 10 * S, restart)]
+    state = engine.RunState("run")
+    state.add_all(events)
+    assert state.snapshot(restart + 200 * S).open_anomalies[HANG] == 0
+    assert snapshots_rows(events, [last + 30 * S, restart + 30 * S, restart + 200 * S]) == []
 
 
 def test_a_slowdown_or_straggler_open_when_the_run_ends_ends_with_it_and_is_found_again_after_a_restart():
