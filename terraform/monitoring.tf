@@ -20,7 +20,12 @@ locals {
     straggler = "one host slower than the run's other hosts"
   }
   stall_window_s = tostring(min(var.rolling_windows_s...))
-  job_filter     = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
+  # The stall condition's alignment period: two intervals between a run's points (a snapshot
+  # interval, and no less than the Monitoring one) in whole minutes, and a minute more. So a point
+  # lost or up to a minute late, or a stream that snapshots less often than every 30 s, leaves no
+  # alignment period without data, which would start the condition's duration again.
+  stall_alignment_s = 60 + 60 * ceil(2 * max(var.snapshot_interval_s, var.monitoring_min_interval_s) / 60)
+  job_filter        = "resource.type = \"dataflow_job\" AND resource.label.job_name = \"${var.name}\""
   subscription_filter = {
     pipeline = "resource.type = \"pubsub_subscription\" AND resource.label.subscription_id = \"${google_pubsub_subscription.pipeline.name}\""
   }
@@ -142,7 +147,7 @@ resource "google_monitoring_alert_policy" "stalled" {
       threshold_value = 0.001
       duration        = "${var.stall_after_s}s"
       aggregations {
-        alignment_period     = "60s"
+        alignment_period     = "${local.stall_alignment_s}s"
         per_series_aligner   = "ALIGN_MAX"
         cross_series_reducer = "REDUCE_MAX"
         group_by_fields      = ["resource.label.workload_id"]

@@ -26,8 +26,14 @@ policies themselves and are constants here. The conditions, per run (``workload_
     the run's values in the 300 s before (``ALIGN_MEAN`` over a 300 s alignment period).
 ``stalled``
     ``interval_goodput`` of the shortest rolling window below 0.001 % for ``stall_after_s``, each
-    point the maximum of the run's values in the 60 s before (``ALIGN_MAX``); a window that holds
-    nothing of the run (``goodput_pct`` NULL) writes no point.
+    point the maximum of the run's values in the alignment period before (``ALIGN_MAX``): two
+    intervals between a run's points (``snapshot_interval_s``, and no less than
+    ``monitoring_min_interval_s``) in whole minutes and a minute more, 120 s by default, so that a
+    point lost or late does not start the duration again; a window that holds nothing of the run
+    (``goodput_pct`` NULL) writes no point. A history whose snapshots are
+    further apart in its own time than the deployed stream's (the demo's fleet runs on a clock
+    faster than the wall clock's, its stream snapshots on the wall clock's) is evaluated with its
+    own ``snapshot_interval_s``.
 ``anomaly_slowdown``, ``anomaly_hang``, ``anomaly_straggler``
     The ``anomaly`` policy of each kind in ``anomaly_alert_kinds``: PromQL ``max by (job)
     (open_anomalies{kind=KIND}) > 0``, for 0 s. A run's count of open anomalies of the kind is read
@@ -60,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,9 +94,8 @@ DISRUPTION_RANGE_S = 600
 #: The step-time deviation condition's duration and its ALIGN_MEAN alignment period.
 STEP_DEVIATION_DURATION_S = 600
 STEP_DEVIATION_ALIGNMENT_S = 300
-#: The stall condition's threshold on ``interval_goodput`` (a percentage) and its ALIGN_MAX period.
+#: The stall condition's threshold on ``interval_goodput`` (a percentage).
 STALL_BELOW_PCT = 0.001
-STALL_ALIGNMENT_S = 60
 #: How long Managed Service for Prometheus sees a sample (PromQL's default lookback delta).
 PROMQL_LOOKBACK_S = 300
 
@@ -104,6 +110,8 @@ class AlertThresholds:
     stall_after_s: float = 600
     rolling_windows_s: tuple[int, ...] = (60, 300, 900, 3600)
     anomaly_alert_kinds: tuple[str, ...] = ANOMALY_KINDS
+    snapshot_interval_s: float = 30
+    monitoring_min_interval_s: float = 10
 
     def __post_init__(self) -> None:
         if not self.rolling_windows_s:
@@ -113,11 +121,20 @@ class AlertThresholds:
             raise ValueError(f"anomaly_alert_kinds {unknown} are not kinds of anomaly {ANOMALY_KINDS}")
         if min(self.goodput_window_s, self.stall_after_s) < 0:
             raise ValueError("durations must not be negative")
+        if min(self.snapshot_interval_s, self.monitoring_min_interval_s) <= 0:
+            raise ValueError("snapshot_interval_s and monitoring_min_interval_s must be positive")
 
     @property
     def stall_window_s(self) -> int:
         """The rolling window the stall condition watches: the shortest one."""
         return min(self.rolling_windows_s)
+
+    @property
+    def stall_alignment_s(self) -> int:
+        """The stall condition's alignment period: two intervals between a run's points in whole
+        minutes, and a minute more (``local.stall_alignment_s`` of ``terraform/monitoring.tf``)."""
+        every = max(self.snapshot_interval_s, self.monitoring_min_interval_s)
+        return 60 + 60 * math.ceil(2 * every / 60)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,9 +281,9 @@ def evaluate(goodput_rows: Iterable[Mapping[str, Any]], thresholds: AlertThresho
     for run_id, rows in sorted(stall.items()):
         rows = sorted(rows, key=lambda row: row["snapshot_time"])
         interval = _aligned([_Point(row["snapshot_time"], row["goodput_pct"]) for row in rows],
-                            STALL_ALIGNMENT_S, max)
+                            thresholds.stall_alignment_s, max)
         add("stalled", run_id, _stretches(interval, lambda v: v < STALL_BELOW_PCT, thresholds.stall_after_s,
-                                          STALL_ALIGNMENT_S))
+                                          thresholds.stall_alignment_s))
     alerts += _anomaly_alerts(anomaly_rows, thresholds.anomaly_alert_kinds)
     return sorted(alerts, key=lambda alert: (alert.fired_at, alert.run_id, alert.policy))
 

@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.demo.fleet import (
     DEFAULT_DURATION_S,
@@ -61,6 +61,9 @@ from pipeline.demo.fleet import (
     longest_s,
     start_fleet,
 )
+
+if TYPE_CHECKING:
+    from pipeline.app.alerts import AlertThresholds
 
 PROJECT = "goodput-demo"
 TOPIC = f"projects/{PROJECT}/topics/goodput"
@@ -653,11 +656,22 @@ class Demo:
         from pipeline.app.report import write_report
 
         try:
-            write_report(self.live_db, self.directory / "report.html")
+            write_report(self.live_db, self.directory / "report.html", alert_thresholds())
         except Exception as error:  # noqa: BLE001 -- reported; the demo's own checks still stand
             self.console.result(f"the HTML report failed: {error!r}")
             return False
         return True
+
+
+def alert_thresholds() -> AlertThresholds:
+    """The alert policies as the report evaluates them on the demo's live history: its stream
+    snapshots a run every ``SNAPSHOT_INTERVAL_S`` of the wall clock, which is ``SPEED`` times as
+    long on the fleet's clock, the clock of the snapshots' times. Its points are that far apart,
+    so the stall condition is aligned as it is for a stream that snapshots that seldom (with the
+    default 60 s, most minutes of a stall would hold no point, and the stalled run never fired)."""
+    from pipeline.app.alerts import AlertThresholds
+
+    return AlertThresholds(snapshot_interval_s=SNAPSHOT_INTERVAL_S * SPEED)
 
 
 @contextlib.contextmanager

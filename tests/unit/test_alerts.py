@@ -68,11 +68,13 @@ def test_policy_constants_are_those_written_in_terraform():
     assert '"ALIGN_MEAN"' in step and "COMPARISON_GT" in step
     stalled = policy("stalled")
     assert f"threshold_value = {alerts.STALL_BELOW_PCT}" in stalled
-    assert f'alignment_period     = "{alerts.STALL_ALIGNMENT_S}s"' in stalled
+    assert 'alignment_period     = "${local.stall_alignment_s}s"' in stalled
     assert '"ALIGN_MAX"' in stalled and "COMPARISON_LT" in stalled and "interval_goodput" in stalled
     assert 'duration            = "${var.goodput_window_s}s"' in policy("low_goodput")
     locals_block = (TERRAFORM / "monitoring.tf").read_text()
     assert "stall_window_s = tostring(min(var.rolling_windows_s...))" in locals_block
+    assert ("stall_alignment_s = 60 + 60 * ceil(2 * max(var.snapshot_interval_s, "
+            "var.monitoring_min_interval_s) / 60)") in locals_block
 
 
 def test_anomaly_policies_are_the_terraform_policy_of_each_kind():
@@ -266,8 +268,8 @@ def stall_history(stalled_from: float, until: float, every: float = 30) -> list[
 def test_stall_fires_after_stall_after_s_without_productive_time():
     """No productive time in the 60 s window at every snapshot for 600 s fires the stalled alert."""
     alert, = evaluate(stall_history(stalled_from=300, until=1500))
-    # ALIGN_MAX over 60 s: the point at 300 s still sees 95 % at 270 s, so the stretch starts at 330 s.
-    assert (alert.policy, alert.since, alert.fired_at, alert.value) == ("stalled", at(330), at(930), 0.0)
+    # ALIGN_MAX over 120 s: the point at 360 s still sees 95 % at 270 s, so the stretch starts at 390 s.
+    assert (alert.policy, alert.since, alert.fired_at, alert.value) == ("stalled", at(390), at(990), 0.0)
 
 
 def test_stall_watches_the_shortest_window_only():
@@ -275,7 +277,30 @@ def test_stall_watches_the_shortest_window_only():
     history = [dict(row, window_s=300) if row["window_s"] == 60 else row
                for row in stall_history(stalled_from=300, until=1500)]
     assert fired(history) == []
-    assert fired(history, AlertThresholds(rolling_windows_s=(300, 900))) == [("stalled", "r", 930.0)]
+    assert fired(history, AlertThresholds(rolling_windows_s=(300, 900))) == [("stalled", "r", 990.0)]
+
+
+def test_the_stall_alignment_holds_two_intervals_between_points_and_a_minute():
+    """120 s for the default 30 s snapshots; longer for a stream that snapshots less often, or a
+    Monitoring interval longer than its snapshots'."""
+    assert AlertThresholds().stall_alignment_s == 120
+    assert AlertThresholds(snapshot_interval_s=45).stall_alignment_s == 180
+    assert AlertThresholds(snapshot_interval_s=240).stall_alignment_s == 540
+    assert AlertThresholds(snapshot_interval_s=5, monitoring_min_interval_s=90).stall_alignment_s == 240
+    with pytest.raises(ValueError, match="snapshot_interval_s"):
+        AlertThresholds(snapshot_interval_s=0)
+
+
+def test_a_stall_snapshotted_less_often_than_every_minute_fires_with_its_interval():
+    """Snapshots 240 s apart (the demo's fleet time between its stream's snapshots) leave the
+    default alignment periods without data, which end the stall's duration at every point: no
+    alert. Aligned for their interval, the stall fires 600 s after the periods hold only zeros."""
+    history = stall_history(stalled_from=960, until=4800, every=240)
+    assert fired(history) == []
+    alert, = evaluate(history, AlertThresholds(snapshot_interval_s=240))
+    # ALIGN_MAX over 540 s: the point at 1200 s still sees 95 % at 720 s; the one at 1440 s sees
+    # only zeros, and the first point 600 s later, at 2160 s, fires.
+    assert (alert.policy, alert.since, alert.fired_at) == ("stalled", at(1440), at(2160))
 
 
 def test_a_silent_run_gets_no_stall_alert_from_one_snapshot():
