@@ -461,7 +461,10 @@ class GoodputCalculator:
         if (duckdb_path is None) == (bigquery_dataset is None):
             raise ValueError(
                 "say where the pipeline's tables are: duckdb_path=... or bigquery_dataset='PROJECT.DATASET' "
-                f"(or ${DUCKDB_ENV} / ${BIGQUERY_DATASET_ENV}), exactly one of them")
+                f"(or ${DUCKDB_ENV} / ${BIGQUERY_DATASET_ENV}), exactly one of them; on a workstation, "
+                "with no cloud: record with GOODPUT_DESTINATION=file:events.jsonl, run goodput replay "
+                f"--events=events.jsonl --duckdb=goodput.duckdb, set {DUCKDB_ENV}=goodput.duckdb "
+                "(docs/migrating.md, \"See your numbers on a workstation\")")
         self._source: _Source = (_DuckDBSource(duckdb_path) if duckdb_path is not None
                                  else _BigQuerySource(str(bigquery_dataset), bigquery_client))
         self._tables = {name: self._source.table(name) for name in _TABLES}

@@ -156,8 +156,9 @@ def read_only(path: str, option: str = "--duckdb", output: bool = False) -> Iter
 def while_locked(path: str, option: str, attempt: Callable[[], _T]) -> _T:
     """``attempt()`` (which opens the DuckDB file ``path``), tried again for up to
     ``LOCK_WAIT_S`` while another process holds the file (a stream writing it, a bundle at a
-    time); then a ``UsageError``. Every opening of a file that a command reads goes through here,
-    for another process may take the file between two of them."""
+    time); then a ``UsageError``. A command that opens a file twice (``goodput report``: its
+    check, then the report's read) opens it through here both times, for a writer may take the
+    file in between."""
     import duckdb
 
     deadline = time.monotonic() + LOCK_WAIT_S
@@ -199,13 +200,21 @@ def check_credentials(needed_by: str, instead: str) -> None:
 
 
 def check_subscription(subscription: str) -> None:
-    """``UsageError`` if Pub/Sub (the emulator at ``$PUBSUB_EMULATOR_HOST``, if set) says that
-    the subscription a stream is to read does not exist: the stream would wait for it for ever.
+    """``UsageError`` if Beam's Pub/Sub read refuses the subscription's name, or if Pub/Sub (the
+    emulator at ``$PUBSUB_EMULATOR_HOST``, if set) says that the subscription a stream is to read
+    does not exist: the stream would fail in a traceback, or wait for it for ever.
     A service that does not answer, or does not let the subscription be looked at, is left to
     the stream, which retries until it answers."""
+    from apache_beam.io.gcp.pubsub import parse_subscription
     from google.api_core import exceptions
     from google.cloud.pubsub_v1 import SubscriberClient
 
+    try:
+        parse_subscription(subscription)  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise UsageError(f"--subscription={subscription}: {str(error).rstrip('.')}, which Beam's Pub/Sub "
+                         "read refuses (a project id is 6 or more lower-case letters, digits and "
+                         "hyphens, e.g. projects/goodput-local/subscriptions/goodput)") from None
     emulator = os.environ.get("PUBSUB_EMULATOR_HOST")
     if not emulator:
         check_credentials(f"--subscription={subscription}",
@@ -220,7 +229,7 @@ def check_subscription(subscription: str) -> None:
                   else "terraform apply creates it, or gcloud pubsub subscriptions create")
         raise UsageError(f"--subscription={subscription} does not exist {where}: {create}") from None
     except exceptions.GoogleAPIError:
-        pass
+        pass  # unreachable, or not allowed to look: the stream says so while it retries
     finally:
         client.close()
 

@@ -60,9 +60,13 @@ def emulator_parser(name: str, description: str, port: int) -> argparse.Argument
     return parser
 
 
-#: The names ``--topic`` and ``--subscription`` of the Pub/Sub emulator take.
-_TOPIC = re.compile(r"projects/[^/\s]+/topics/[^/\s]+")
-_SUBSCRIPTION = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
+#: The names ``--topic`` and ``--subscription`` of the Pub/Sub emulator take, with a project id
+#: that Beam's Pub/Sub read takes too (``apache_beam.io.gcp.pubsub.PROJECT_ID_REGEXP``).
+_PROJECT = r"[a-z][-a-z0-9:.]{4,61}[a-z0-9]"
+_TOPIC = re.compile(rf"projects/{_PROJECT}/topics/[^/\s]+")
+_SUBSCRIPTION = re.compile(rf"projects/{_PROJECT}/subscriptions/[^/\s]+")
+#: What a name that is not one of them is told.
+_PROJECT_HINT = "P: a project id, 6 or more lower-case letters, digits and hyphens, e.g. goodput-local"
 
 
 def add_topic_options(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +84,10 @@ def check_topic_options(topic: str | None, subscriptions: list[str] | None) -> s
     if subscriptions and not topic:
         return "--subscription needs --topic, the topic it is a subscription of"
     if topic is not None and not _TOPIC.fullmatch(topic):
-        return f"--topic={topic} is not projects/P/topics/T"
+        return f"--topic={topic} is not projects/P/topics/T ({_PROJECT_HINT})"
     for name in subscriptions or ():
         if not _SUBSCRIPTION.fullmatch(name):
-            return f"--subscription={name} is not projects/P/subscriptions/S"
+            return f"--subscription={name} is not projects/P/subscriptions/S ({_PROJECT_HINT})"
     return None
 
 

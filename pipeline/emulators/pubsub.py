@@ -4,8 +4,8 @@ Google's emulator needs ``gcloud`` and Java, which a development machine or CI m
 one keeps topics, subscriptions and messages in memory and speaks the real protocol, so the
 unmodified clients reach it exactly as they reach Google's emulator::
 
-    python -m pipeline.emulators.pubsub --port 8085 \
-        --topic projects/local/topics/goodput --subscription projects/local/subscriptions/goodput &
+    python -m pipeline.emulators.pubsub --port 8085 --topic projects/goodput-local/topics/goodput \
+        --subscription projects/goodput-local/subscriptions/goodput &
     export PUBSUB_EMULATOR_HOST=localhost:8085
 
 (it starts empty but for the ``--topic`` and ``--subscription`` it is given),
