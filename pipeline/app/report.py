@@ -735,14 +735,15 @@ def _fleet_trend_section(plots: _Plots, fleet: _Fleet) -> str:
             names = sorted(lost, key=lambda name: (-lost[name], name))
             shown = names[:MAX_LEGEND_RUNS]
             colors = _run_colors(shown)
+            marker = "o" if len(times) < 30 else None  # a few snapshot times: a line would hide them
             for name in reversed(shown):
                 values = series.get(f"{kind}:{name}", [])
-                axis.plot(times, [math.nan if value is None else value for value in values],
-                          color=colors[name], linewidth=1.2, label=_label(name))
-            axis.plot(times, [math.nan if value is None else value for value in series[""]], color="#1f2430",
-                      linewidth=2.4, label="fleet")
-            title = f"By {noun}" + (f" (the {len(shown)} losing the most chip-hours of {len(names)})"
-                                    if len(names) > len(shown) else "")
+                axis.plot(times, [math.nan if value is None else value for value in values], marker=marker,
+                          markersize=4, color=colors[name], linewidth=1.2, label=_label(name))
+            axis.plot(times, [math.nan if value is None else value for value in series[""]], marker=marker,
+                      markersize=7, color="#1f2430", linewidth=2.4, label="fleet")
+            title = f"By {noun}" + (f" (the {len(shown)} of {len(names)} losing the most chip-hours; the "
+                                    "others count in the fleet's)" if len(names) > len(shown) else "")
             axis.set_title(title)
             axis.set_ylim(0, 105)
             axis.set_ylabel("goodput %")
@@ -753,8 +754,8 @@ def _fleet_trend_section(plots: _Plots, fleet: _Fleet) -> str:
                  if chip_weighted else "time-weighted: no run's chips are known")
     parts.append(f'<p class="note">Cumulative goodput of the fleet (black) and of each run group and '
                  f"accelerator type at each snapshot time, from every run's latest snapshot at that time; "
-                 f"{weighting}. A batch replay snapshots each run once, at its end or at --as_of: replays "
-                 "as of several times draw a history.</p>")
+                 f"{weighting}. A batch replay snapshots every run once, at --as_of (by default its last "
+                 "event): replays as of several times draw a history.</p>")
     return "".join(parts)
 
 
@@ -1280,7 +1281,8 @@ def _summary(fleet: _Fleet, source: str) -> str:
         ("fleet-goodput", "—" if goodput is None else f"{goodput:.2f} %",
          "no elapsed time yet" if goodput is None else f"chip-weighted over {known} of {len(latest)} runs"
          if chip_weighted else "time-weighted (no chip counts)", goodput_class),
-        ("chip-hours", _fmt(chip_s / 3600, 1), f"{fleet.cost(latest)} lost", ""),
+        ("chip-hours", _fmt(chip_s / 3600, 1 if chip_s < 36_000_000 else 0),  # 10,000 chip-hours: no decimal
+         f"{fleet.cost(latest)} lost", ""),
         ("disruption-count", str(disruptions), "across all runs", "bad" if disruptions else ""),
         _anomaly_card(fleet.anomalies),
         ("alert-count", str(len(fleet.alerts)), "would have fired", "bad" if fleet.alerts else "good"),
@@ -1289,7 +1291,8 @@ def _summary(fleet: _Fleet, source: str) -> str:
              "disruption-count": "Disruptions", "anomaly-count": "Anomalies", "alert-count": "Alerts"}
     card_html = "".join(
         f'<div class="card {css}"><div class="label">{names[key]}</div>'
-        f'<div class="value" id="{key}">{_esc(value)}</div><div class="sub">{_esc(sub)}</div></div>'
+        f'<div class="value{" long" if len(value) > 8 else ""}" id="{key}">{_esc(value)}</div>'
+        f'<div class="sub">{_esc(sub)}</div></div>'
         for key, value, sub, css in cards)
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     return (f'<header id="summary"><h1>Fleet goodput report</h1>'
@@ -1334,8 +1337,8 @@ def _top_runs(fleet: _Fleet) -> str:
             f'<td>{_esc(_fmt(row["run_group"]))}</td><td>{_esc(_fmt(row["accelerator_type"]))}</td>'
             f'<td class="num">{_esc(row["chip_count"] or "—")}</td>'
             f'<td class="num" data-v="{row["total_time_s"] or 0}">{_esc(_duration(row["total_time_s"]))}</td>'
-            f'<td class="num">{row["disruptions"]}</td><td>{"ended" if row["ended"] else "running"}</td>'
-            f'<td>{_esc(_fmt(row["snapshot_time"]))}</td></tr>')
+            f'<td class="num">{row["disruptions"]}</td>'
+            f'<td>{"ended" if row["ended"] else "running"}</td></tr>')
     more = ""
     if len(ranked) > len(rows):
         more = f'<p class="note" id="top-runs-more">{_esc(fleet.left_out(ranked[len(rows):]))}.</p>'
@@ -1348,7 +1351,7 @@ def _top_runs(fleet: _Fleet) -> str:
             '<th>run</th><th class="num">lost chip-hours</th><th class="num">lost $</th>'
             '<th>goodput (cumulative)</th><th>most lost to</th><th>group</th><th>accelerator</th>'
             '<th class="num">chips</th><th class="num">elapsed</th><th class="num">disruptions</th>'
-            f'<th>state</th><th>latest snapshot (UTC)</th></tr></thead><tbody>{"".join(rows)}</tbody>'
+            f'<th>state</th></tr></thead><tbody>{"".join(rows)}</tbody>'
             f"</table></div>{more}")
 
 
@@ -1417,6 +1420,8 @@ h3 .count { color: var(--muted); font-weight: normal; font-size: 12px; }
 .card.good { border-top-color: var(--good); } .card.bad { border-top-color: var(--bad); }
 .card .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
 .card .value { font-size: 26px; font-weight: 650; margin: 2px 0; font-variant-numeric: tabular-nums; }
+.card .value.long { font-size: 21px; }
+.table-wrap > table.runs .meter { width: 70px; }
 .card .sub { color: var(--muted); font-size: 12px; }
 .table-wrap { overflow-x: auto; margin: 8px 0; }
 table { border-collapse: collapse; width: 100%; font-size: 12.5px; }

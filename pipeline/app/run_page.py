@@ -79,6 +79,8 @@ _PAIRED = {"tpu_init": "init", "training_prep": "prep", "data_loading": "data lo
 #: _MIN_GAP_S) are drawn as two stretches of steps: the gap between them shows.
 _GAP_FACTOR = 10
 _MIN_GAP_S = 60.0
+#: Attempts given a lane, at most: a run of thousands of restarts shows its latest ones.
+MAX_ATTEMPT_LANES = 40
 #: Metrics drawn over steps on a run's page, at most.
 MAX_METRICS = 6
 #: The chart's geometry, in SVG units: the lane names' gutter, the plot's width, one lane's height.
@@ -258,7 +260,13 @@ def _lanes(page: RunPage, events: list[dict[str, Any]],
     order += sorted((attempt for attempt in first_seen if attempt not in order), key=lambda a: first_seen[a])
     metadata = {row["attempt_id"]: row for row in page.attempts}
     lanes: list[tuple[str, str, list[Span]]] = []
+    if len(order) > MAX_ATTEMPT_LANES:
+        earlier = len(order) - MAX_ATTEMPT_LANES
+        lanes.append((f"{earlier:,} earlier attempts",
+                      "not drawn: their disruptions are on the disruptions lane", []))
     for index, attempt in enumerate(order, start=1):
+        if index <= len(order) - MAX_ATTEMPT_LANES:
+            continue
         end = ends.get(attempt)
         how = ("ended (failed)" if end and end["failed"] else "ended" if end
                else f"last event {_fmt(last_seen[attempt])} UTC")
