@@ -1,7 +1,11 @@
 """Writes output rows to a DuckDB file, in tables made from the JSON schemas in goodput_schemas/tables/.
 
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
-in BigQuery: a later snapshot is a new row, and "latest" is a view. The views are those of
+in BigQuery: a later snapshot is a new row, and "latest" is a view. A row whose key (the table's
+``key`` in ``goodput_schemas/table_options.json``: an event's run, attempt and sequence number, a
+snapshot's run, time and window, ...) the table holds already is not written again, so a replay
+run twice into one file, a stream started again over the same messages, or a bundle the runner
+retries leaves every table as it was. The views are those of
 ``goodput_schemas/views/``, BigQuery SQL transpiled with BigQuery's meaning
 (``pipeline.sinks.duckdb_sql``). The tables the fleet SQL joins for costs and peaks,
 ``accelerator_prices`` and ``accelerator_peaks``, are seeded from their CSV files in
@@ -25,7 +29,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from goodput_schemas import SEEDED_TABLES, table_names, table_schema, views
+from goodput_schemas import SEEDED_TABLES, table_names, table_options, table_schema, views
 from pipeline.core.events import Batch
 from pipeline.core.rows import EVENTS, Element, Row, by_table, event_rows
 from pipeline.core.sanitize import clean_row, identifier
@@ -54,6 +58,25 @@ def create_table_sql(name: str, temporary: bool = False) -> str:
 def _columns() -> dict[str, list[tuple[str, str]]]:
     return {name: [(f["name"], DUCKDB_TYPES[f["type"]]) for f in table_schema(name)]
             for name in table_names()}
+
+
+@functools.cache
+def _insert_new_sql(table: str, names: tuple[str, ...]) -> str:
+    """The insert of the rows of ``incoming`` whose key the table does not hold, each key once.
+
+    Why an anti-join on every append rather than a primary key and ``INSERT OR IGNORE``: the
+    key's index made a file of 5 million events three times as large (68 MB, not 23 MB) for
+    about the same insert time, a file an older version wrote cannot be given one once it holds
+    a row twice, and a file of ours holds no index (``not_ours``). The anti-join reads the
+    table's key columns: appending 100,000 new events to a table of 1 million took 124 ms
+    instead of 75 ms, and 100 events to a table of 5 million 39 ms instead of 8 ms.
+    ``IS NOT DISTINCT FROM`` matches key columns that may be NULL (an anomaly's host)."""
+    key = table_options(table)["key"]
+    match = " AND ".join(f'held."{column}" IS NOT DISTINCT FROM incoming."{column}"' for column in key)
+    columns, partition = (", ".join(f'"{name}"' for name in names) for names in (names, key))
+    return (f'INSERT INTO "{table}" ({columns}) SELECT {columns} FROM incoming '
+            f'WHERE NOT EXISTS (SELECT 1 FROM "{table}" AS held WHERE {match}) '
+            f"QUALIFY row_number() OVER (PARTITION BY {partition}) = 1")
 
 
 @functools.cache
@@ -244,15 +267,17 @@ class DuckDBSink:
                                          f"columns={{{columns}}})", [str(path)])
 
     def write(self, table: str, rows: Iterable[Row]) -> int:
-        """Appends ``rows`` to ``table``; returns how many."""
+        """Appends those of ``rows`` whose key ``table`` does not hold (``_insert_new_sql``);
+        returns how many it appended."""
         rows = [clean_row(row) for row in rows]
         if not rows:
             return 0
-        self._insert(table, pa.Table.from_pylist(rows, schema=_arrow_schema(table)))
-        return len(rows)
+        return self._insert(table, pa.Table.from_pylist(rows, schema=_arrow_schema(table)))
 
     def write_events(self, batches: Sequence[Batch]) -> int:
-        """Appends the ``events`` rows of messages; their step starts straight from the columns."""
+        """Appends the ``events`` rows of messages, their step starts straight from the columns,
+        but for events the table holds already (by run, attempt and sequence number); returns
+        how many it appended."""
         written = self.write(EVENTS, [row for batch in batches
                                       for row in event_rows(batch, step_columns=False)])
         stepped = [batch for batch in batches if batch.steps]
@@ -268,22 +293,22 @@ class DuckDBSink:
             return np.concatenate([np.frombuffer(getattr(batch, name), dtype=np.int64) for batch in stepped])
 
         total = sum(counts)
-        self._insert(EVENTS, pa.table({
+        return written + self._insert(EVENTS, pa.table({
             "run_id": repeated([identifier(batch.run_id) for batch in stepped]),
             "attempt_id": repeated([identifier(batch.attempt_id) for batch in stepped]),
             "seq": pa.array(joined("step_seqs")),
             "event_time": pa.array(joined("step_times"), pa.timestamp("us")),
             "kind": repeated(["step_start"] * len(stepped)), "step": pa.array(joined("steps")),
             "body": pa.nulls(total, pa.string())}))
-        return written + total
 
-    def _insert(self, table: str, data: pa.Table) -> None:
+    def _insert(self, table: str, data: pa.Table) -> int:
+        """Inserts the rows of ``data`` whose key ``table`` does not hold; how many."""
         self._connection.register("incoming", data)
         try:
-            names = ", ".join(f'"{name}"' for name in data.column_names)
-            self._connection.execute(f'INSERT INTO "{table}" ({names}) SELECT {names} FROM incoming')
+            inserted = self._connection.execute(_insert_new_sql(table, tuple(data.column_names))).fetchone()
         finally:
             self._connection.unregister("incoming")
+        return 0 if inserted is None else int(inserted[0])
 
     def query(self, sql: str, parameters: list[object] | None = None) -> list[tuple[object, ...]]:
         return self._connection.execute(sql, parameters or []).fetchall()

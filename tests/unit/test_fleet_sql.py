@@ -79,13 +79,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "recent_step_time_p50_s": recent}
         for run, at, p50, recent in [("A", A_END, 1.0, 1.5), ("B", B_END, 2.0, 2.0)]])
     sink.write("events", [
-        event("A", "2026-11-02 10:00:00", "checkpoint_save", '{"blocking_s": 20, "step": 1}'),
-        event("A", "2026-11-02 10:30:00", "checkpoint_save", '{"blocking_s": 40, "step": 2}'),
-        event("A", "2026-11-02 11:00:00", "checkpoint_save", '{"blocking_s": 30, "step": 3}'),
-        event("A", "2026-11-02 11:50:00.500", "step_start"),
+        event("A", "2026-11-02 10:00:00", "checkpoint_save", '{"blocking_s": 20, "step": 1}', seq=0),
+        event("A", "2026-11-02 10:30:00", "checkpoint_save", '{"blocking_s": 40, "step": 2}', seq=1),
+        event("A", "2026-11-02 11:00:00", "checkpoint_save", '{"blocking_s": 30, "step": 3}', seq=2),
+        event("A", "2026-11-02 11:50:00.500", "step_start", seq=3),
         # 59.8 s apart: BigQuery's TIMESTAMP_DIFF counts 59 whole seconds (DuckDB's date_diff, 60).
-        event("B", "2026-11-02 10:59:59.600", "checkpoint_save", '{"blocking_s": 10, "step": 1}'),
-        event("B", "2026-11-02 11:00:59.400", "checkpoint_save", '{"blocking_s": 10, "step": 2}'),
+        event("B", "2026-11-02 10:59:59.600", "checkpoint_save", '{"blocking_s": 10, "step": 1}', seq=0),
+        event("B", "2026-11-02 11:00:59.400", "checkpoint_save", '{"blocking_s": 10, "step": 2}', seq=1),
     ])
     sink.close()
     return path
