@@ -2,15 +2,22 @@
 -- sqrt(2 * save * MTBF) and Daly's higher-order estimate, from the raw checkpoint_save events
 -- (their blocking seconds, and the time between saves of one attempt) and the MTBF of the run, or
 -- of its accelerator type where the run has had no disruption. interval_vs_daly above 1: saving
--- less often than optimal; below 1: more often.
-WITH saves AS (
+-- less often than optimal; below 1: more often. Each event counts once however often it was
+-- written (by its run, attempt and sequence number: a retried or repeated write into BigQuery, or a
+-- redelivered message, may hold it twice).
+WITH checkpoint_saves AS (
+  SELECT run_id, attempt_id, event_time, body
+  FROM ${dataset}.events
+  WHERE kind = 'checkpoint_save'
+  QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id, attempt_id, seq) = 1
+),
+saves AS (
   SELECT
     run_id,
     CAST(JSON_VALUE(body, '$.blocking_s') AS FLOAT64) AS save_s,
     TIMESTAMP_DIFF(event_time, LAG(event_time) OVER (PARTITION BY run_id, attempt_id ORDER BY event_time), SECOND)
       AS gap_s
-  FROM ${dataset}.events
-  WHERE kind = 'checkpoint_save'
+  FROM checkpoint_saves
 ),
 per_run AS (
   SELECT run_id, COUNT(*) AS saves, AVG(save_s) AS save_s, AVG(gap_s) AS interval_s

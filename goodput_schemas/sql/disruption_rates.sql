@@ -1,6 +1,7 @@
 -- Disruptions per 1000 chip-hours, mean time between failures (elapsed hours per disruption) and
 -- mean time to recover (seconds from the last step before a failure to the restart), by
--- accelerator type, from each run's latest cumulative snapshot.
+-- accelerator type, from each run's latest cumulative snapshot. Each disruption counts once however
+-- often its row was written (a retried or repeated write into BigQuery may hold a row twice).
 WITH latest AS (
   SELECT run_id, snapshot_time, IFNULL(accelerator_type, 'unknown') AS accelerator_type, disruptions,
     total_time_s, total_chip_s
@@ -8,11 +9,17 @@ WITH latest AS (
   WHERE window_s = 0
   QUALIFY ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY snapshot_time DESC) = 1
 ),
-recovery AS (
-  SELECT l.accelerator_type, AVG(d.recovery_s) AS mttr_s
+reported AS (
+  SELECT l.accelerator_type, d.recovery_s
   FROM ${dataset}.disruptions AS d
   JOIN latest AS l USING (run_id, snapshot_time)
-  GROUP BY l.accelerator_type
+  WHERE TRUE
+  QUALIFY ROW_NUMBER() OVER (PARTITION BY d.run_id, d.disruption_index) = 1
+),
+recovery AS (
+  SELECT accelerator_type, AVG(recovery_s) AS mttr_s
+  FROM reported
+  GROUP BY accelerator_type
 ),
 rates AS (
   SELECT accelerator_type, COUNT(*) AS runs, SUM(disruptions) AS disruptions,
