@@ -395,6 +395,13 @@ class TrackRunDoFn(beam.DoFn):
         quiet_s = (self.gc_after_s if _ended(state)
                    else min(self.silence_s, state.hang_threshold_s(self.detection)))
         self._quiet_at(record, record.published_us + round(quiet_s * _US), quiet_timer)
+        if not added and reported_us is not None and reported_us >= max(
+                (attempt.last_event_us for attempt in state.attempts.values()), default=0):
+            # Restored, the message adding nothing, and the tables' latest snapshot of the run
+            # counts every event it holds (a stream started again over messages it had read):
+            # reported again, it would only add a later snapshot of the same figures.
+            stored.save()
+            return
         if (_ended(state) and not was_ended) or self.stopping():
             yield from self._snapshot(stored, state, reported_rows, now_us)
         elif record.due_us < now_us:  # set once per interval, not once per message
