@@ -36,6 +36,8 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
     "pipeline/app/alerts.py": {"', '.join(_COLUMNS)": "a tuple constant of column names"},
     "pipeline/app/report.py": {"', '.join(_GOODPUT_COLUMNS)": "a tuple constant of column names",
                            "', '.join(_DISRUPTION_COLUMNS)": "a tuple constant of column names"},
+    "pipeline/app/run_page.py": {"', '.join(_GOODPUT_COLUMNS)": "a tuple constant of column names",
+                                 "', '.join(_DISRUPTION_COLUMNS)": "a tuple constant of column names"},
     "pipeline/sinks/duckdb.py": {
         "name": "a table or view name from goodput_schemas/",
         "', '.join(columns)": "column definitions from goodput_schemas/",
