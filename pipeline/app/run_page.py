@@ -198,8 +198,8 @@ def read_run(connection: Any, tables: set[str], run_id: str) -> RunPage:
             "(PARTITION BY source, key ORDER BY recorded_at DESC, value DESC) = 1 ORDER BY source, key",
             {"run": run_id}).fetchall()
     if "model_metrics" in tables:
-        last_metrics = [(name, value, step) for _, name, value, step in connection.execute(
-            _LAST_METRICS_SQL + " ORDER BY name", {"runs": [run_id]}).fetchall()]
+        last_metrics = sorted((name, value, step) for _, name, value, step in connection.execute(
+            _LAST_METRICS_SQL, {"runs": [run_id]}).fetchall())
         for _, name, step, value in connection.execute(_SERIES_SQL, {"runs": [run_id],
                                                                      "points": MAX_POINTS}).fetchall():
             series.setdefault(name, []).append((step, value))
