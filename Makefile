@@ -26,10 +26,10 @@ install: $(STAMP)
 # Quiet but for a line per stage. Setuptools says, for each distribution built from its own folder,
 # that an editable install of it is one ("Editable installation": information, nothing to act on).
 $(STAMP): pyproject.toml emitter/pyproject.toml emitter/setup.py emitter/_lane.c goodput_schemas/pyproject.toml ml_goodput_measurement/pyproject.toml
-	@echo "installing into $(VENV): the four distributions, Beam, JAX and the test tools (about a minute and a half the first time)"
+	@echo "installing into $(VENV): the four distributions, Beam, JAX and the test tools (up to 4 minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip uninstall --quiet --yes ml-goodput-measurement
+	$(PY) -m pip uninstall --quiet --quiet --yes ml-goodput-measurement   # mostly not there: no warning
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet \
 		-e ./goodput_schemas -e ./emitter -e ./ml_goodput_measurement -e '.[test,demo]'
 	touch $(STAMP)

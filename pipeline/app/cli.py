@@ -271,7 +271,7 @@ def parser() -> argparse.ArgumentParser:
                                     "fleet queries, imports of the reference's history, local emulators.")
     commands = top.add_subparsers(dest="command", required=True)
     commands.add_parser(
-        "demo", add_help=False, help="a live local fleet, end to end, in under 3 minutes, with an HTML "
+        "demo", add_help=False, help="a live local fleet, end to end, in about 2 minutes, with an HTML "
                                      "report (goodput demo --help for its options)")
     commands.add_parser(
         "replay", add_help=False, help="replay emitter files, or backfill from a raw events table, in batch "

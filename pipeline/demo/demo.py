@@ -1,4 +1,4 @@
-"""The live local demo: a fleet of training jobs, end to end, on one machine in under three minutes.
+"""The live local demo: a fleet of training jobs, end to end, on one machine in about two minutes.
 
     python -m pipeline.demo [--output-dir demo-output] [--duration-s 90] [--runs 8] [--no-jax] [--quiet]
 
@@ -345,7 +345,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
     parser = OneLineParser(
         prog="goodput demo",
-        description="Run a live local fleet end to end in under three minutes: simulated training jobs "
+        description="Run a live local fleet end to end in about two minutes: simulated training jobs "
                     "(and a real JAX one) publish goodput events through the emitter to a local Pub/Sub "
                     "emulator; the streaming pipeline writes DuckDB and a local Cloud Monitoring; a batch "
                     "replay of the same events checks the live numbers; an HTML report is written.",
