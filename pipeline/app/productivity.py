@@ -180,19 +180,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         check_monitoring_endpoint(args)
         check_dataset(args)
-        if args.bigquery_dataset and not args.bigquery_endpoint:
-            check_credentials(f"--bigquery_dataset={args.bigquery_dataset}", BIGQUERY_INSTEAD)
-        if not args.monitoring_endpoint:
-            check_credentials(f"writing to Cloud Monitoring of --project={args.project}", MONITORING_INSTEAD)
         if args.duckdb:
             runs, fleet = read_duckdb(args.duckdb)
         else:
+            if not args.bigquery_endpoint:
+                check_credentials(f"--bigquery_dataset={args.bigquery_dataset}", BIGQUERY_INSTEAD)
             try:
                 runs, fleet = read_bigquery(args.bigquery_dataset, args.bigquery_endpoint)
             except exceptions.GoogleAPIError as error:
                 print(f"goodput productivity: querying {args.bigquery_dataset} failed: {error}",
                       file=sys.stderr)
                 return 1
+        if not args.monitoring_endpoint:
+            check_credentials(f"writing to Cloud Monitoring of --project={args.project}", MONITORING_INSTEAD)
     except UsageError as error:
         print(f"goodput productivity: {error}", file=sys.stderr)
         return 2
