@@ -146,6 +146,7 @@ class _Fleet:
     #: accelerator type -> USD per chip-hour (accelerator_prices)
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     run_pages: list[RunPage] = dataclasses.field(default_factory=list)  # the costliest runs' own pages
+    groups_left_out: list[str] = dataclasses.field(default_factory=list)  # runs of the groups not compared
 
     @functools.cached_property
     def _latest(self) -> dict[str, dict[str, Any]]:
@@ -254,6 +255,7 @@ class _Group:
     configs: dict[str, dict[str, str]]  # key -> run -> value: each user config's latest value
     last: dict[str, dict[str, tuple[float, int | None]]]  # metric -> run -> (last value, its step)
     series: dict[str, dict[str, list[tuple[int, float]]]]  # metric -> run -> (step, value), thinned
+    earlier_runs: list[str] = dataclasses.field(default_factory=list)  # the runs not shown
 
     def differing(self) -> list[str]:
         """The config keys whose values differ between the runs (a run without the key differs too)."""
@@ -323,7 +325,8 @@ def _read(connection: Any, thresholds: AlertThresholds) -> _Fleet:
             queries.append((name, about, [], [], str(error).splitlines()[0]))
     fleet = _Fleet(goodput=goodput, badput=badput, disruptions=disruptions, anomalies=anomalies,
                    queries=queries, alerts=evaluate_connection(connection, thresholds),
-                   groups=_read_groups(connection, tables), prices=read_prices(connection, tables))
+                   prices=read_prices(connection, tables))
+    fleet.groups = _read_groups(connection, tables, fleet)
     from pipeline.app.run_page import read_run
 
     fleet.run_pages = [read_run(connection, tables, run) for run in fleet.ranked_runs()[:MAX_RUN_PAGES]]
@@ -372,9 +375,10 @@ ORDER BY run_id, name, step
 """
 
 
-def _read_groups(connection: Any, tables: set[str]) -> list[_Group] | None:
-    """The run groups of several runs with what the comparison shows of them; None for a file
-    written before configs and metrics were recorded."""
+def _read_groups(connection: Any, tables: set[str], fleet: _Fleet) -> list[_Group] | None:
+    """The run groups of several runs with what the comparison shows of them, those whose runs lose
+    the most chip-hours first (up to MAX_GROUPS; the others' runs go to ``fleet.groups_left_out``);
+    None for a file written before configs and metrics were recorded."""
     if not {"run_configs", "model_metrics"} <= tables:
         return None
     starts: dict[str, list[tuple[datetime.datetime, str]]] = {}
@@ -382,10 +386,15 @@ def _read_groups(connection: Any, tables: set[str]) -> list[_Group] | None:
             "SELECT run_group, run_id, min(start_time) AS started FROM run_metadata "
             "WHERE run_group IS NOT NULL GROUP BY ALL ORDER BY run_group, started, run_id").fetchall():
         starts.setdefault(group, []).append((started, run))
+    latest = fleet.latest()
+    lost = {group: sum(lost_chip_s(latest[run]) for _, run in runs if run in latest)
+            for group, runs in starts.items()}
     several = sorted((group for group, runs in starts.items() if len(runs) > 1),
-                     key=lambda group: (-starts[group][-1][0].timestamp(), group))[:MAX_GROUPS]
+                     key=lambda group: (-lost[group], group))
+    fleet.groups_left_out = [run for group in several[MAX_GROUPS:] for _, run in starts[group]]
     groups = [_Group(group, [run for _, run in starts[group][-MAX_GROUP_RUNS:]],
-                     max(0, len(starts[group]) - MAX_GROUP_RUNS), {}, {}, {}) for group in several]
+                     max(0, len(starts[group]) - MAX_GROUP_RUNS), {}, {}, {},
+                     [run for _, run in starts[group][:-MAX_GROUP_RUNS]]) for group in several[:MAX_GROUPS]]
     runs = sorted({run for group in groups for run in group.runs})
     configs: dict[str, dict[str, str]] = {}
     for run, key, value in connection.execute(_CONFIGS_SQL, {"runs": runs}).fetchall():
@@ -1089,14 +1098,19 @@ def _groups_section(plots: _Plots, fleet: _Fleet) -> str:
     latest = fleet.latest()
     parts = ['<p class="note">The runs of each run group side by side, in the order they started: '
              "cumulative goodput, the user configs whose values differ between them, and each metric's "
-             "last value (at the highest step, else the latest time); then each metric over steps.</p>"]
+             "last value (at the highest step, else the latest time); then each metric over steps. The "
+             "groups whose runs lose the most chip-hours first.</p>"]
+    if fleet.groups_left_out:
+        parts.append(f'<p class="note">The {len(fleet.groups)} run groups losing the most chip-hours; '
+                     f"the others' {len(fleet.groups_left_out):,} runs, losing "
+                     f"{_esc(fleet.cost(fleet.groups_left_out))}, are not compared.</p>")
     for group in fleet.groups:
         count = f"{len(group.runs) + group.more_runs} runs"
         parts.append(f'<div class="group" id="group-{_esc(group.name)}"><h3>{_esc(group.name)}'
                      f'<span class="count">{count}</span></h3>')
         if group.more_runs:
             parts.append(f'<p class="note">Its latest {len(group.runs)} runs; {group.more_runs} earlier '
-                         "runs are not shown.</p>")
+                         f"runs are not shown (they lose {_esc(fleet.cost(group.earlier_runs))}).</p>")
         rows: list[list[object]] = [["goodput % (cumulative)",
                                      *(latest.get(run, {}).get("goodput_pct") for run in group.runs)]]
         rows += [[f"config {key}", *(group.configs[key].get(run) for run in group.runs)]

@@ -11,7 +11,16 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline.app.report import MAX_GROUP_RUNS, MAX_TABLE_ROWS, MAX_TIMELINE_ROWS, _anomaly_end, write_report
+from pipeline.app.report import (
+    MAX_GROUP_RUNS,
+    MAX_GROUPS,
+    MAX_TABLE_ROWS,
+    MAX_TIMELINE_ROWS,
+    _anomaly_end,
+    _Fleet,
+    fleet_trend,
+    write_report,
+)
 from support.history import SECTION_IDS, anomaly_row, at, goodput_row, section, write_rows
 
 
@@ -306,3 +315,40 @@ def test_a_file_without_capacity_gives_the_runs_productivity_and_says_how_to_imp
         connection.execute("DROP TABLE capacity")
     write_report(database, output)
     assert "No capacity table in this file" in section(output.read_text(), "productivity")
+
+
+def test_the_fleet_trend_is_chip_weighted_by_group_and_accelerator():
+    """At each snapshot time, the fleet's goodput is the productive over elapsed chip-seconds of each
+    run's latest cumulative row by then, and so is each run group's and accelerator type's: a
+    100-chip run at 50 % outweighs a 1-chip run at 10 %."""
+    rows = [goodput_row("big", 600, goodput_pct=50.0, chip_count=100, run_group="g1"),
+            goodput_row("small", 900, goodput_pct=10.0, chip_count=1, run_group="g2",
+                        accelerator_type="h100"),
+            goodput_row("big", 1200, goodput_pct=90.0, chip_count=100, run_group="g1")]
+    fleet = _Fleet(goodput=rows, badput=[], disruptions=[], anomalies=None, queries=[], alerts=[])
+    times, series, chip_weighted = fleet_trend(fleet)
+    assert chip_weighted and times == [at(600), at(900), at(1200)]
+    assert series[""] == pytest.approx([50.0, 100 * 30_090 / 60_900, 100 * 108_090 / 120_900])
+    assert series["group:g1"] == pytest.approx([50.0, 50.0, 90.0])
+    assert series["group:g2"][0] is None and series["group:g2"][1:] == pytest.approx([10.0, 10.0])
+    assert series["accelerator:v5p"] == series["group:g1"]
+    assert series["accelerator:h100"] == series["group:g2"]
+
+
+def test_run_groups_beyond_the_limit_are_the_cheapest_and_counted(tmp_path: Path):
+    """Of MAX_GROUPS + 2 run groups of two runs each, the comparison shows those whose runs lose
+    the most chip-hours, and says what the other two groups' runs lose."""
+    groups = [f"group-{n:02d}" for n in range(MAX_GROUPS + 2)]
+    runs = {group: [f"{group}-a", f"{group}-b"] for group in groups}
+    database = write_rows(tmp_path / "groups.duckdb", {
+        "goodput_snapshots": [goodput_row(run, 600, goodput_pct=50.0, chip_count=n + 1, run_group=group)
+                              for n, group in enumerate(groups) for run in runs[group]],
+        "run_metadata": [metadata_row(run, 0, group) for group in groups for run in runs[group]],
+        "model_metrics": [metric_row(run, 1, "LOSS", 1.0) for group in groups for run in runs[group]]})
+    output = tmp_path / "groups.html"
+    write_report(database, output)
+    compared = section(output.read_text(), "run-groups")
+    shown = re.findall(r'<div class="group" id="group-(group-\d+)">', compared)
+    assert shown == groups[::-1][:MAX_GROUPS]
+    lost = 2 * 300 * (1 + 2) / 3600  # the two cheapest groups' four runs: 300 s lost on 1 or 2 chips each
+    assert f"the others' 4 runs, losing {lost:.1f} chip-hours" in compared
