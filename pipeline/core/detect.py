@@ -62,8 +62,8 @@ before its successor's start: the silence from there to the restart is the crash
 (``pipeline.core.timeline``), not also a hang. So a crash is a hang only if the attempt lived on
 without a step for the threshold first (a hang its watchdog killed: both, each for its own time).
 While an attempt is silent and has no successor yet, a dead one cannot be told from a hung one:
-the hang is found at its threshold, and once the restart shows it was a crash the stream closes
-what it reported (``pipeline.core.engine``).
+a stream reports the hang at its threshold, and closes it once the restart shows a crash; a replay
+reports it only once the attempt was heard from past the threshold (``pipeline.core.engine``).
 """
 
 from __future__ import annotations

@@ -638,7 +638,14 @@ class RunState:
             attempt = self.attempts[attempt_id]
             if count:
                 end = attempt.end_us if attempt.end_us is not None and attempt.end_us <= as_of else None
-                changes += self._detector.tail(attempt.step_times[count - 1], end, as_of)
+                tail = self._detector.tail(attempt.step_times[count - 1], end, as_of)
+                if end is None and after_us is None and tail:
+                    # A replay is not asked again once the restart shows a crash: an attempt that
+                    # is silent as of its time may be dead, and only one heard from past the
+                    # threshold is hung. (A stream reports it, and closes it: ``_crash_ends``.)
+                    heard = _heard_by(attempt, as_of)
+                    tail = [row for row in tail if heard >= row.detected_us]
+                changes += tail
         elif timeline.subsegments:  # no layout: the steps were fed by sub-segment
             sub = timeline.subsegments[-1]
             end = None if sub.end_kind == "open" else sub.end_us
@@ -688,6 +695,20 @@ def _heard_until(attempt: Attempt, next_start_us: int) -> tuple[int, int | None]
     if attempt.end_us is not None:
         return min(attempt.end_us, next_start_us), None
     return min(max(attempt.last_event_us, attempt.start_us or 0), next_start_us), next_start_us
+
+
+def _heard_by(attempt: Attempt, as_of_us: int) -> int:
+    """The time of the attempt's latest event at or before ``as_of_us`` (its start if none): one
+    look at its clock while its events are all before it, as they are in a replay of them all; a
+    search of its events in a replay as of an earlier time."""
+    if attempt.last_event_us <= as_of_us:
+        return attempt.last_event_us
+    steps = bisect.bisect_right(attempt.step_times, as_of_us)
+    observed = _ints(attempt.obs_times)
+    return max(attempt.step_times[steps - 1] if steps else 0,
+               int(observed[observed <= as_of_us].max(initial=0)),
+               max((t for t, _, _ in attempt.records.values() if t <= as_of_us), default=0),
+               attempt.start_us or 0)
 
 
 def _extends(fed: list[tuple[str, int, int]] | None, layout: list[tuple[str, int, int]]) -> bool:

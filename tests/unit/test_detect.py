@@ -202,25 +202,28 @@ def snapshots_rows(events: list[Event], as_of_times: list[int], coded: bool = Fa
 
 
 def test_a_stream_finds_the_rows_a_replay_finds_whatever_its_snapshot_interval():
-    """The same rows, but for the crashed attempt's silence: a stream whose snapshots saw it past
-    the hang threshold reported a hang, and closes it at the restart; a replay has no hang there."""
+    """The same rows, but for the silences a replay cannot tell from a death: the crashed
+    attempt's, which a stream whose snapshots saw it past the hang threshold reported as a hang and
+    closes at the restart, and the one the run is in at the end, a hang to a stream."""
     events, end = run_events()
     replay = snapshots_rows(events, [end])
     assert [(c.kind, c.ended_us is not None) for c in replay] == [
-        (SLOWDOWN, False), (SLOWDOWN, True), (HANG, False), (HANG, True), (HANG, False)]
+        (SLOWDOWN, False), (SLOWDOWN, True), (HANG, False), (HANG, True)]
     restart = next(e.time_us for e in events if e.attempt_id == "b" and e.kind == "job_start")
-    last_step = max(e.time_us for e in events if e.attempt_id == "a")
-    assert all(c.started_us > restart for c in replay if c.kind == HANG)
+    crashed = max(e.time_us for e in events if e.attempt_id == "a")
+    final = max(e.time_us for e in events)
     start = min(e.time_us for e in events)
     for interval_s in (7, 30, 61):
         times = [*range(start, end, interval_s * S), end]
         stream = snapshots_rows(events, times)
-        reported = [c for c in stream if c.kind == HANG and c.started_us == last_step]
-        assert [(c.detected_us, c.ended_us, c.changed_us) for c in reported] == [
-            (last_step + 60 * S, None, last_step + 60 * S), (last_step + 60 * S, last_step, restart)]
-        assert [c for c in stream if c not in reported] == replay, interval_s
+        silent = [c for c in stream if c.kind == HANG and c.started_us in (crashed, final)]
+        assert [(c.started_us, c.detected_us, c.ended_us, c.changed_us) for c in silent] == [
+            (crashed, crashed + 60 * S, None, crashed + 60 * S),
+            (crashed, crashed + 60 * S, crashed, restart),
+            (final, final + 60 * S, None, final + 60 * S)], interval_s
+        assert [c for c in stream if c not in silent] == replay, interval_s
     coded = snapshots_rows(events, [*range(start, end, 30 * S), end], coded=True)
-    assert [c for c in coded if c.started_us != last_step or c.kind != HANG] == replay
+    assert [c for c in coded if c.kind != HANG or c.started_us not in (crashed, final)] == replay
 
 
 def test_a_decoded_run_goes_on_from_its_detectors_state_without_feeding_its_history_again(
@@ -324,6 +327,16 @@ def test_a_hang_reported_while_an_attempt_was_silent_is_closed_when_its_restart_
     state.add_all(events)
     assert state.snapshot(restart + 200 * S).open_anomalies[HANG] == 0
     assert snapshots_rows(events, [last + 30 * S, restart + 30 * S, restart + 200 * S]) == []
+
+
+def test_a_replay_as_of_a_silence_finds_no_hang_but_as_of_a_hang_heard_from_finds_it():
+    """A replay as of 100 s after the last step, before the restart: no hang for the attempt silent
+    since (it may be dead: a replay is not asked again when the restart shows it), a hang found at
+    the threshold for the one whose heartbeats still came past it."""
+    events, last, _ = crashed_run(10)
+    assert hang_rows(events, last + 100 * S) == []
+    events, last, _ = crashed_run(120)
+    assert hang_rows(events, last + 100 * S) == [(last, None, last + 60 * S)]
 
 
 def test_a_slowdown_or_straggler_open_when_the_run_ends_ends_with_it_and_is_found_again_after_a_restart():
