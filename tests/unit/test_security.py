@@ -45,6 +45,8 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "table": "an output table name (a key of its schemas)",
         "names": "column names of the table's schema",
         "column": "a column name of a table's schema",
+        "match": "the key columns of a table (goodput_schemas/table_options.json) compared",
+        "partition": "the key columns of a table (goodput_schemas/table_options.json)",
         "columns": "the names and types of a seeded table's columns, from its schema",
         "kind": "a DuckDB type, mapped from a schema's type"},
     "pipeline/app/gke.py": dict.fromkeys(
