@@ -38,11 +38,11 @@ def test_a_replayed_crash_fires_its_disruption_alert_and_no_hang(tmp_path: Path)
 
 
 def test_the_demo_fleets_alerts_are_one_per_crash_and_the_stalled_runs_stall(tmp_path: Path, capsys):
-    """A 30 s demo (its runs' shapes, paced 120 times faster than the wall clock): each crash of
+    """A 45 s demo (its runs' shapes, paced 120 times faster than the wall clock): each crash of
     the fleet fires its run's disruption alert, and no hang alert; the run that hangs fires its
     hang alert and, once it has made no progress for stall_after_s, its stall alert, once."""
     output = tmp_path / "demo-output"
-    code = demo.main(["--output-dir", str(output), "--duration-s", "30", "--no-jax", "--quiet"])
+    code = demo.main(["--output-dir", str(output), "--duration-s", "45", "--no-jax", "--quiet"])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     alerts = evaluate_file(output / "goodput.duckdb", demo.alert_thresholds())
