@@ -1459,7 +1459,8 @@ code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 .table-wrap.tall { max-height: 430px; overflow-y: auto; }
 td .swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 5px;
   vertical-align: -1px; }
-td.bucket { white-space: normal; min-width: 220px; font-size: 12px; }
+td.bucket { white-space: normal; min-width: 150px; font-size: 12px; }
+table.runs th, table.runs td { padding: 5px 7px; }
 th.sortable { cursor: pointer; user-select: none; }
 th.sortable:hover { color: var(--ink); }
 th[data-dir="asc"]::after { content: " ▲"; } th[data-dir="desc"]::after { content: " ▼"; }
