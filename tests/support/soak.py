@@ -264,12 +264,14 @@ class Soak:
                 while sum(run.ended_at is None for run in self.runs) < self.concurrent_runs:
                     self._new_run()
                 if now >= next_fault:
-                    kind = schedule.pop(0) if schedule else self.rng.choice(FAULTS)
+                    scheduled = bool(schedule)
+                    kind = schedule.pop(0) if scheduled else self.rng.choice(FAULTS)
                     if self._fault(kind):
                         next_fault = now + (self.fault_every_s if schedule
                                             else self.rng.expovariate(1 / self.fault_every_s))
                     else:  # not possible now (Pub/Sub away, no run forgotten yet): after the next
-                        schedule.insert(1, kind)
+                        if scheduled:  # a kind drawn at random is not kept: another is drawn
+                            schedule.insert(1, kind)
                         next_fault = now + 2.0
             for run in self.runs:
                 self._tend(run)
