@@ -21,6 +21,7 @@ from pipeline.app.report import (
     fleet_trend,
     write_report,
 )
+from pipeline.app.run_page import MAX_ATTEMPT_LANES, write_run_report
 from support.history import SECTION_IDS, anomaly_row, at, goodput_row, section, write_rows
 
 
@@ -352,3 +353,38 @@ def test_run_groups_beyond_the_limit_are_the_cheapest_and_counted(tmp_path: Path
     assert shown == groups[::-1][:MAX_GROUPS]
     lost = 2 * 300 * (1 + 2) / 3600  # the two cheapest groups' four runs: 300 s lost on 1 or 2 chips each
     assert f"the others' 4 runs, losing {lost:.1f} chip-hours" in compared
+
+
+def event_row(run_id: str, attempt: str, seq: int, seconds: float, kind: str, step: int | None = None,
+              body: str | None = None) -> dict[str, object]:
+    return {"run_id": run_id, "attempt_id": attempt, "seq": seq, "event_time": at(seconds), "kind": kind,
+            "step": step, "body": body}
+
+
+def test_a_run_of_many_restarts_draws_its_latest_attempts(tmp_path: Path):
+    """A run of MAX_ATTEMPT_LANES + 5 attempts: its page has a lane for each of the latest
+    MAX_ATTEMPT_LANES, numbered as they are, and one saying how many earlier ones are not drawn."""
+    attempts = MAX_ATTEMPT_LANES + 5
+    events = [row for n in range(attempts) for row in (
+        event_row("restarts", f"a{n:03d}", 0, 100 * n, "job_start", body='{"chip_count": 8}'),
+        *(event_row("restarts", f"a{n:03d}", 1 + step, 100 * n + 10 + step, "step_start", step=step)
+          for step in range(20)))]
+    database = write_rows(tmp_path / "restarts.duckdb", {
+        "goodput_snapshots": [goodput_row("restarts", 100 * attempts)], "events": events})
+    output = tmp_path / "restarts.html"
+    write_run_report(database, "restarts", output)
+    gantt = output.read_text().split('<svg class="gantt"')[1].split("</svg>")[0]
+    lanes = re.findall(r'<g class="lane">.*?>([^<]+)</text></g>', gantt)
+    assert lanes == ["5 earlier attempts", *(f"attempt {n}" for n in range(6, attempts + 1))]
+    assert gantt.count('data-kind="steps"') == MAX_ATTEMPT_LANES
+
+
+def test_a_run_page_without_raw_events_says_so(tmp_path: Path):
+    """A run whose file keeps no raw events (a replay with --no_raw_events) still has its page: its
+    figures and goodput over time, and a note where the timeline would be."""
+    database = write_rows(tmp_path / "bare.duckdb", {"goodput_snapshots": [goodput_row("bare", 600)]})
+    output = tmp_path / "bare.html"
+    write_run_report(database, "bare", output)
+    page = output.read_text()
+    assert "No raw events of this run" in page and '<svg class="goodput-line"' in page
+    assert "<dt>lost</dt><dd>0.1 chip-hours ($1)</dd>" in page  # 60 s of 600 on 8 v5p chips at $4.20
