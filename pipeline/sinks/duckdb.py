@@ -2,8 +2,8 @@
 
 Tables are created on first use (``CREATE TABLE IF NOT EXISTS``) and only ever appended to, as
 in BigQuery: a later snapshot is a new row, and "latest" is a view. A row whose key (the table's
-``key`` in ``goodput_schemas/table_options.json``: an event's run, attempt and sequence number, a
-snapshot's run, time and window, ...) the table holds already is not written again, so a replay
+``key`` in ``goodput_schemas/table_options.json``: an event's every column, a snapshot's run,
+time and window, ...) the table holds already is not written again, so a replay
 run twice into one file, a stream started again over the same messages, or a bundle the runner
 retries leaves every table as it was. The views are those of
 ``goodput_schemas/views/``, BigQuery SQL transpiled with BigQuery's meaning
@@ -277,7 +277,7 @@ class DuckDBSink:
 
     def write_events(self, batches: Sequence[Batch]) -> int:
         """Appends the ``events`` rows of messages, their step starts straight from the columns,
-        but for events the table holds already (by run, attempt and sequence number); returns
+        but for events the table holds already (the same row); returns
         how many it appended."""
         written = self.write(EVENTS, [row for batch in batches
                                       for row in event_rows(batch, step_columns=False)])

@@ -178,3 +178,15 @@ def test_a_row_with_null_in_its_key_is_written_once(tmp_path):
         assert sink.write("run_anomalies", [found, found]) == 0
         assert sink.write("run_anomalies", [found, ended]) == 1
         assert sink.query("SELECT count(*), count(ended_at) FROM run_anomalies") == [(2, 1)]
+
+
+def test_both_copies_of_a_conflicting_duplicate_are_kept_once(tmp_path):
+    """Two different events under one id (a producer's bug) are both in the events table, as the
+    engine needs them to resolve the conflict again in a backfill; each written again is not."""
+    first = {"run_id": "run-a", "attempt_id": "a", "seq": 2, "event_time": T, "kind": "step_start",
+             "step": 2, "body": None}
+    conflicting = {**first, "event_time": T + datetime.timedelta(microseconds=1), "step": 40}
+    with opened(tmp_path / "goodput.duckdb") as sink:
+        assert sink.write("events", [first, conflicting]) == 2
+        assert sink.write("events", [conflicting, first]) == 0
+        assert sink.query("SELECT step FROM events ORDER BY step") == [(2,), (40,)]
