@@ -99,6 +99,21 @@ def test_the_readmes_replay_run_twice_into_one_file_changes_nothing(fleet_lines,
         assert twice[name] == once[name], name
 
 
+def test_a_replay_at_an_earlier_as_of_adds_its_snapshots_and_no_event(fleet_lines, tmp_path):
+    """Replayed again as of an earlier time, the file gains that time's snapshots, not one raw
+    event, run or config more; the latest_* views still show the latest snapshots."""
+    events, database = tmp_path / "events.jsonl", tmp_path / "goodput.duckdb"
+    events.write_bytes(b"".join(line + b"\n" for line in fleet_lines))
+    assert main(["replay", f"--events={events}", f"--duckdb={database}"]) == 0
+    latest = readings(database)
+    assert main(["replay", f"--events={events}", f"--duckdb={database}", "--as_of=2026-11-01T08:05:00Z"]) == 0
+    earlier = readings(database)
+    for name in ("events", "run_metadata", "run_configs", "model_metrics", "dead_letter",
+                 "latest_goodput", "latest_badput"):
+        assert earlier[name] == latest[name], name
+    assert len(earlier["goodput_snapshots"]) > len(latest["goodput_snapshots"])
+
+
 def stream(lines: list[bytes], database: Path) -> None:
     """The stream's graph (``pipeline.beam.graph``) on ``lines`` (published at 0, read at
     processing time 0, on a clock that says 0), as a stream launched with ``--duckdb=database``
