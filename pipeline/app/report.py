@@ -1492,10 +1492,12 @@ _SCRIPT = """
     if (!cell) return "";
     if (cell.dataset.v !== undefined && cell.dataset.v !== "") return parseFloat(cell.dataset.v);
     var text = cell.textContent.trim();
+    if (text === "" || text === "\u2014") return null;
     if (/^[-+$]?[\\d,]*\\.?\\d+( ?%)?$/.test(text)) return parseFloat(text.replace(/[,$% ]/g, ""));
     return text.toLowerCase();
   }
   function compare(a, b) {
+    if (a === null) return 0;
     var an = typeof a === "number", bn = typeof b === "number";
     if (an && bn) return a - b;
     if (an !== bn) return an ? -1 : 1;
@@ -1514,7 +1516,8 @@ _SCRIPT = """
         Array.prototype.forEach.call(heads, function (other) { delete other.dataset.dir; });
         th.dataset.dir = dir;
         var keyed = rows.map(function (row, index) { return [key(row.cells[column]), index, row]; });
-        keyed.sort(function (a, b) {
+        keyed.sort(function (a, b) {  // an empty cell (or a dash) last either way
+          if ((a[0] === null) !== (b[0] === null)) return a[0] === null ? 1 : -1;
           return (dir === "asc" ? compare(a[0], b[0]) : compare(b[0], a[0])) || a[1] - b[1];
         });
         keyed.forEach(function (item) { body.appendChild(item[2]); });
