@@ -91,7 +91,8 @@ def test_every_distribution_builds_its_package_from_the_folder_of_that_name():
             assert (project.parent / folder).resolve() == (REPO / package).resolve(), (project, package)
         found[config["project"]["name"]] = packages
     assert found == {"fleet-goodput": ["pipeline", "pipeline.*"], "fleet-goodput-emitter": ["emitter"],
-                     "fleet-goodput-schemas": ["goodput_schemas"],
+                     "fleet-goodput-schemas": ["goodput_schemas", *(f"goodput_schemas.{data}" for data in (
+                         "sql", "tables", "views"))],  # with its data folders, declared
                      "fleet-goodput-measurement": ["ml_goodput_measurement", "ml_goodput_measurement.src"]}
 
 
