@@ -264,7 +264,7 @@ def test_batch_replay_writes_the_same_rows_to_bigquery_and_duckdb(tmp_path: Path
     env = dict(os.environ)
     events = tmp_path / "events.jsonl"
     subprocess.run([sys.executable, "-m", "pipeline.demo.simulated_job", "--output", str(events),
-                    "--steps", "300"],
+                    "--steps", "300", "--hang-at", "0.9"],  # a crash and a hang: every table has rows
                    cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
     with events.open("a") as out:
         out.write("not json\n")
