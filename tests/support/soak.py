@@ -106,10 +106,11 @@ class Attempt:
     killed: bool = False
     status: dict[str, Any] | None = None  # its EmitterStats and result, when it exited itself
 
-    def read_progress(self) -> tuple[str, int, int]:
-        """(attempt id, events recorded, last checkpointed step) as the attempt last wrote them."""
-        attempt_id, recorded, checkpoint = self.progress.read_text().split()
-        return attempt_id, int(recorded), int(checkpoint)
+    def read_progress(self) -> tuple[str, int, int, int]:
+        """(attempt id, events recorded, of them dropped, last checkpointed step) as the attempt
+        last wrote them."""
+        attempt_id, recorded, dropped, checkpoint = self.progress.read_text().split()
+        return attempt_id, int(recorded), int(dropped), int(checkpoint)
 
 
 @dataclasses.dataclass
@@ -339,7 +340,7 @@ class Soak:
         index, first_step = len(run.attempts), 0
         if index and run.profile["restore_checkpoint"]:  # from the last checkpoint
             last = run.attempts[-1]
-            first_step = last.status["resume_step"] if last.status else last.read_progress()[2]
+            first_step = last.status["resume_step"] if last.status else last.read_progress()[3]
         crash = next((step for step in run.crashes if step > first_step), None)
         if crash is not None:
             run.crashes.remove(crash)
@@ -651,7 +652,7 @@ class Soak:
             gaps = 0
             left = 0  # events left in the spool that no attempt delivered: a later one's backlog_dropped
             for attempt in run.attempts:
-                attempt_id, recorded, _ = attempt.read_progress()
+                attempt_id, recorded, dropped, _ = attempt.read_progress()
                 seqs = sorted(by_attempt.get(attempt_id, []))
                 gaps += (seqs[-1] + 1 - len(seqs)) if seqs else 0
                 if attempt.status is not None:
@@ -671,8 +672,9 @@ class Soak:
                         problems.append(f"{run.run_id} attempt {attempt.index} ended with close() "
                                         f"{status['delivered']}, {dropped} dropped and {status['kept']} "
                                         "kept in the spool")
-                else:  # killed: what it recorded after its last progress line is not known
-                    lost = max(0, recorded - len(seqs))
+                else:  # killed: what it recorded and dropped after its last progress line is not known
+                    counts["dropped"] += dropped
+                    lost = max(0, recorded - dropped - len(seqs))
                     counts["lost_to_kills"] += lost
                     limit = SMALL_QUEUE_EVENTS if run.small_spool else MAX_QUEUE_EVENTS
                     if lost > limit:

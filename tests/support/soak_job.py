@@ -60,15 +60,15 @@ class PacedClock:
 
 
 class Progress:
-    """A fixed-width line rewritten in place: the attempt, events recorded, the last
-    checkpointed step."""
+    """A fixed-width line rewritten in place: the attempt, events recorded and dropped (as its
+    emitter counts them: a killed attempt says nothing more), the last checkpointed step."""
 
     def __init__(self, path: Path, attempt_id: str, checkpoint: int) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.attempt_id, self.checkpoint = attempt_id, checkpoint
 
-    def write(self, recorded: int) -> None:
-        line = f"{self.attempt_id} {recorded} {self.checkpoint}"
+    def write(self, recorded: int, dropped: int) -> None:
+        line = f"{self.attempt_id} {recorded} {dropped} {self.checkpoint}"
         os.pwrite(self.fd, line.ljust(_PROGRESS_WIDTH).encode(), 0)
 
 
@@ -104,8 +104,13 @@ def main(spec_path: str) -> int:
 
     signal.signal(signal.SIGTERM, preempted)  # before the progress line: the soak signals after it
     progress = Progress(Path(spec["progress"]), recorder.attempt_id, spec["first_step"])
-    progress.write(0)
-    clock.on_advance = lambda: progress.write(recorder.stats.recorded)
+    progress.write(0, 0)
+
+    def advanced() -> None:
+        stats = recorder.stats
+        progress.write(stats.recorded, stats.dropped)
+
+    clock.on_advance = advanced
     result = simulated_job.run_attempt(
         recorder, clock, random.Random(spec["seed"]), profile, first_step=spec["first_step"],
         steps=spec["steps"], crash_at_step=spec["crash_at_step"], restore=spec["restore"])
