@@ -83,9 +83,11 @@ def test_configs_and_metrics_land_in_their_tables(database):
     configs = query(database, "SELECT DISTINCT run_id, key, value FROM run_configs ORDER BY ALL")
     assert configs == sorted([(FIRST, "optimizer.lr", "0.01"), (FIRST, "seed", "1"),
                               (SECOND, "optimizer.lr", "0.02"), (SECOND, "seed", "1")])
-    losses = dict(query(database, "SELECT step, value FROM model_metrics WHERE name = 'LOSS' "
-                                  f"AND run_id = '{SECOND}'"))
-    assert math.isnan(losses.pop(5)) and losses[10] == pytest.approx(4.0 / 11)
+    losses: dict[object, list[object]] = {}
+    for step, value in query(database, "SELECT step, value FROM model_metrics WHERE name = 'LOSS' "
+                                       f"AND run_id = '{SECOND}'"):
+        losses.setdefault(step, []).append(value)  # a step started twice has a row of each start
+    assert any(math.isnan(value) for value in losses[5]) and losses[10] == [pytest.approx(4.0 / 11)]
 
 
 def test_invalid_workload_uids_and_metrics_are_dead_letters_with_their_reasons(database):
