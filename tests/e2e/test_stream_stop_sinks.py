@@ -24,6 +24,7 @@ from google.pubsub_v1.types import pubsub as types
 from emitter import EmitterSettings, GoodputRecorder
 from pipeline.emulators.pubsub import PubSubEmulator
 from support import REPO
+from support.beam import table_seqs
 from support.runs import at
 
 PROJECT = "projects/goodput-local"
@@ -181,16 +182,6 @@ def printed_bound_s(output: str) -> int:
     more = re.search(r"waiting up to (\d+) s more", output)
     assert first, output
     return int(first.group(1)) + (int(more.group(1)) if more else 0)
-
-
-def table_seqs(database: Path) -> list[int]:
-    """The sequence numbers in the events table, or [] while the stream holds the file."""
-    try:
-        with duckdb.connect(str(database), read_only=True) as connection:
-            rows = connection.execute("SELECT DISTINCT seq FROM events ORDER BY seq").fetchall()
-    except (duckdb.IOException, duckdb.CatalogException):
-        return []
-    return [seq for seq, in rows]
 
 
 def dead_letter_sources(database: Path) -> set[str]:

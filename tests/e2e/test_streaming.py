@@ -24,6 +24,7 @@ from pipeline.emulators.monitoring import MonitoringEmulator
 from pipeline.emulators.pubsub import PubSubBroker, PubSubEmulator
 from pipeline.sinks.monitoring import CUSTOM
 from support import REPO
+from support.beam import table_seqs
 from support.runs import at
 
 PROJECT = "projects/goodput-local"
@@ -320,16 +321,6 @@ def published_seqs(broker: PubSubBroker) -> list[int]:
         broker.acknowledge(COPY, [m.ack_id for m in batch])
         seqs.extend(e["seq"] for m in batch for e in json.loads(m.message.data)["events"])
     return sorted(seqs)
-
-
-def table_seqs(database: Path) -> list[int]:
-    """The sequence numbers in the events table, or [] while the stream holds the file."""
-    try:
-        with duckdb.connect(str(database), read_only=True) as connection:
-            rows = connection.execute("SELECT DISTINCT seq FROM events ORDER BY seq").fetchall()
-    except (duckdb.IOException, duckdb.CatalogException):
-        return []
-    return [seq for seq, in rows]
 
 
 def test_pulls_refused_past_the_clients_retries_never_stop_the_stream(

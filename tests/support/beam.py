@@ -59,6 +59,16 @@ def query(database: Path, sql: str) -> list[tuple[object, ...]]:
         return connection.execute(sql).fetchall()
 
 
+def table_seqs(database: Path) -> list[int]:
+    """The sequence numbers in the events table, or [] while the stream holds the file."""
+    try:
+        with duckdb.connect(str(database), read_only=True) as connection:
+            rows = connection.execute("SELECT DISTINCT seq FROM events ORDER BY seq").fetchall()
+    except (duckdb.IOException, duckdb.CatalogException):
+        return []
+    return [seq for seq, in rows]
+
+
 def table(database: Path, name: str, where: str = "TRUE") -> list[tuple[object, ...]]:
     """Every row of a table, in a canonical order."""
     return query(database, f"SELECT * FROM {name} WHERE {where} ORDER BY ALL")
