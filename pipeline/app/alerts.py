@@ -18,9 +18,11 @@ policies themselves and are constants here. The conditions, per run (``workload_
     ``goodput_window_s``: the cumulative row's ``productive_time_s / total_time_s`` (no value while
     ``total_time_s`` is 0, as PromQL's NaN compares false).
 ``disruption``
-    PromQL ``delta(disruptions[10m]) > 0``, for 0 s: the cumulative ``disruptions`` count is above
-    that of the run's earliest snapshot in the 10 minutes before. ``delta`` needs two samples in
-    its range, so a run's first snapshot never fires it.
+    PromQL ``delta(disruptions[10m]) > 0``, for 0 s: the cumulative ``disruptions`` count of the
+    run's latest snapshot in the 10 minutes before is above that of its earliest there. ``delta``
+    needs two samples in its range, so a run's first snapshot never fires it; and a range vector
+    has no lookback, so the condition holds, one incident, for as long as the range holds the
+    rise, whatever the gaps between points.
 ``step_deviation``
     ``step_time_deviation`` above ``step_deviation_threshold_s`` for 600 s, each point the mean of
     the run's values in the 300 s before (``ALIGN_MEAN`` over a 300 s alignment period).
@@ -52,7 +54,7 @@ evaluation (every 60 s for the PromQL conditions):
   keeps one incident open while the condition holds).
 * A gap between two snapshots longer than a point stays visible ends the stretch, as missing data
   does in Cloud Monitoring: the alignment period for the threshold conditions, the 5-minute
-  lookback of PromQL for the others. The policy needs points all the time a run is stalled,
+  lookback of PromQL for the low goodput one (the disruption condition is evaluated exactly). The policy needs points all the time a run is stalled,
   which is why the streaming pipeline keeps snapshotting a silent run every snapshot interval
   (``pipeline.beam.live``).
 * Points are taken at snapshot times; the pipeline stamps them when it writes them (at most every
@@ -64,6 +66,7 @@ evaluation (every 60 s for the PromQL conditions):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime
 import math
@@ -201,16 +204,25 @@ def _stretches(points: Sequence[_Point], holds: Callable[[float], bool], duratio
     return fired
 
 
-def _disruption_points(points: Sequence[_Point]) -> list[_Point]:
-    """Each snapshot's ``delta(disruptions[10m])``: its count less the earliest in the range."""
-    deltas, first = [], 0
-    for index, point in enumerate(points):
-        while _seconds(point.time, points[first].time) >= DISRUPTION_RANGE_S:
-            first += 1
-        earliest = next((p.value for p in points[first:index] if p.value is not None), None)
-        value = point.value - earliest if point.value is not None and earliest is not None else None
-        deltas.append(_Point(point.time, value))
-    return deltas
+def _disruption_stretches(points: Sequence[_Point]) -> list[tuple[datetime.datetime, _Point]]:
+    """(start, firing point) of each stretch in which ``delta(disruptions[10m]) > 0`` held: at
+    each time the range holds the points of the 10 minutes before (left-open, as in PromQL), and
+    the condition is true while it holds two whose counts differ. It changes only when a point
+    enters the range (which is when it can become true) or leaves it, so those are the times it
+    is evaluated at; a gap between points does not end a stretch while the range still holds the
+    rise (a range vector has no lookback)."""
+    times = [point.time for point in points if point.value is not None]
+    counts = [point.value for point in points if point.value is not None]
+    span = datetime.timedelta(seconds=DISRUPTION_RANGE_S)
+    fired: list[tuple[datetime.datetime, _Point]] = []
+    holding = False
+    for time in sorted({*times, *(t + span for t in times)}):
+        first, last = bisect.bisect_right(times, time - span), bisect.bisect_right(times, time) - 1
+        delta = counts[last] - counts[first] if last > first else 0.0
+        if delta > 0 and not holding:
+            fired.append((time, _Point(time, delta)))
+        holding = delta > 0
+    return fired
 
 
 def _anomaly_alerts(anomaly_rows: Iterable[Mapping[str, Any]], kinds: Sequence[str]) -> list[Alert]:
@@ -271,8 +283,7 @@ def evaluate(goodput_rows: Iterable[Mapping[str, Any]], thresholds: AlertThresho
         add("low_goodput", run_id, _stretches(goodput, lambda v: v < thresholds.goodput_threshold_pct,
                                               thresholds.goodput_window_s, PROMQL_LOOKBACK_S))
         counts = [_Point(row["snapshot_time"], row["disruptions"]) for row in rows]
-        add("disruption", run_id, _stretches(_disruption_points(counts), lambda v: v > 0, 0,
-                                             PROMQL_LOOKBACK_S))
+        add("disruption", run_id, _disruption_stretches(counts))
         deviation = _aligned([_Point(row["snapshot_time"], row["step_time_deviation_s"]) for row in rows],
                              STEP_DEVIATION_ALIGNMENT_S, lambda values: sum(values) / len(values))
         add("step_deviation", run_id, _stretches(

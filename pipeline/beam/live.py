@@ -10,7 +10,9 @@ restart) is not a fleet that hangs. Snapshots are emitted
 * every ``snapshot_interval_s`` of processing time while messages arrive (SNAPSHOT_TIMER, the
   one processing-time timer, set only by a message: on Dataflow each one holds a drain until it
   fires);
-* at once when the run records its end;
+* at once when the run records its end, or a restart (an attempt's start after another's): the
+  disruption is on the dashboards, and in the range of the disruption alert's condition, while
+  the points before it still are;
 * when the run falls silent, on event time (QUIET_TIMER): ``silence_s`` after its last message,
   or as long after it as makes its steps a hang if that is sooner, and then every
   ``snapshot_interval_s`` while it stays silent, up to ``gc_after_s`` of silence: its elapsed
@@ -363,7 +365,7 @@ class TrackRunDoFn(beam.DoFn):
                 state = engine.RunState(run_id)
                 for earlier in history:
                     state.add_batch(earlier)
-            was_ended = _ended(state)
+            was_ended, starts = _ended(state), _starts(state)
             conflicts: list[DeadLetter] = []
             late = state.hosts.late
             added = state.add_batch(batch, conflicts) if batch is not None else 0
@@ -402,7 +404,7 @@ class TrackRunDoFn(beam.DoFn):
             # reported again, it would only add a later snapshot of the same figures.
             stored.save()
             return
-        if (_ended(state) and not was_ended) or self.stopping():
+        if (_ended(state) and not was_ended) or _starts(state) > max(starts, 1) or self.stopping():
             yield from self._snapshot(stored, state, reported_rows, now_us)
         elif record.due_us < now_us:  # set once per interval, not once per message
             record.due_us = next_snapshot_due(now_us, self.snapshot_interval_s)
@@ -587,6 +589,11 @@ def _fired_for(fired: Timestamp, due_us: int) -> bool:
     """Whether a timer that fired at ``fired`` is the one set for ``due_us``: runners keep a
     timer's time to the millisecond (Dataflow), or as it was set (the DirectRunner)."""
     return fired.micros // 1000 == due_us // 1000
+
+
+def _starts(state: engine.RunState) -> int:
+    """How many of the run's attempts recorded their start: more than one is a restart."""
+    return sum(attempt.start_us is not None for attempt in state.attempts.values())
 
 
 def _ended(state: engine.RunState) -> bool:

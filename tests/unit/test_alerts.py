@@ -228,6 +228,15 @@ def test_a_disruption_after_a_long_silence_does_not_fire():
     assert fired(history) == []
 
 
+
+def test_a_gap_between_points_does_not_open_a_second_incident_while_the_range_holds_the_rise():
+    """A range vector has no lookback: points 400 s apart after a rise keep the one incident
+    open while the 10-minute range still holds the point before the rise, and it closes once
+    the range holds the new count alone (the next rise fires again)."""
+    history = [goodput_row("r", t, disruptions=n)
+               for t, n in ((0, 0), (100, 1), (500, 1), (900, 1), (1000, 2), (1100, 2))]
+    assert fired(history) == [("disruption", "r", 100.0), ("disruption", "r", 1000.0)]
+
 def test_step_deviation_fires_after_600_s_of_the_5_minute_mean_above_threshold():
     """Deviation above 1 s, averaged over 300 s, for 600 s fires the step_deviation alert."""
     history = [goodput_row("r", t, step_time_deviation_s=0.2 if t < 600 else 1.5)
