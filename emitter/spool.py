@@ -138,7 +138,9 @@ class Spool:
         self._max_bytes = max_bytes
         self._segment_bytes = segment_bytes
         self._open: _Segment | None = None
-        self._own: dict[str, int] = {}  # this attempt's segments (sealed and open): events in each
+        self._own: dict[str, int] = {}  # this attempt's segments (sealed and open): events unsent in each
+        self._sent: dict[str, int] = {}  # of this attempt's sealed segments, how many events, first
+        # in the file, were delivered already (a send that closing interrupted)
         self._lock_fd: int | None = None
         self._size = _Size()  # shared with the spools of the run's next attempts in this process
         self._claimed: Path | None = None
@@ -346,6 +348,7 @@ class Spool:
         """Counts the events of this attempt's segment ``name``, removed by someone else, as
         dropped; logged once."""
         lost = self._own.pop(name, 0)
+        self._sent.pop(name, None)
         self.dropped_events += lost
         self.removed_events += lost
         self._log_once("lost", "spool %s: %s: %d events lost with it, counted dropped (logged once)",
@@ -418,9 +421,10 @@ class Spool:
         return names
 
     def _count_missing(self, present: set[str]) -> None:
-        """Counts the events of this attempt's segments that disappeared unsent."""
-        open_name = self._open.path.name if self._open is not None else None
-        for name in [name for name in self._own if name not in present and name != open_name]:
+        """Counts the events of this attempt's segments that disappeared unsent (the one being
+        sent is read already: its events are counted where its send ends)."""
+        skip = {segment.name for segment in (self._open and self._open.path, self._claimed) if segment}
+        for name in [name for name in self._own if name not in present and name not in skip]:
             self._lose(name, f"segment {name} was removed before it was sent")
 
     def segments(self, *, own: bool | None = None) -> list[Path]:
@@ -461,8 +465,22 @@ class Spool:
         return False
 
     def claim(self, path: Path | None) -> None:
-        """Marks the segment being sent (``None``: none), so that making room never drops it."""
+        """Marks the segment being sent (``None``: none), so that making room never drops it and
+        its removal by someone else meanwhile loses nothing: its events are read already."""
         self._claimed = path
+
+    def delivered(self, path: Path, count: int) -> None:
+        """Notes that the next ``count`` events of this attempt's segment ``path`` were
+        delivered: they are no longer kept, nor lost if the segment is, nor sent again by this
+        attempt (``already_sent``)."""
+        name = path.name
+        if name in self._own:
+            self._own[name] = max(0, self._own[name] - count)
+            self._sent[name] = self._sent.get(name, 0) + count
+
+    def already_sent(self, path: Path) -> int:
+        """How many of the first events of this attempt's segment ``path`` were delivered."""
+        return self._sent.get(path.name, 0)
 
     def read(self, path: Path) -> tuple[str, str, str, list[Record]] | None:
         """(run_id, attempt_id, workload_uid, records) of a sealed segment; None if it is gone, in
@@ -520,6 +538,7 @@ class Spool:
     def remove(self, path: Path) -> None:
         """Deletes a drained (or dropped) segment."""
         self._own.pop(path.name, None)
+        self._sent.pop(path.name, None)
         try:
             size = path.stat().st_size
             path.unlink()
@@ -549,6 +568,7 @@ class Spool:
         self._open = None
         self._lock_fd = None
         self._own = {}
+        self._sent = {}
         self._private = False
         self._busy = self._close_pending = self._closed = False
         self._claimed = None
@@ -567,6 +587,7 @@ class Spool:
             return
         self._close_pending = False
         self._closed = True
+        self._claimed = None  # a send that closing interrupted: what it did not deliver is kept, or lost
         self.seal()
         self._count_missing({name for name in self._own if (self.directory / name).exists()})
         if self._lock_fd is not None:

@@ -745,10 +745,15 @@ class BatchWorker:
             if content is None:
                 return not own  # another process's is skipped; this attempt's is retried later
             run_id, attempt_id, workload_uid, records = content
+            if own:  # what an interrupted send of it delivered is not sent, nor counted, again
+                records = records[self._spool.already_sent(path):]
             for start in range(0, len(records), self._batch):
-                if not self._deliver(run_id, attempt_id, workload_uid, records[start:start + self._batch],
-                                     own=own):
+                chunk = records[start:start + self._batch]
+                if not self._deliver(run_id, attempt_id, workload_uid, chunk, own=own):
                     return False
+                if own:
+                    with self._lock:
+                        self._spool.delivered(path, len(chunk))
             with self._lock:
                 self._spool.remove(path)
             return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -315,6 +316,49 @@ def test_sealed_segments_removed_by_someone_else_are_counted_dropped(make_record
     assert stats.dropped >= 2 and stats.dropped == stats.dropped_removed
     assert stats.dropped == 30 - len(delivered) == 30 - stats.sent
     assert len([r for r in caplog.records if "removed before it was sent" in r.getMessage()]) == 1
+
+
+class SegmentRemovingTransport(GatedTransport):
+    """Opens the gate; at the first message of spooled events (seq ``from_seq`` on), removes
+    every sealed segment, then delivers it and the rest (``broken=False``) or fails from the next
+    message on (``broken=True``)."""
+
+    def __init__(self, spool_dir: Path, from_seq: int, broken: bool) -> None:
+        super().__init__()
+        self.spool_dir, self.from_seq, self.broken = spool_dir, from_seq, broken
+        self.removed = False
+        self.gate.set()
+
+    def send(self, message: Any) -> None:
+        if self.removed and self.broken:
+            raise ConnectionError("broker unavailable")
+        if not self.removed and json.loads(message.data)["events"][0]["seq"] >= self.from_seq:
+            self.removed = True
+            for path in self.spool_dir.rglob("*.seg"):
+                path.unlink()
+        super().send(message)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["delivered", "interrupted"])
+def test_a_segment_removed_while_it_is_sent_counts_only_what_it_did_not_deliver(
+        make_recorder, make_settings, spool_dir, broken):
+    """A cleaner removes the segment the worker is sending (read already): what it delivers is
+    sent, never also dropped; if the destination then fails and close() gives up, only the events
+    it did not deliver are dropped, and every event is counted once."""
+    transport = SegmentRemovingTransport(spool_dir, from_seq=2, broken=broken)
+    gate = threading.Event()
+    transport.gate = gate  # closed while the events are recorded: they spill
+    recorder = spilling_recorder(make_recorder, make_settings, transport, spool_segment_bytes=100_000)
+    for step in range(10):
+        recorder.record_step_start_time(step, at(step))
+    recorder.flush(0)  # seals the open segment
+    gate.set()
+    delivered = recorder.close(timeout=1)
+    stats = recorder.stats
+    seqs = set(transport.seqs())
+    assert stats.sent == len(seqs) and stats.dropped == 10 - len(seqs), stats
+    assert (stats.kept, delivered) == (0, not broken)
+    assert len(seqs) == (10 if not broken else 4)  # the queue's 2, the segment's first batch of 2
 
 
 class SwitchedTransport(GatedTransport):
