@@ -34,6 +34,8 @@ from pipeline.sinks.raw_events import EventsTables
 
 HISTORIES = (1_000, 10_000, 100_000)  # steps before the measured messages
 MESSAGES = 200
+COLD_HISTORIES = (10_000, 100_000, 1_000_000)  # steps before a message on a cold worker
+COLD_MESSAGES = 15  # each on a worker of its own: a tracker that never held the run
 LIFE_STEPS = 100_000
 CHECKPOINT_STEPS = 10_000
 SNAPSHOT_INTERVAL_S = 30.0
@@ -213,6 +215,54 @@ def state_writes(batches: list[Any]) -> tuple[float, int]:
         return seconds, counted("state_bytes_written")
 
 
+def _cold_reads() -> list[dict[str, float]]:
+    """At each history of ``COLD_HISTORIES``: the run's state encoded whole, then
+    ``COLD_MESSAGES`` messages, each processed by a tracker of its own (a worker that never held
+    the run, as Dataflow gives a work item to any SDK process): the state bytes each reads and
+    its CPU, and the CPU of the interval snapshot that follows on another such tracker, medians."""
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import Timestamp
+
+    from pipeline.beam.live import StoredRun
+    from pipeline.core import engine
+
+    messages = _messages(max(COLD_HISTORIES) + COLD_MESSAGES * 2)
+    rows = []
+    state, added = engine.RunState(FLEET_RUN_ID), 0
+    for history_steps in COLD_HISTORIES:
+        first = next(i for i, (_, batch) in enumerate(messages)
+                     if batch.steps and batch.steps[-1] >= history_steps)
+        for _, batch in messages[added:first]:
+            state.add_batch(batch)
+        added = first
+        state.snapshot(messages[first - 1][1].max_time_us, (300,))  # as a compacted state follows one
+        cells = [_Value(), _Bag(), _Value(), _Value()]  # run_state, run_log, run_info, reported_rows
+        stored = StoredRun(_tracker().store, FLEET_RUN_ID, *cells[:3])
+        stored.write_whole(state)
+        stored.save()
+        reads, cpus, snapshot_cpus = [], [], []
+        due = Timestamp(micros=round(SNAPSHOT_INTERVAL_S * 1e6))  # the clock says 0: always this
+        for _, batch in messages[first:first + COLD_MESSAGES]:
+            fn = _tracker()
+            with _counting() as counted:
+                started = time.process_time()
+                published = Timestamp(micros=batch.max_time_us)
+                for _ in fn.process((FLEET_RUN_ID, batch), published, GlobalWindow(), *cells,
+                                    *(_Timer() for _ in range(3))):
+                    pass
+                cpus.append(time.process_time() - started)
+                reads.append(counted("state_bytes_read"))
+            fn = _tracker()
+            started = time.process_time()
+            for _ in fn.on_snapshot(FLEET_RUN_ID, due, *cells):
+                pass
+            snapshot_cpus.append(time.process_time() - started)
+        rows.append({"steps": history_steps, "whole": stored.record.whole_bytes if stored.record else 0,
+                     "read": statistics.median(reads), "cpu_ms": statistics.median(cpus) * 1e3,
+                     "snapshot_ms": statistics.median(snapshot_cpus) * 1e3})
+    return rows
+
+
 def _life() -> list[tuple[int, int, int, int, float]]:
     """(steps, messages, bytes written, of them by compaction, CPU s) at every checkpoint."""
     from apache_beam.transforms.window import GlobalWindow
@@ -252,6 +302,7 @@ def run() -> str:
     from pipeline.beam.live import Record
 
     rows = _per_message()
+    cold = _cold_reads()
     life = _life()
     written = [row["written"] for row in rows]
     flat = max(written) / min(written)
@@ -276,6 +327,16 @@ def run() -> str:
         f"{'within' if bound_ok else 'NOT within'} the message's own size + {MESSAGE_MARGIN_BYTES:,} "
         f"bytes. A message reads only the {Record.SIZE}-byte record of the run's state when its "
         "worker keeps the run decoded.",
+        "",
+        "On a worker that does not hold the run decoded (on Dataflow, where any of a worker's SDK "
+        "processes gets a work item, most messages), a message reads and decodes the run's whole "
+        f"state; each of {COLD_MESSAGES} messages after the history on a tracker of its own, medians:",
+        "",
+        "| history (steps) | whole state (bytes) | state read per message, cold (bytes) "
+        "| tracker CPU per message, cold (ms) | interval snapshot CPU, cold (ms) |",
+        "|---|---|---|---|---|",
+        *(f"| {row['steps']:,} | {row['whole']:,} | {row['read']:,.0f} | {row['cpu_ms']:,.1f} "
+          f"| {row['snapshot_ms']:,.1f} |" for row in cold),
         "",
         "| over the life (steps) | messages | state written (bytes) | of it, compaction (bytes) "
         "| tracker CPU (s) |",
