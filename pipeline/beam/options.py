@@ -374,6 +374,31 @@ def check_files(options: GoodputOptions) -> None:
         if goodput.duckdb and os.path.realpath(path) == os.path.realpath(goodput.duckdb):
             raise UsageError(f"--from_duckdb={path} is also the output: write the backfill to another "
                              "--duckdb file")
+        check_not_emitter_file(path)
         check_duckdb_input(path)
     if goodput.duckdb:
         check_duckdb_output(goodput.duckdb)
+
+
+#: Where a DuckDB file says what it is: its bytes 8 to 12.
+_DUCKDB_MAGIC = (8, b"DUCK")
+
+
+def check_not_emitter_file(path: str) -> None:
+    """A ``--from_duckdb`` file that is not a DuckDB file is refused in one line that names the
+    option for what it is (DuckDB's own answer to a ``.json`` path is a "Catalog Error"); a path
+    that cannot be read is left to ``check_duckdb_input`` to name."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4096)
+    except OSError:
+        return
+    at, magic = _DUCKDB_MAGIC
+    if not head or head[at:at + len(magic)] == magic:
+        return
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if head.startswith(b"\x1f\x8b") or text.startswith(b"{"):
+        raise UsageError(f"--from_duckdb={path} is not a DuckDB file but looks like an emitter "
+                         f"file (JSON lines): replay it with --events={path}")
+    raise UsageError(f"--from_duckdb={path} is not a DuckDB file: name a DuckDB file this pipeline wrote "
+                     "(emitter files are replayed with --events=FILE)")
