@@ -11,8 +11,10 @@ restart) is not a fleet that hangs. Snapshots are emitted
   one processing-time timer, set only by a message: on Dataflow each one holds a drain until it
   fires);
 * at once when the run records its end, or a restart (an attempt's start after another's): the
-  disruption is on the dashboards, and in the range of the disruption alert's condition, while
-  the points before it still are;
+  disruption is on the dashboards at once; and first, if no snapshot has reported the run as of
+  its last event before the restart, one as of then, so that the disruption alert's range
+  (``delta(disruptions[10m])``) holds a point from before the crash, however late the pipeline
+  read its messages;
 * when the run falls silent, on event time (QUIET_TIMER): ``silence_s`` after its last message,
   or as long after it as makes its steps a hang if that is sooner, and then every
   ``snapshot_interval_s`` while it stays silent, up to ``gc_after_s`` of silence: its elapsed
@@ -404,7 +406,12 @@ class TrackRunDoFn(beam.DoFn):
             # reported again, it would only add a later snapshot of the same figures.
             stored.save()
             return
-        if (_ended(state) and not was_ended) or _starts(state) > max(starts, 1) or self.stopping():
+        restarted = _starts(state) > max(starts, 1)
+        if restarted and not self.stopping():
+            down_us = _down_before_restart(state)
+            if down_us is not None and record.reported_us < down_us:
+                yield from self._snapshot(stored, state, reported_rows, now_us, as_of_us=down_us)
+        if (_ended(state) and not was_ended) or restarted or self.stopping():
             yield from self._snapshot(stored, state, reported_rows, now_us)
         elif record.due_us < now_us:  # set once per interval, not once per message
             record.due_us = next_snapshot_due(now_us, self.snapshot_interval_s)
@@ -517,18 +524,19 @@ class TrackRunDoFn(beam.DoFn):
         stored.save()
 
     def _snapshot(self, stored: StoredRun, state: engine.RunState, reported_rows: Any,
-                  now_us: int) -> Iterator[Any]:
+                  now_us: int, as_of_us: int | None = None) -> Iterator[Any]:
         """The run's snapshot as of its latest event time plus the processing time from its last
         message's arrival to ``now_us``, and after its last snapshot: a run's snapshot times only
         go on, so the one with the latest time is the newest (an end that arrives after a stalled
         snapshot, late, is reported a microsecond after it, with the ended run's figures). Its
         anomaly rows are those no snapshot has reported (see ``Reported``): each is written once.
-        Every message is reported then (``Record.due_us``); the caller saves the record."""
+        Every message is reported then (``Record.due_us``); the caller saves the record. Or, with
+        ``as_of_us``, as of that time of the run's."""
         record = stored.record
         assert record is not None
         latest = max((a.last_event_us for a in state.attempts.values()), default=0)
         last = None if record.reported_us == NONE else record.reported_us
-        as_of = latest + max(0, now_us - record.arrived_us)
+        as_of = latest + max(0, now_us - record.arrived_us) if as_of_us is None else as_of_us
         if last is not None and as_of <= last:
             as_of = last + 1
         record.reported_us, record.due_us = as_of, NONE
@@ -589,6 +597,15 @@ def _fired_for(fired: Timestamp, due_us: int) -> bool:
     """Whether a timer that fired at ``fired`` is the one set for ``due_us``: runners keep a
     timer's time to the millisecond (Dataflow), or as it was set (the DirectRunner)."""
     return fired.micros // 1000 == due_us // 1000
+
+
+def _down_before_restart(state: engine.RunState) -> int | None:
+    """When the run went down before its latest attempt's start: the last event of the attempts
+    started before it (None if none, or if that is not before the start)."""
+    started = [a for a in state.attempts.values() if a.start_us is not None]
+    latest = max(started, key=lambda a: (a.start_us, a.attempt_id))
+    down = max((a.last_event_us for a in started if a is not latest), default=None)
+    return down if down is not None and latest.start_us is not None and down < latest.start_us else None
 
 
 def _starts(state: engine.RunState) -> int:

@@ -101,19 +101,25 @@ def latest_time(batches: tuple[Batch, ...]) -> int:
 
 
 def up_to_the_restart(batches: tuple[Batch, ...]) -> tuple[Batch, ...]:
-    """The batches up to the first of the run's second attempt: that one's message is reported
-    at once, as of its latest event."""
+    """The batches up to the first of the run's second attempt, whose message is reported at once."""
     first = batches[0].attempt_id
     return batches[:next(i for i, batch in enumerate(batches) if batch.attempt_id != first) + 1]
 
 
+def restart_snapshots(batches: tuple[Batch, ...]) -> list[Snapshot]:
+    """What the restart's message reports at once, no snapshot having reported the run before:
+    the run as of its first attempt's last event, and as of the restart's message."""
+    upto = up_to_the_restart(batches)
+    down = max(batch.max_time_us for batch in upto[:-1])
+    return [engine_snapshot(upto, down), engine_snapshot(upto, latest_time(upto))]
+
+
 def test_interval_snapshot_and_then_silence():
-    """The restart at once, at 30 s the interval snapshot, at 300 s the silence snapshot: a
-    stalled run whose last five minutes are lost, with every number the engine's for the same
-    events and time."""
+    """The restart at once (with the run as it went down before it), at 30 s the interval
+    snapshot, at 300 s the silence snapshot: a stalled run whose last five minutes are lost,
+    with every number the engine's for the same events and time."""
     batches = run_batches(end=False)
     latest = latest_time(batches)
-    restart = up_to_the_restart(batches)
     stream = (keyed_stream(PUBLISHED)
               .add_elements([("run", b) for b in batches])
               .advance_processing_time(31)                # SNAPSHOT_TIMER fires at 30 s
@@ -122,14 +128,15 @@ def test_interval_snapshot_and_then_silence():
 
     def check(rows: list[dict[str, Any]]) -> None:
         cumulative = sorted((r for r in rows if r["window_s"] == 0), key=lambda r: r["snapshot_time"])
-        assert len(cumulative) == 3, rows
-        expected = [engine_snapshot(restart, latest_time(restart)),
+        assert len(cumulative) == 4, rows
+        expected = [*restart_snapshots(batches),
                     *(engine_snapshot(batches, latest + s * 1_000_000) for s in (30, 300))]
         for row, snapshot in zip(cumulative, expected, strict=True):
+            assert row["snapshot_time"] == timestamp(snapshot.as_of_us)
             assert abs(row["goodput_pct"] - snapshot.cumulative.goodput_pct) < 1e-9
-            assert row["disruptions"] == 1
+        assert [row["disruptions"] for row in cumulative] == [0, 1, 1, 1]
         stalled = next(r for r in rows if r["window_s"] == 300 and r["snapshot_time"] ==
-                       cumulative[2]["snapshot_time"])
+                       cumulative[3]["snapshot_time"])
         assert stalled["goodput_pct"] == 0.0
 
     track(stream, check)
@@ -140,7 +147,6 @@ def test_a_silent_run_is_reported_every_interval_until_gc_after_s():
     comes, up to 600 s of silence (gc_after_s); each loses the time since the last event."""
     batches = run_batches(end=False)
     latest = latest_time(batches)
-    restart = up_to_the_restart(batches)
     stream = (keyed_stream(PUBLISHED)
               .add_elements([("run", b) for b in batches])
               .advance_processing_time(31)             # SNAPSHOT_TIMER at 30 s
@@ -149,14 +155,14 @@ def test_a_silent_run_is_reported_every_interval_until_gc_after_s():
 
     def check(rows: list[dict[str, Any]]) -> None:
         cumulative = sorted((r for r in rows if r["window_s"] == 0), key=lambda r: r["snapshot_time"])
-        assert len(cumulative) == 1 + 1 + 11, [r["snapshot_time"] for r in cumulative]
-        expected = [engine_snapshot(restart, latest_time(restart)),
+        assert len(cumulative) == 2 + 1 + 11, [r["snapshot_time"] for r in cumulative]
+        expected = [*restart_snapshots(batches),
                     *(engine_snapshot(batches, latest + s * 1_000_000) for s in (30, *range(300, 601, 30)))]
         for row, snapshot in zip(cumulative, expected, strict=True):
             assert row["total_time_s"] == snapshot.cumulative.total_s
             assert abs(row["goodput_pct"] - snapshot.cumulative.goodput_pct) < 1e-9
         assert all(r["goodput_pct"] == 0.0 for r in rows if r["window_s"] == 60
-                   and r["snapshot_time"] > cumulative[1]["snapshot_time"])
+                   and r["snapshot_time"] > cumulative[2]["snapshot_time"])
 
     track(stream, check)
 
@@ -258,7 +264,7 @@ def test_state_is_cleared_after_the_run_ends():
 def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
     """The input ends (a drained job) before the interval is up: FINAL_TIMER reports the run once,
     with the engine's numbers; a run already reported at its end is not reported again. (Each
-    run's restart was reported at once, before.)
+    run's restart was reported at once, before, with the run as it went down.)
 
     Its rows carry the end of the window as their timestamp, which ``assert_that`` (a GroupByKey)
     drops as late, so they are read back from the streaming DuckDB writer, as in production."""
@@ -275,10 +281,10 @@ def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
         rows = connection.execute("SELECT run_id, goodput_pct, max_productive_step, ended "
                                   "FROM goodput_snapshots WHERE window_s = 0 "
                                   "ORDER BY run_id, snapshot_time").fetchall()
-    assert [r[0] for r in rows] == ["ended", "ended", "pending", "pending"]
-    assert [r[2] for r in rows[::2]] == [engine_snapshot(up_to_the_restart(batches), latest_time(
-        up_to_the_restart(batches))).max_productive_step for batches in (ended, pending)]
-    rows = rows[1::2]
+    assert [r[0] for r in rows] == ["ended"] * 3 + ["pending"] * 3
+    assert [r[2] for r in rows[:2] + rows[3:5]] == [snapshot.max_productive_step for batches in (ended, pending)
+                                                    for snapshot in restart_snapshots(batches)]
+    rows = rows[2::3]
     expected = engine_snapshot(pending, latest_time(pending))
     assert [(r[0], r[2], r[3]) for r in rows] == [
         ("ended", engine_snapshot(ended, latest_time(ended)).max_productive_step, True),
