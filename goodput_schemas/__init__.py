@@ -63,9 +63,24 @@ def table_options(name: str) -> dict[str, Any]:
 
 def saved_queries(dataset: str) -> dict[str, str]:
     """Every saved fleet query by name (its file's stem), in BigQuery's dialect, reading its tables
-    from ``dataset`` (e.g. ```project.dataset``` in BigQuery, ``main`` in DuckDB)."""
-    return {path.stem: _with_dataset(path.read_text(), dataset)
+    from ``dataset`` (e.g. ```project.dataset``` in BigQuery, ``main`` in DuckDB), each parameter
+    at its default (``parameters``)."""
+    from goodput_schemas.parameters import fill
+
+    return {path.stem: fill(_with_dataset(path.read_text(), dataset))
             for path in sorted(SQL_DIRECTORY.glob("*.sql"))}
+
+
+def saved_query(name: str, dataset: str, values: dict[str, str] | None = None) -> str:
+    """Saved query ``name`` as ``saved_queries`` has it, with the parameters in ``values`` (by
+    name, as text) instead of their defaults; ``KeyError`` for a query there is not,
+    ``ValueError`` for a parameter it does not have or a value not of its type."""
+    from goodput_schemas.parameters import fill
+
+    path = SQL_DIRECTORY / f"{name}.sql"
+    if not path.is_file() or path.parent != SQL_DIRECTORY or name.startswith("."):
+        raise KeyError(name)
+    return fill(_with_dataset(path.read_text(), dataset), values)
 
 
 def views(dataset: str) -> dict[str, str]:

@@ -1,13 +1,14 @@
 -- Goodput of each run over an interval, from two cumulative snapshots (the PromQL offset method):
 -- productive seconds gained over the interval divided by elapsed seconds gained. The interval is
--- the hour before the fleet's latest snapshot; change `bounds` for another. Every run that went on
+-- the interval_hours hours before the fleet's latest snapshot. Every run that went on
 -- inside the interval is listed, counted from (counted_from) its start if it started inside the
 -- interval; else from its latest snapshot at or before the interval's start; else, where its
 -- earlier snapshots are missing (expired, or never written: the pipeline started later), from its
 -- earliest snapshot inside the interval. From a snapshot means from its window_end, the time its
 -- figures run up to. elapsed_s never exceeds the time from counted_from to interval_end.
+-- @interval_hours INT64 = 1: the interval's length in hours, ending at the fleet's latest snapshot
 WITH bounds AS (
-  SELECT TIMESTAMP_SUB(MAX(snapshot_time), INTERVAL 1 HOUR) AS interval_start, MAX(snapshot_time) AS interval_end
+  SELECT TIMESTAMP_SUB(MAX(snapshot_time), INTERVAL @interval_hours HOUR) AS interval_start, MAX(snapshot_time) AS interval_end
   FROM ${dataset}.goodput_snapshots
 ),
 cumulative AS (

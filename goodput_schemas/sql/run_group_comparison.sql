@@ -4,12 +4,12 @@
 -- over the run. One row per item, name and run, the runs in the order they started: item is
 -- goodput (last_value), config (value) or metric (last_value, last_step, mean_value; NaN where
 -- the run recorded a NaN). A run's config is the value it recorded last for the key; rows that a
--- redelivered message repeated count once. The group is the one of the run that started last;
--- change `chosen` for another.
+-- redelivered message repeated count once.
+-- @run_group STRING = NULL: the run group compared (NULL: the group of the run that started last)
 WITH chosen AS (
   SELECT run_group
   FROM ${dataset}.run_metadata
-  WHERE run_group IS NOT NULL
+  WHERE run_group IS NOT NULL AND run_group = IFNULL(@run_group, run_group)
   QUALIFY ROW_NUMBER() OVER (ORDER BY start_time DESC, run_id DESC) = 1
 ),
 runs AS (

@@ -1,7 +1,8 @@
 -- Runs that need attention now: stalled (not ended, and no productive time in the shortest rolling
 -- window of their latest snapshot), or whose step time regressed (the median of their last 100
--- steps over 1.2 times their overall median). since_last_step_s: from the last step start to the
--- latest snapshot.
+-- steps over regression_ratio times their overall median). since_last_step_s: from the last step
+-- start to the latest snapshot.
+-- @regression_ratio FLOAT64 = 1.2: recent median step time over overall median above which a run regressed
 WITH latest_window AS (
   SELECT run_id, snapshot_time, window_s, ended, productive_time_s, total_time_s
   FROM ${dataset}.goodput_snapshots
@@ -25,7 +26,7 @@ flagged AS (
     w.run_id,
     w.snapshot_time,
     NOT w.ended AND w.total_time_s > 0 AND w.productive_time_s = 0 AS stalled,
-    IFNULL(s.recent_step_time_p50_s > 1.2 * s.step_time_p50_s, FALSE) AS regressed,
+    IFNULL(s.recent_step_time_p50_s > @regression_ratio * s.step_time_p50_s, FALSE) AS regressed,
     SAFE_DIVIDE(s.recent_step_time_p50_s, s.step_time_p50_s) AS step_time_ratio,
     TIMESTAMP_DIFF(w.snapshot_time, t.last_step_time, SECOND) AS since_last_step_s
   FROM latest_window AS w
