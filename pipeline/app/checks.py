@@ -12,10 +12,12 @@ import contextlib
 import gzip
 import logging
 import os
+import re
 import stat
+import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -50,10 +52,46 @@ class UsageError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, with a mistake in one line: what is wrong, and where to look; exit code 2."""
+    """argparse, with a mistake in one line: what is wrong, and where to look; exit code 2. A long
+    option may be written with underscores or hyphens, and none abbreviated
+    (``pipeline.app.spelling``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        from pipeline.app.spelling import respell
+
+        given = sys.argv[1:] if args is None else args
+        parsed, extras = super().parse_known_args(respell(given, self._option_string_actions), namespace)
+        unknown = next((arg.split("=", 1)[0] for arg in extras if arg.startswith("--") and arg != "--"), None)
+        if unknown is not None:  # here, where this command's options are known: a subcommand's too
+            import difflib
+
+            close = difflib.get_close_matches(unknown, [o for o in self._option_string_actions
+                                                        if o.startswith("--")], n=1)
+            self.error(f"unknown option {unknown}" + (f": did you mean {close[0]}?" if close else ""))
+        return parsed, extras
 
     def error(self, message: str) -> NoReturn:
+        required = "the following arguments are required: "
+        if message.startswith(required):  # each named as it is given: --duckdb FILE is required
+            names = [self._usage_name(name) for name in message[len(required):].split(", ")]
+            message = f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required"
+        one_of = re.fullmatch(r"one of the arguments (.+) is required", message)
+        if one_of:
+            message = f"{' or '.join(self._usage_name(name) for name in one_of[1].split())} is required"
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def _usage_name(self, name: str) -> str:
+        """An argument as its usage shows it: an option with its metavar (``--duckdb FILE``)."""
+        action = self._option_string_actions.get(name)
+        if action is None or action.nargs == 0:
+            return name
+        return f"{name} {action.metavar or action.dest.upper()}"
 
 
 def _not_a_file(mode: int) -> str | None:

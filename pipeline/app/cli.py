@@ -11,7 +11,9 @@ file, imports of the reference's history, and the local emulators.
     goodput import capacity --csv capacity.csv --duckdb goodput.duckdb  the accelerator capacity paid for
     goodput productivity --project P --duckdb goodput.duckdb   ML Productivity Goodput to Cloud Monitoring
     goodput query --list                              the saved fleet queries
-    goodput query NAME --duckdb goodput.duckdb        run one, print a table
+    goodput query NAME --duckdb goodput.duckdb        run one, print a table (--limit, --format)
+    goodput query NAME --duckdb F --param interval_hours=6   ... with a parameter other than its default
+    goodput sql "SELECT ..." --duckdb goodput.duckdb  a query of your own, read-only
     goodput query NAME --sql --dataset PROJECT.DATASET  print its BigQuery SQL, ready to run there
     goodput emulator pubsub --port 8085               a local Pub/Sub emulator
     goodput emulator pubsub --topic projects/P/topics/T --subscription projects/P/subscriptions/S
@@ -47,8 +49,10 @@ def _first_line(sql: str) -> str:
     return next((line.lstrip("- ") for line in sql.splitlines() if line.startswith("--")), "")
 
 
-def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
-    """Rows under their column names, numbers right-aligned, NULL as ``-``."""
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
+                 total: int | None = None) -> None:
+    """Rows under their column names, numbers right-aligned, NULL as ``-``; ``total``, where more
+    rows than these were found, is said in the last line, with how to see them all."""
     cells = [[_text(value) for value in row] for row in rows]
     widths = [max([len(name), *(len(row[i]) for row in cells)]) for i, name in enumerate(columns)]
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) and bool(rows)
@@ -62,7 +66,11 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: Tex
     out.write(line(["-" * w for w in widths]) + "\n")
     for row in cells:
         out.write(line(row) + "\n")
-    out.write(f"({len(rows)} rows)\n")
+    if total is not None and total > len(rows):
+        out.write(f"({len(rows)} of {total} rows shown; {total - len(rows)} left out: --limit 0 "
+                  "shows all, --format csv writes all)\n")
+    else:
+        out.write(f"({len(rows)} rows)\n")
 
 
 def _text(value: Any) -> str:
@@ -91,15 +99,44 @@ def _spreadsheet_cell(value: Any) -> Any:
     return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_STARTS) else value
 
 
+#: How many rows ``--format table`` prints unless ``--limit`` says otherwise: a terminal's worth.
+TABLE_LIMIT = 50
+
+
+def _parameter(text: str) -> tuple[str, str]:
+    """``--param NAME=VALUE`` as (name, value)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise argparse.ArgumentTypeError(f"invalid parameter {text!r}: NAME=VALUE, e.g. interval_hours=6")
+    return name.strip().replace("-", "_"), value  # either spelling, as an option's
+
+
+def _limit(text: str) -> int:
+    """``--limit N``: a whole number, 0 or more (0: every row)."""
+    try:
+        limit = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid --limit {text!r}: a number of rows (0: all)") from None
+    if limit < 0:
+        raise argparse.ArgumentTypeError(f"invalid --limit {text!r}: a number of rows (0: all)")
+    return limit
+
+
 def _query(args: argparse.Namespace, out: TextIO) -> int:
+    from goodput_schemas import SQL_DIRECTORY, saved_query
+    from goodput_schemas.parameters import parameters
+
     queries = saved_queries(args.dataset or "")  # their text is printed only with --dataset
     if args.list or not args.name:
         for name, sql in queries.items():
             out.write(f"{name:24} {_first_line(sql)}\n")
+            raw = (SQL_DIRECTORY / f"{name}.sql").read_text()
+            for parameter in parameters(raw).values():
+                out.write(f"{'':24}   --param {parameter.name}={parameter.default}: {parameter.help}\n")
         return 0
     if args.name not in queries:
-        print(f"goodput query: no saved query {args.name!r}; there are: {', '.join(queries)}",
-              file=sys.stderr)
+        print(f"goodput query: no saved query {args.name!r}; there are: {', '.join(queries)} "
+              "(goodput query --list)", file=sys.stderr)
         return 2
     if args.sql and not args.dataset:
         print("goodput query: --sql needs --dataset PROJECT.DATASET, the BigQuery dataset of the tables",
@@ -109,12 +146,22 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
         print("goodput query: --dataset is for --sql; a query run on --duckdb FILE reads that file's tables",
               file=sys.stderr)
         return 2
+    values = dict(args.param or ())
+    try:
+        sql = saved_query(args.name, args.dataset or "", values)
+    except ValueError as error:
+        print(f"goodput query: --param: {error}", file=sys.stderr)
+        return 2
     if args.sql:
-        out.write(queries[args.name])
+        if args.limit is not None:
+            print("goodput query: --limit is for a query run on --duckdb FILE; --sql prints the whole "
+                  "query", file=sys.stderr)
+            return 2
+        out.write(sql)
         return 0
     if not args.duckdb:
-        print("goodput query: --duckdb FILE is required to run a query (or --sql to print it)",
-              file=sys.stderr)
+        print("goodput query: --duckdb FILE is required to run a query (or --sql --dataset "
+              "PROJECT.DATASET to print it)", file=sys.stderr)
         return 2
     import duckdb
 
@@ -123,7 +170,7 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     try:
         with read_only(args.duckdb) as connection:
             try:
-                columns, rows = run_saved(args.name, connection)
+                columns, rows = run_saved(args.name, connection, values)
             except (duckdb.CatalogException, duckdb.BinderException) as error:
                 raise UsageError(f"{args.duckdb} lacks a table or column the query needs "
                                  f"({_first_line_of(error)}); write it with python -m pipeline "
@@ -131,16 +178,76 @@ def _query(args: argparse.Namespace, out: TextIO) -> int:
     except UsageError as error:
         print(f"goodput query: {error}", file=sys.stderr)
         return 2
-    if args.format == "csv":
+    write_rows(columns, rows, args.format, args.limit, out, "goodput query")
+    return 0
+
+
+#: The statements ``goodput sql`` runs: those that only read.
+_READING = ("SELECT", "EXPLAIN")
+
+
+def _sql(args: argparse.Namespace, out: TextIO) -> int:
+    """``goodput sql "SELECT ..." --duckdb FILE``: one query that only reads, on a file opened as
+    ``goodput query`` opens one (read-only, nothing outside the file, the pipeline's own views)."""
+    import duckdb
+
+    try:
+        if not args.duckdb:
+            raise UsageError("--duckdb FILE is required: the DuckDB file to query")
+        if not args.query.strip():
+            raise UsageError('the query is empty: goodput sql "SELECT ..." --duckdb FILE')
+        with read_only(args.duckdb) as connection:
+            text = args.query
+            if args.dialect == "bigquery":
+                from sqlglot.errors import SqlglotError
+
+                from pipeline.sinks.duckdb_sql import to_duckdb
+
+                try:
+                    text = to_duckdb(args.query.replace("${dataset}", "main"))
+                except (SqlglotError, ValueError) as error:  # ValueError: not one statement
+                    raise UsageError(f"not BigQuery SQL: {_first_line_of(error)}") from None
+            try:
+                statements = connection.extract_statements(text)
+                if len(statements) != 1:
+                    raise UsageError(f"one query at a time, got {len(statements)} statements")
+                kind = statements[0].type.name
+                if kind not in _READING:
+                    raise UsageError(f"only a query that reads (SELECT, WITH ..., EXPLAIN) is run here, "
+                                     f"not {kind}: the file is opened read-only")
+                cursor = connection.execute(text)
+                columns = [column[0] for column in cursor.description or ()]
+                rows = cursor.fetchall()
+            except duckdb.Error as error:
+                raise UsageError(_first_line_of(error)) from None
+    except UsageError as error:
+        print(f"goodput sql: {error}", file=sys.stderr)
+        return 2
+    write_rows(columns, rows, args.format, args.limit, out, "goodput sql")
+    return 0
+
+
+def write_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], format_name: str, limit: int | None,
+               out: TextIO, command: str) -> None:
+    """Rows of a query in ``format_name`` (table, csv or json lines), at most ``limit`` of them (0:
+    all; by default ``TABLE_LIMIT`` in a table, all in csv and json). A table says in its last line
+    how many were left out and how to see them; csv and json say it on standard error, so that
+    what they write stays data."""
+    if limit is None:
+        limit = TABLE_LIMIT if format_name == "table" else 0
+    shown = rows[:limit] if limit else rows
+    if format_name == "csv":
         writer = csv.writer(out)
         writer.writerow(columns)
-        writer.writerows([_spreadsheet_cell(value) for value in row] for row in rows)
-    elif args.format == "json":
-        for row in rows:
+        writer.writerows([_spreadsheet_cell(value) for value in row] for row in shown)
+    elif format_name == "json":
+        for row in shown:
             out.write(json.dumps(dict(zip(columns, row, strict=True)), default=str) + "\n")
     else:
-        format_table(columns, rows, out)
-    return 0
+        format_table(columns, shown, out, total=len(rows))
+    if len(shown) < len(rows) and format_name != "table":
+        print(f"{command}: wrote {len(shown)} of {len(rows)} rows (--limit {limit}; --limit 0 for all)",
+              file=sys.stderr)
 
 
 def _first_line_of(error: BaseException) -> str:
@@ -265,10 +372,34 @@ def _port(text: str) -> int:
     return port
 
 
+def _add_format_options(command: argparse.ArgumentParser) -> None:
+    """``--format`` and ``--limit``, of the commands that print rows."""
+    command.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                         help="output format: a table to read, CSV, or JSON lines (default: %(default)s)")
+    command.add_argument("--limit", metavar="N", type=_limit, default=None,
+                         help=f"at most N rows, 0 for all (default: {TABLE_LIMIT} in a table, with a "
+                              "last line saying how many were left out; all in csv and json)")
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("fleet-goodput")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the checkout)"
+
+
 def parser() -> argparse.ArgumentParser:
+    from pipeline.app.spelling import SPELLING_HELP
+
     top = OneLineParser(
         prog="goodput", description="Fleet goodput on a workstation: the demo, batch replays, HTML reports, "
-                                    "fleet queries, imports of the reference's history, local emulators.")
+                                    "fleet queries, imports of the reference's history, local emulators.",
+        epilog=SPELLING_HELP)
+    top.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = top.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "demo", add_help=False, help="a live local fleet, end to end, in about 2 minutes, with an HTML "
@@ -315,9 +446,27 @@ def parser() -> argparse.ArgumentParser:
                        help="print the query's BigQuery SQL instead (with --dataset)")
     query.add_argument("--dataset", metavar="PROJECT.DATASET", type=_dataset,
                        help="the BigQuery dataset of the tables, named in the printed SQL")
-    query.add_argument("--format", choices=("table", "csv", "json"), default="table",
-                       help="output format (default: %(default)s)")
+    query.add_argument("--param", metavar="NAME=VALUE", type=_parameter, action="append",
+                       help="a parameter of the query instead of its default, e.g. --param "
+                            "interval_hours=6 (--list shows each query's); repeat for more. With "
+                            "--sql, the value is written into the printed SQL")
+    _add_format_options(query)
     query.set_defaults(handler=_query)
+    adhoc = commands.add_parser(
+        "sql", help="run one query of your own on a DuckDB file, read-only",
+        description="Runs one query that only reads (SELECT, WITH ..., EXPLAIN) on the DuckDB file "
+                    "the pipeline wrote, opened as goodput query opens it: read-only, nothing "
+                    "outside the file (no other file, no URL), the pipeline's views as defined by "
+                    "this version. Its tables and views are those of goodput_schemas/tables and "
+                    "views, e.g. goodput sql \"SELECT run_id, goodput_pct FROM latest_goodput\" "
+                    "--duckdb goodput.duckdb.")
+    adhoc.add_argument("query", help="the query, in DuckDB's SQL (or BigQuery's, with --dialect bigquery)")
+    adhoc.add_argument("--duckdb", metavar="FILE", help="the DuckDB file to query (required)")
+    adhoc.add_argument("--dialect", choices=("duckdb", "bigquery"), default="duckdb",
+                       help="the SQL's dialect: bigquery is transpiled as the saved queries are, "
+                            "its tables named alone or as ${dataset}.NAME (default: %(default)s)")
+    _add_format_options(adhoc)
+    adhoc.set_defaults(handler=_sql)
     emulator = commands.add_parser("emulator", help="run a local stand-in of a Google Cloud service")
     emulator.add_argument("service", choices=tuple(_EMULATORS), help="the service")
     emulator.add_argument("--port", type=_port, default=None,

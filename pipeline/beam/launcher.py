@@ -186,10 +186,23 @@ def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:
     return None
 
 
+def _respelled(argv: list[str]) -> list[str]:
+    """``argv`` with every option of the pipeline and of Beam spelled as declared, with
+    underscores, whichever of ``-`` and ``_`` it was written with (``pipeline.app.spelling``)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    from pipeline.app.spelling import respell
+
+    parser = _BeamArgumentParser(allow_abbrev=False, add_help=False)
+    for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # as pipeline.beam.options.parse_command_line does
+    return respell(argv, parser._option_string_actions)
+
+
 def run(argv: Sequence[str] | None = None, prog: str = "python -m pipeline") -> int:
     """Runs the command line ``argv``; a mistake in it is one line on stderr and exit code 2,
     before anything is read or written (``prog`` is the command's name in it)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _respelled(list(sys.argv[1:] if argv is None else argv))
     if "-h" in argv or "--help" in argv:
         help_parser(prog).print_help()
         return 0
@@ -205,7 +218,10 @@ def run(argv: Sequence[str] | None = None, prog: str = "python -m pipeline") -> 
         return run_streaming(goodput)
     with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:
         build_pipeline(pipeline, goodput)
-    if goodput.duckdb:
+    if goodput.duckdb and not os.path.exists(goodput.duckdb):  # the sink opens it for rows alone
+        print(f"{prog}: the input held no events: nothing was written to --duckdb={goodput.duckdb}",
+              file=sys.stderr)
+    elif goodput.duckdb:
         from pipeline.app.summary import print_summary
 
         print_summary(goodput.duckdb, sys.stdout)
