@@ -556,6 +556,12 @@ def _run(runner: ReferenceRunner) -> str:
             "a log entry / the whole state",
             f"${monthly_usd(messages_s * written_per_message):,.2f} / "
             f"${monthly_usd(messages_s * state_mean_bytes):,.0f}")
+        add("Beam state read/s with the cache missing every time (Dataflow: any SDK process gets "
+            "a run's message, and reads its whole state)", _size(messages_s * state_mean_bytes))
+        add(f"state reads per month, cache missing, at ${STREAMING_ENGINE_USD_PER_GB} per GB processed",
+            f"${monthly_usd(messages_s * state_mean_bytes):,.0f}")
+        add("cores: snapshots with the cache missing (decode + snapshot)",
+            _cores(snapshots_s * cold(mean_steps)))
         add("ours: Cloud Monitoring create_time_series/min",
             f"{math.ceil(runs * series / MAX_SERIES_PER_REQUEST) * 60 / interval_s:,.0f}")
         add("BigQuery rows/s (raw events + snapshot rows)",
