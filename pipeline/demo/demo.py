@@ -55,6 +55,7 @@ from pipeline.demo.fleet import (
     DEFAULT_DURATION_S,
     FLEET,
     SPEED,
+    FleetClock,
     FleetControl,
     SimulatedJob,
     fleet_runs,
@@ -460,6 +461,7 @@ class Demo:
         self.jobs: list[SimulatedJob] = []
         self.jax: Process | None = None
         self.stream: Process | None = None
+        self.clock: FleetClock | None = None  # the fleet's, once it starts
         self.started = time.monotonic()
 
     @property
@@ -499,12 +501,15 @@ class Demo:
             stack.callback(self._stop_jobs)
             self._wait_for_stream()
             runs = fleet_runs(args.runs)
-            self.jobs = start_fleet(runs, TOPIC, args.duration_s, self.control, spool)
+            clock = self.clock = FleetClock.meeting_in(longest_s(args.duration_s))
+            self.jobs = start_fleet(runs, TOPIC, args.duration_s, self.control, spool, clock)
             if use_jax:
+                # On the fleet's clock too: its real durations, SPEED times as long, like the others'.
                 self.jax = Process("jax_train", [
                     sys.executable, "-m", "pipeline.demo.jax_train", "--destination", TOPIC,
                     "--run-id", JAX_RUN, "--steps", str(max(200, round(1500 * args.duration_s
-                                                                        / DEFAULT_DURATION_S)))],
+                                                                        / DEFAULT_DURATION_S))),
+                    f"--clock-speed={clock.speed:g}", f"--clock-meets={clock.meets.isoformat()}"],
                     {**env, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
                     self.directory / "jax_train.log")
             shown = [(run.run_id, str(run.profile["accelerator_type"]), int(run.profile["chip_count"]))
@@ -585,9 +590,10 @@ class Demo:
         if not self.stream.seen["stopping:"].wait(60):
             raise DemoError(f"the streaming pipeline did not begin to stop; its log ({self.stream.log}) "
                             f"ends:\n{self.stream.tail()}")
+        # The hung job hangs until now on the fleet's clock, the clock of every other event.
         clocks = [job.clock.now for job in self.jobs if job.clock is not None]
-        control.final_time = max([*clocks, datetime.datetime.now(datetime.timezone.utc)]) \
-            + datetime.timedelta(milliseconds=1)
+        assert self.clock is not None
+        control.final_time = max([*clocks, self.clock.now()]) + datetime.timedelta(milliseconds=1)
         control.set(control.release)
         for job in self.jobs:
             job.thread.join(timeout=30)

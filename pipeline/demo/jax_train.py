@@ -16,6 +16,12 @@ size, steps, seed) is recorded once, with ``record_configs``, and the model's si
 
 Only JAX process 0 records (``emitter.jax.is_process_zero``). ``--destination`` also takes a
 Pub/Sub topic, ``projects/P/topics/T`` (with ``PUBSUB_EMULATOR_HOST`` for a local emulator).
+
+``--clock-speed S --clock-meets T`` dates every event on a clock that runs ``S`` times as fast as
+the wall clock and shows the wall clock's time at ``T``: the live demo (``pipeline.demo``) runs it
+on its simulated fleet's clock that way, so the run takes its place in the fleet's hours. Every
+duration it records (phases, steps, the step time and throughput metrics) is then on that clock,
+``S`` times the measured one, as the simulated runs' durations are.
 """
 
 from __future__ import annotations
@@ -39,8 +45,33 @@ LEARNING_RATE = 0.01
 MOMENTUM = 0.9
 
 
-def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+class PacedClock:
+    """The time events are dated with: the wall clock (UTC), or, at a ``speed`` other than 1, a
+    clock running ``speed`` times as fast that shows the wall clock's time at ``meets``. Read
+    from ``time.monotonic()`` from the moment it is made, so a step of the system clock moves no
+    event."""
+
+    def __init__(self, speed: float = 1.0, meets: datetime.datetime | None = None) -> None:
+        self.speed = speed
+        self._wall = datetime.datetime.now(datetime.timezone.utc)
+        self._monotonic = time.monotonic()
+        self._meets = self._wall if meets is None else meets
+
+    def at(self, monotonic: float) -> datetime.datetime:
+        """The time when ``time.monotonic()`` is ``monotonic``."""
+        wall = self._wall + datetime.timedelta(seconds=monotonic - self._monotonic)
+        return self._meets + (wall - self._meets) * self.speed
+
+    def now(self) -> datetime.datetime:
+        return self.at(time.monotonic())
+
+
+def _utc_time(text: str) -> datetime.datetime:
+    try:
+        parsed = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    return parsed.replace(tzinfo=datetime.timezone.utc) if parsed.tzinfo is None else parsed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,18 +91,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=100,
                         help="evaluate every this many steps; 0 for never (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--clock-speed", type=float, default=1.0, metavar="S",
+                        help="date events on a clock S times as fast as the wall clock, which shows the "
+                             "wall clock's time at --clock-meets (default: %(default)s, the wall clock)")
+    parser.add_argument("--clock-meets", type=_utc_time, default=None, metavar="TIME",
+                        help="with --clock-speed: when that clock shows the wall clock's time, an ISO 8601 "
+                             "time (UTC unless it names its zone)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.hidden < 1:
         parser.error("--steps, --batch-size and --hidden must be positive")
+    if not 0 < args.clock_speed < float("inf"):
+        parser.error("--clock-speed must be positive")
+    if args.clock_speed != 1.0 and args.clock_meets is None:
+        parser.error("--clock-speed needs --clock-meets: when the clock shows the wall clock's time")
     return args
 
 
-def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
-    """Trains, recording every phase; returns the final training loss."""
+def train(args: argparse.Namespace, clock: PacedClock, job_start: datetime.datetime) -> float:
+    """Trains, recording every phase on ``clock``; returns the final training loss."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    now = clock.now
     init_start = now()
     devices = jax.devices()
     jnp.zeros(()).block_until_ready()  # the backend is up and runs a computation
@@ -132,7 +174,8 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
             + 0.05 * rng.normal(size=(len(x_all), 1)).astype(np.float32)
         x_train, y_train = jnp.asarray(x_all[:examples]), jnp.asarray(y_all[:examples])
         x_eval, y_eval = jnp.asarray(x_all[examples:]), jnp.asarray(y_all[examples:])
-        recorder.record_data_loading_end_time(now())
+        loaded = now()
+        recorder.record_data_loading_end_time(loaded)
         weights = sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))
         recorder.record_configs({
             "model": {"name": "mlp", "features": features, "hidden": args.hidden, "layers": 3,
@@ -141,8 +184,8 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
             "data": {"batch_size": args.batch_size, "train_examples": examples, "eval_examples": 1024},
             "steps": args.steps, "seed": args.seed, "eval_every": args.eval_every,
             "checkpoint_every": args.checkpoint_every,
-        })
-        recorder.record_metrics({metrics.TOTAL_WEIGHTS: weights}, step=0)
+        }, time_=loaded)
+        recorder.record_metrics({metrics.TOTAL_WEIGHTS: weights}, step=0, time_=loaded)
 
         checkpoints = Path(tempfile.mkdtemp(prefix="jax-train-ckpt-"))
         batches = examples // args.batch_size
@@ -181,8 +224,10 @@ def train(args: argparse.Namespace, job_start: datetime.datetime) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    job_start = now()
+    began = time.monotonic()
     args = parse_args(argv)
+    clock = PacedClock(args.clock_speed, args.clock_meets)
+    job_start = clock.at(began)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         import jax  # noqa: F401
@@ -190,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print("jax_train: JAX is not installed (pip install 'jax[cpu]')", file=sys.stderr)
         return 2
     started = time.monotonic()
-    loss = train(args, job_start)
+    loss = train(args, clock, job_start)
     print(f"jax_train: {args.steps} steps of run {args.run_id!r} in {time.monotonic() - started:.1f} s, "
           f"final loss {loss:.4f}; events sent to {args.destination}", file=sys.stderr)
     return 0

@@ -89,6 +89,9 @@ class JobProfile:
         hang_for_s: How long the hang lasts, in simulated seconds, unless the clock stops it
             sooner; ``None``: until the clock stops it.
         heartbeat_every_s: See ``hang_at``.
+        mfu: The model FLOPs utilization of a step of ``step_time_s``; a step's own is this over
+            how much longer it took (a step does the same work however long it takes), the
+            first step's compilation left out.
     """
 
     accelerator_type: str = "v5p"
@@ -107,6 +110,7 @@ class JobProfile:
     hang_at: float | None = None
     hang_for_s: float | None = 3600.0
     heartbeat_every_s: float = 30.0
+    mfu: float = 0.45
 
     def __post_init__(self) -> None:
         hang = () if self.hang_at is None else (self.hang_at,)
@@ -117,6 +121,8 @@ class JobProfile:
             raise ValueError("step_time_s, slowdown and heartbeat_every_s must be positive")
         if self.checkpoint_every < 0 or self.eval_every < 0 or self.chip_count < 0:
             raise ValueError("checkpoint_every, eval_every and chip_count must not be negative")
+        if not 0 < self.mfu <= 1:
+            raise ValueError("mfu is a fraction, in (0, 1]")
 
     def step_time_factor(self, step: int, steps: int) -> float:
         """How much slower than ``step_time_s`` the step is (1 unless the run slows down)."""
@@ -173,11 +179,12 @@ def run_attempt(
             return AttemptResult(checkpointed, hung=True)
         recorder.record_step_start_time(step, clock.now)
         duration = profile.step_time_s * profile.step_time_factor(step, steps) * rng.lognormvariate(0, 0.03)
+        mfu = min(1.0, profile.mfu * profile.step_time_s / duration)
         if step == first_step:
             duration += rng.uniform(30, 60)  # compilation
         clock.advance(duration)
         recorder.record_model_metrics(step, loss=3.0 * 0.999**step + rng.uniform(0, 0.01),
-                                      step_time_s=duration, mfu=0.45, time_=clock.now)
+                                      step_time_s=duration, mfu=round(mfu, 4), time_=clock.now)
         if profile.eval_every and step > first_step and step % profile.eval_every == 0:
             start = clock.now
             recorder.record_custom_badput_event_start_time(start, "EVAL_STEP")
