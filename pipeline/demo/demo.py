@@ -28,7 +28,9 @@ interrupted.
 The output directory is the demo's own: it writes only into a new or empty directory, which it
 marks with a ``.goodput-demo`` file, or into one it marked before, where it replaces its earlier
 outputs (``OUTPUTS``) and nothing else. Any other directory is refused, untouched: a user's
-``report.html`` in the current directory is never a demo output.
+``report.html`` in the current directory is never a demo output. One demo at a time writes in a
+directory: it holds an flock on the marker file (``DirectoryLock``) from before it replaces
+anything until it ends, and a second demo there exits 2 at once, naming the first one's pid.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import importlib.util
 import json
 import os
@@ -76,9 +79,11 @@ MONITORING_MIN_INTERVAL_S = 5.0
 
 JAX_RUN = "jax-mlp-cpu"
 
-#: The file that marks a directory as one the demo made, and its first line.
+#: The file that marks a directory as one the demo made, and its first line; the demo writing
+#: there holds an flock on it and writes its pid on its second line.
 MARKER = ".goodput-demo"
 MARKER_TEXT = b"goodput demo output directory"
+MARKER_LINE = MARKER_TEXT + b": the goodput demo writes here and replaces its own outputs on each run\n"
 #: What the demo writes in its directory; a new run replaces these (and ``spool/``), nothing else.
 OUTPUTS = ("goodput.duckdb", "goodput.duckdb.wal", "batch.duckdb", "batch.duckdb.wal", "events.jsonl",
            "report.html", "stream.log", "batch.log", "jax_train.log")
@@ -391,10 +396,79 @@ def _marked(directory: Path) -> bool:
         return False
 
 
-def prepare_output_dir(path: Path) -> Path:
+class DirectoryLock:
+    """What keeps two demos from writing in one directory: an flock on its marker file, held
+    while a demo writes there and released by the kernel when the process ends, however it ends.
+    The holder writes its pid on the marker's second line, for the message of a demo refused."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._kept = 0  # the marker's bytes before the holder's line
+
+    def __enter__(self) -> DirectoryLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self, directory: Path, create: bool) -> None:
+        """Takes the lock on ``directory``'s marker, which is made (with its first line) when
+        ``create``; a ``UsageError`` when another demo holds it."""
+        from pipeline.app.checks import UsageError
+
+        marker = directory / MARKER
+        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            try:
+                fd = os.open(marker, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
+                made = create
+            except FileExistsError:  # another demo made it since the directory was found empty
+                fd, made = os.open(marker, flags), False
+        except OSError as error:
+            raise UsageError(f"cannot lock --output-dir={directory}: {error.strerror} ({MARKER})") from None
+        try:
+            # Blocking only on a marker it made: another process holds that one for a moment at most.
+            fcntl.flock(fd, fcntl.LOCK_EX if made else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder(fd)
+            os.close(fd)
+            raise UsageError(f"another demo is writing {directory}{f' (pid {holder})' if holder else ''}: "
+                             "wait for it to end, or name another --output-dir") from None
+        if made:
+            os.write(fd, MARKER_LINE)
+        first = os.pread(fd, len(MARKER_LINE) + 4096, 0).split(b"\n", 1)[0]
+        if not first.startswith(MARKER_TEXT):  # its maker was between making it and locking it
+            os.close(fd)
+            raise UsageError(f"another demo is writing {directory}: wait for it to end, or name another "
+                             "--output-dir")
+        self._fd, self._kept = fd, len(first) + 1
+        os.ftruncate(fd, self._kept)
+        os.pwrite(fd, f"pid {os.getpid()} writes here now\n".encode(), self._kept)
+
+    @staticmethod
+    def _holder(fd: int) -> int | None:
+        for line in os.pread(fd, 4096, 0).splitlines()[1:]:
+            words = line.split()
+            if len(words) > 1 and words[0] == b"pid" and words[1].isdigit():
+                return int(words[1])
+        return None
+
+    def release(self) -> None:
+        """Takes the holder's line off the marker and unlocks it; idempotent."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, self._kept)
+        os.close(fd)
+
+
+def prepare_output_dir(path: Path, lock: DirectoryLock | None = None) -> Path:
     """The demo's output directory, ready to write: ``path`` made and marked when it is new or
     empty, or cleared of the demo's earlier outputs when the demo made it. Anything else is a
-    ``UsageError``, and nothing in ``path`` is touched."""
+    ``UsageError``, and nothing in ``path`` is touched. ``lock`` is taken on it before anything
+    is replaced, and held on return (without one, a lock is held while it prepares): a directory
+    another demo writes in is a ``UsageError`` too."""
     from pipeline.app.checks import UsageError
 
     option = f"--output-dir={path}"
@@ -414,6 +488,8 @@ def prepare_output_dir(path: Path) -> Path:
                          "remove it first)")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write in {option}: permission denied")
+    held = lock or DirectoryLock()
+    held.acquire(directory, create=not marked)
     try:
         if marked:
             for name in OUTPUTS:
@@ -423,12 +499,13 @@ def prepare_output_dir(path: Path) -> Path:
                 spool.unlink()
             elif spool.is_dir():
                 shutil.rmtree(spool)
-        else:
-            (directory / MARKER).write_bytes(MARKER_TEXT + b": the goodput demo writes here and replaces "
-                                             b"its own outputs on each run\n")
     except OSError as error:
+        held.release()
         raise UsageError(f"cannot replace the demo's outputs in {option}: {error.strerror} "
                          f"({error.filename})") from None
+    finally:
+        if lock is None:
+            held.release()
     return directory
 
 
@@ -698,14 +775,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.app.checks import UsageError
 
     args = parse_args(argv)
+    lock = DirectoryLock()
     try:
-        directory = prepare_output_dir(args.output_dir)
+        directory = prepare_output_dir(args.output_dir, lock)
     except UsageError as error:
         print(f"goodput demo: {error}", file=sys.stderr)
         return 2
     demo = Demo(args, sys.stdout, directory)
     try:
-        with _terminate_as_interrupt():
+        with lock, _terminate_as_interrupt():
             return demo.run()
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started is stopped", file=sys.stderr)
