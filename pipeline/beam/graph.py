@@ -66,7 +66,7 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
 
     # Each run's snapshots: on timers while streaming (restoring a run the raw events table holds
     # and this pipeline does not, and at the start those the table holds unreported), or one per
-    # run as of one time.
+    # run as of one time (and, with --snapshot_every_s, a series of them before it).
     if streaming:
         events = parsed.events
         tables = restored_from(options)
@@ -79,7 +79,8 @@ def build_pipeline(pipeline: beam.Pipeline, options: GoodputOptions, stopping: S
             fail_work_items=fails_work_items(options))
     else:
         tracked = parsed.events | "TrackRuns" >> TrackRuns(options.as_of, options.windows,
-                                                           tuple(options.exclude or ()), detection)
+                                                           tuple(options.exclude or ()), detection,
+                                                           options.snapshot_every_s)
 
     # Rows out: the snapshots', the inputs' (raw events, run metadata) and the dead letters'.
     raw_events = not options.no_raw_events

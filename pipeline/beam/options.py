@@ -66,6 +66,14 @@ def parse_seconds(text: str) -> float:
     return seconds
 
 
+def parse_cadence(text: str) -> float:
+    """Seconds between a replay's snapshots of a run: a positive number of seconds, at least 1."""
+    seconds = parse_seconds(text)
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, got {text!r}")
+    return seconds
+
+
 def parse_slowdown(text: str) -> float:
     """A slowdown as a fraction above 0, at most 10 (11 times slower)."""
     return _bounded(text, "a slowdown fraction", 0.0, 10.0)
@@ -188,6 +196,14 @@ class GoodputOptions(PipelineOptions):
                                  "runs with events no snapshot counts are restored and reported")
         parser.add_argument("--as_of", type=parse_as_of, default=None, metavar="ISO8601",
                             help="snapshot time (default: the latest event time in the input)")
+        parser.add_argument("--snapshot_every_s", type=parse_cadence, default=None, metavar="S",
+                            help="batch replay: also snapshot each run every S seconds of its own "
+                                 "time (at multiples of S since the epoch, so runs line up), from "
+                                 "its first event to its last (or to --as_of), each with the "
+                                 "figures a replay --as_of that time writes and each anomaly row "
+                                 "once, as the stream writes them: a report of the replay draws "
+                                 "goodput over time. The latest snapshot of each run is the one "
+                                 "written without it (e.g. 300; at least 1)")
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
                             help="streaming: the Pub/Sub subscription to read (with --streaming)")
         parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
@@ -246,7 +262,7 @@ class GoodputOptions(PipelineOptions):
 LOCAL_RUNNERS = frozenset({"DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "FnApiRunner", "PrismRunner"})
 _STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore")
-_BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude")
+_BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude", "snapshot_every_s")
 _NEEDS = {"bigquery_dataset": ("bigquery_endpoint", "bigquery_create_tables"),
           "monitoring_project": ("monitoring_min_interval_s", "monitoring_max_lag_s", "monitoring_latest_now",
                                  "monitoring_location", "monitoring_cluster_name")}

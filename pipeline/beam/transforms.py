@@ -44,6 +44,7 @@ from pipeline.core.rows import (
     engine_failure_letter,
     snapshot_rows,
 )
+from pipeline.core.series import Cadence
 from pipeline.core.snapshot import Snapshot
 from pipeline.sinks.monitoring import MonitoringSettings, Point, point_dead_letter, snapshot_points
 from pipeline.sinks.retries import never
@@ -106,12 +107,15 @@ class ParseEvents(beam.PTransform):
 
 class _SnapshotRun(beam.DoFn):
     """A run's snapshot from all its messages, and the dead letters of conflicting duplicates
-    (the same in any order). An exception in the engine (a bug) makes a dead letter of the
-    message it failed on, or of the snapshot, and never stops the replay."""
+    (the same in any order); with ``every_s``, its snapshots at that cadence before it
+    (``pipeline.core.series``). An exception in the engine (a bug) makes a dead letter of the
+    message it failed on, or of the snapshot (of the series: its remaining snapshots), and never
+    stops the replay."""
 
     def __init__(self, windows_s: tuple[int, ...], exclusions: tuple[tuple[int, int], ...],
-                 detection: DetectionSettings | None) -> None:
+                 detection: DetectionSettings | None, every_s: float | None = None) -> None:
         self.windows_s, self.exclusions, self.detection = windows_s, exclusions, detection
+        self.every_s = every_s
 
     def process(self, element: tuple[str, Iterable[Batch]], as_of_us: int | None) -> Iterator[Any]:
         run_id, batches = element
@@ -137,16 +141,29 @@ class _SnapshotRun(beam.DoFn):
         except Exception as error:  # noqa: BLE001 -- see the class docstring
             yield engine_failure(run_id, error)
             return
-        if snapshot is not None:
-            yield snapshot
+        if snapshot is None:
+            return
+        if self.every_s is not None:
+            del state  # the series builds its own, in time order
+            cadence = Cadence(run_id, self.every_s, self.windows_s, self.exclusions, self.detection)
+            try:
+                yield from cadence.snapshots(added, as_of_us, snapshot.missing_events)
+            except Exception as error:  # noqa: BLE001 -- see the class docstring
+                yield engine_failure(run_id, error)
+            snapshot = cadence.fresh(snapshot)
+        yield snapshot
 
 
 class TrackRuns(beam.PTransform):
-    """Assembles each run from its events and emits its ``Snapshot`` as of one time.
+    """Assembles each run from its events and emits its ``Snapshot`` as of one time, and with
+    ``every_s`` a time series before it.
 
     ``as_of_us`` None means the latest event time in the input; ``exclusions`` are intervals
     left out of every run's elapsed time and buckets; ``detection`` says what anomalies are
-    looked for (every one found up to ``as_of_us`` is in the snapshot). Deduplication and
+    looked for (every one found up to ``as_of_us`` is in the snapshots, each once). ``every_s``
+    adds a snapshot of each run at every multiple of it (seconds since the epoch) after its first
+    event, up to its last one and before ``as_of_us``, each with the figures a replay as of its
+    time has (``pipeline.core.series``). Deduplication and
     reordering are the engine's: duplicates and order never change a number. The
     ``dead_letter`` output holds what the engine failed on, and the copies of conflicting
     duplicates it did not keep.
@@ -154,12 +171,13 @@ class TrackRuns(beam.PTransform):
 
     def __init__(self, as_of_us: int | None, windows_s: tuple[int, ...],
                  exclusions: tuple[tuple[int, int], ...] = (),
-                 detection: DetectionSettings | None = None) -> None:
+                 detection: DetectionSettings | None = None, every_s: float | None = None) -> None:
         super().__init__()
         self.as_of_us = as_of_us
         self.windows_s = windows_s
         self.exclusions = exclusions
         self.detection = detection
+        self.every_s = every_s
 
     def expand(self, keyed_batches: PCollection) -> Any:
         if self.as_of_us is not None:
@@ -170,7 +188,8 @@ class TrackRuns(beam.PTransform):
                      | "AsOf" >> beam.CombineGlobally(max).without_defaults())
         return (keyed_batches
                 | "ByRun" >> beam.GroupByKey()
-                | "Snapshot" >> beam.ParDo(_SnapshotRun(self.windows_s, self.exclusions, self.detection),
+                | "Snapshot" >> beam.ParDo(_SnapshotRun(self.windows_s, self.exclusions, self.detection,
+                                                        self.every_s),
                                            AsSingleton(as_of, default_value=None)).with_outputs(
                     DEAD_LETTER_TAG, main="snapshots"))
 
