@@ -78,8 +78,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         required = "the following arguments are required: "
-        if message.startswith(required):  # each named as it is given: --duckdb FILE is required
-            names = [self._usage_name(name) for name in message[len(required):].split(", ")]
+        missing = message[len(required):].split(", ") if message.startswith(required) else []
+        if missing and all(name.startswith("-") for name in missing):  # --duckdb FILE is required
+            names = [self._usage_name(name) for name in missing]
             message = f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required"
         one_of = re.fullmatch(r"one of the arguments (.+) is required", message)
         if one_of:

@@ -213,8 +213,8 @@ def _sql(args: argparse.Namespace, out: TextIO) -> int:
                     raise UsageError(f"one query at a time, got {len(statements)} statements")
                 kind = statements[0].type.name
                 if kind not in _READING:
-                    raise UsageError(f"only a query that reads (SELECT, WITH ..., EXPLAIN) is run here, "
-                                     f"not {kind}: the file is opened read-only")
+                    raise UsageError(f"{kind} is not run here: only one query that reads (a select, "
+                                     "with ..., explain), the file being opened read-only")
                 cursor = connection.execute(text)
                 columns = [column[0] for column in cursor.description or ()]
                 rows = cursor.fetchall()

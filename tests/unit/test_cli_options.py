@@ -62,7 +62,7 @@ def test_a_missing_option_is_named_with_its_value(capsys):
     (["query", "badput_ranking", "--duck", "x"], "goodput query: unknown option --duck: did you mean "
                                                  "--duckdb? (see goodput query --help)"),
     (["sql", "SELECT 1"], "goodput sql: --duckdb FILE is required: the DuckDB file to query"),
-    (["sql"], "goodput sql: query is required (see goodput sql --help)"),
+    (["sql"], "goodput sql: the following arguments are required: query (see goodput sql --help)"),
     (["import", "capacity", "--csv", "c.csv", "--duckdb", "x.duckdb", "--bigquery-datase", "p:d"],
      "goodput import capacity: unknown option --bigquery-datase: did you mean --bigquery_dataset? "
      "(see goodput import capacity --help)"),

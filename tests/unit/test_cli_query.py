@@ -162,8 +162,8 @@ def test_sql_takes_bigquerys_dialect(fleet, capsys):
 
 
 @pytest.mark.parametrize(("query", "error"), [
-    ("CREATE TABLE x AS SELECT 1", "only a query that reads (SELECT, WITH ..., EXPLAIN) is run here, "
-                                   "not CREATE: the file is opened read-only"),
+    ("CREATE TABLE x AS SELECT 1", "CREATE is not run here: only one query that reads (a select, "
+                                   "with ..., explain), the file being opened read-only"),
     ("SELECT 1; DROP TABLE events", "one query at a time, got 2 statements"),
     ("SELECT * FROM read_csv('/etc/hostname')", "Permission Error: Cannot access file"),
     ("SELEC 1", 'Parser Error: syntax error at or near "SELEC"'),
