@@ -579,6 +579,21 @@ def busy(result: Any) -> list[str]:
     return sorted({e._applied_ptransform.full_label for e in scheduled})
 
 
+def keys_held(result: Any, label: str) -> int | None:
+    """How many keys hold state in the step of ``result``'s pipeline labelled ``label`` (the
+    tracker's: the runs it holds), or in the steps the runner made of it (a stateful ParDo runs
+    as ``LABEL/ParDo(...)``); None where no step has it. With the timer index a key whose state
+    holds nothing is dropped, so this counts the runs held now; without it, every run the stream
+    has seen. It reads the runner's private structures, as ``drained`` does."""
+    context = result._executor._executor.evaluation_context
+    held = None
+    for transform, marks in list(context._watermark_manager._transform_to_watermarks.items()):
+        if transform.full_label == label or transform.full_label.startswith(label + "/"):
+            with marks._lock:
+                held = max(held or 0, len(marks._keyed_states))
+    return held
+
+
 def failure(result: Any) -> BaseException | None:
     """The exception that stopped the DirectRunner pipeline of ``result``, if the runner has
     reported one since the last call; None otherwise. It takes the report from the runner's

@@ -22,6 +22,8 @@ Streaming, from a Pub/Sub subscription (locally: ``PUBSUB_EMULATOR_HOST`` set)::
         --subscription=projects/P/subscriptions/S --duckdb=goodput.duckdb [--snapshot_interval_s=30]
 
 On Dataflow: ``--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp``.
+A local stream prints a status line every ``STATUS_INTERVAL_S`` on stderr (``status_line``).
+Every option may be written with hyphens as well (``--snapshot-interval-s``), none abbreviated.
 SIGINT or SIGTERM stops the stream cleanly: within one snapshot interval, every message read
 is in a snapshot; a second signal stops it at once. The stop prints its bound and keeps it, a
 sink that does not answer included (README.md, "Stopping").
@@ -54,6 +56,13 @@ DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be wri
 DRAIN_MAX_S = 60.0  # more of it, on a machine too busy (or a sink too slow) to write it within the grace
 DRAIN_POLL_S = 0.05  # how often a stop looks whether it is done
 CANCEL_WAIT_S = 1.0  # for the bundle under way when the pipeline is cancelled, within DRAIN_MAX_S
+#: How often a local stream says on stderr what it has done so far (``status_line``).
+STATUS_INTERVAL_S = 30.0
+#: The tracker's step, whose keys are the runs held (``pipeline.beam.graph``).
+TRACKER_STEP = "TrackRuns/TrackRun"
+#: The counters of rows that went to the dead_letter table, of every step that makes them.
+DEAD_LETTER_COUNTERS = ("rejected", "engine_failures", "bigquery_rows_dead_lettered",
+                        "monitoring_points_refused")
 
 
 def run_streaming(options: GoodputOptions) -> int:
@@ -100,8 +109,14 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
 
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
-    while not stop.wait(1.0) and not failed():
-        pass
+    interval_s = STATUS_INTERVAL_S  # read here, so that a test can set it small
+    status_due = time.monotonic() + interval_s
+    while not stop.wait(min(1.0, interval_s)) and not failed():
+        if time.monotonic() >= status_due:
+            status_due = time.monotonic() + interval_s
+            line = status_line(result)
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
     if not failed():
         # The DirectRunner cannot drain (see pipeline.beam.live): report each new message at once,
         # read on until the interval snapshots pending for the others are due, then read no
@@ -138,6 +153,27 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
         os._exit(0)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def status_line(result: Any) -> str | None:
+    """What the local stream of ``result`` has done so far, in a line: the messages read, the
+    runs it holds, the snapshots made and the rows sent to the dead_letter table (the pipeline's
+    counters, ``goodput`` namespace). None if the runner could not say just now (it was adding a
+    counter meanwhile)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace("goodput"))["counters"]
+        runs = direct_runner.keys_held(result, TRACKER_STEP)
+    except RuntimeError:  # a dict of the runner's changed size while it was read: next time
+        return None
+    counts: dict[str, int] = {}
+    for counter in found:
+        counts[counter.key.metric.name] = counts.get(counter.key.metric.name, 0) + (counter.committed or 0)
+    held = "" if runs is None else f", {runs} runs held"
+    return (f"status: {counts.get('messages', 0)} messages read ({counts.get('events', 0)} events)"
+            f"{held}, {counts.get('snapshots', 0)} snapshots, "
+            f"{sum(counts.get(name, 0) for name in DEAD_LETTER_COUNTERS)} dead letters")
 
 
 def _wait_until(time_s: float, force: threading.Event, failed: Callable[[], bool],
