@@ -240,7 +240,10 @@ def run(argv: Sequence[str] | None = None, prog: str = "python -m pipeline") -> 
     before anything is read or written (``prog`` is the command's name in it)."""
     argv = _respelled(list(sys.argv[1:] if argv is None else argv))
     if "-h" in argv or "--help" in argv:
+        from pipeline.app.spelling import SPELLING_HELP
+
         help_parser(prog).print_help()
+        print(f"\n{SPELLING_HELP}")
         return 0
     try:
         options = parse_command_line(argv)
