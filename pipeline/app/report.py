@@ -7,10 +7,12 @@ run that needs attention now (the saved query ``stalled_or_regressed``, never cu
 fleet's chip-weighted goodput over time by run group and accelerator type, the costliest runs'
 own pages (``pipeline.app.run_page``), goodput over time per run (cumulative and rolling windows),
 the badput breakdown per run and for the fleet (each bucket in its fixed colour; hung time, from
-the hang anomalies, apart from OTHER), each run's ML Productivity Goodput and its factors, the
+the hang anomalies, apart from OTHER), each run's ML Productivity Goodput and its factors (a run
+lacking a factor other runs have is shown apart, the factor "missing" and its MPG an upper bound), the
 fleet's goodput over the capacity paid for (where ``goodput import capacity`` filled the
 ``capacity`` table), disruptions on a timeline, step-time deviation, the anomalies the pipeline
-found (slowdowns, hangs and stragglers, ``pipeline.core.detect``) on a timeline, the runs of each
+found (slowdowns, hangs and stragglers, ``pipeline.core.detect``) on a timeline (what one still
+going on has lost so far, "≥", up to its run's latest snapshot for a hang), the runs of each
 run group side by side (the user configs that differ between them, their metrics' last values,
 and each metric over steps), the alerts the Terraform policies would have fired
 (``pipeline.app.alerts``), and the result of every saved fleet query (``goodput_schemas/sql/``).
@@ -22,7 +24,8 @@ an inline script; the file loads nothing from the network::
 
 Every section is an element with a stable id (``summary`` with its tables ``top-runs`` and
 ``attention``, ``fleet-trend``, ``worst-runs`` with ``run-page-1``…, ``goodput``, ``badput``,
-``productivity`` with its tables ``productivity-runs`` and ``capacity-goodput``, ``disruptions``,
+``productivity`` with its tables ``productivity-runs``, ``productivity-missing`` and
+``capacity-goodput``, ``disruptions``,
 ``step-deviation``, ``anomalies``, ``run-groups``, ``alerts``, ``fleet-queries``,
 ``group-NAME`` for each run group compared and ``query-NAME`` for each saved query), as are the
 summary's figures (``run-count``,
@@ -208,13 +211,8 @@ class _Fleet:
         hung: dict[str, float] = {}
         latest = self.latest()
         for row in self.anomalies or ():
-            if row["kind"] != HANG_KIND:
-                continue
-            seconds = row["lost_s"] or 0.0
-            if row["ended_at"] is None and row["run_id"] in latest:
-                so_far = (latest[row["run_id"]]["snapshot_time"] - row["started_at"]).total_seconds()
-                seconds = max(seconds, so_far - (row["baseline_step_s"] or 0.0))
-            hung[row["run_id"]] = hung.get(row["run_id"], 0.0) + seconds
+            if row["kind"] == HANG_KIND:
+                hung[row["run_id"]] = hung.get(row["run_id"], 0.0) + anomaly_lost_s(row, latest)[0]
         return hung
 
     @functools.cached_property
@@ -233,6 +231,27 @@ class _Fleet:
                 own[HANG] = hang
                 own[OTHER] -= hang
         return seconds
+
+
+def anomaly_lost_s(row: dict[str, Any], latest: dict[str, dict[str, Any]]) -> tuple[float, bool]:
+    """What an anomaly (``row``: its latest state) has lost, and whether that is only a lower bound
+    because it goes on. An ongoing hang's is its time with no step up to its run's latest snapshot
+    (``latest``: each run's latest cumulative row), not only up to when it was found; an ongoing
+    slowdown's or straggler's, what its last state measured."""
+    seconds: float = row["lost_s"] or 0.0
+    if row["ended_at"] is not None:
+        return seconds, False
+    run = latest.get(row["run_id"])
+    if row["kind"] == HANG_KIND and run is not None:
+        so_far = (run["snapshot_time"] - row["started_at"]).total_seconds()
+        seconds = max(seconds, so_far - (row["baseline_step_s"] or 0.0))
+    return seconds, True
+
+
+def lost_cell(row: dict[str, Any], latest: dict[str, dict[str, Any]]) -> float | Cell:
+    """An anomaly's lost seconds as a table cell: "≥ X" while it goes on (``anomaly_lost_s``)."""
+    seconds, so_far = anomaly_lost_s(row, latest)
+    return Cell(f"≥ {_fmt(seconds)}", seconds) if so_far else seconds
 
 
 def lost_s(row: dict[str, Any]) -> float:
@@ -461,6 +480,23 @@ def _label(run_id: str) -> str:
     return "\u200b" + text if text.startswith("_") else text
 
 
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """A table cell shown as ``text`` and sorted by ``value``; a ``value`` of None sorts last
+    whichever way the table is sorted, as an empty cell does."""
+
+    text: str
+    value: float | None
+
+
+def _cell(value: object, numeric: bool) -> str:
+    css = " class=num" if numeric else ""
+    if isinstance(value, Cell):
+        key = "none" if value.value is None else f"{value.value:.6f}"
+        return f'<td{css} data-v="{key}">{_esc(value.text)}</td>'
+    return f"<td{css}>{_esc(_fmt(value))}</td>"
+
+
 def _table(columns: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] | None = None,
            limit: int | None = MAX_TABLE_ROWS, fleet: _Fleet | None = None,
            run_column: int | None = None) -> str:
@@ -468,14 +504,13 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[object]], numeric: Se
     all) and a note of the rest: how many, and (with ``fleet`` and the ``run_column`` of each row's
     run) what their runs lose. A caller that cuts puts the rows of the costliest runs first."""
     if numeric is None:
-        numeric = [all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows
+        numeric = [all(isinstance(row[i], int | float | Cell) and not isinstance(row[i], bool) for row in rows
                        if row[i] is not None) and any(row[i] is not None for row in rows)
                    for i in range(len(columns))]
     shown = rows if limit is None else rows[:limit]
     head = "".join(f'<th{" class=num" if num else ""}>{_esc(c)}</th>' for c, num in zip(columns, numeric,
                                                                                         strict=True))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if num else ""}>{_esc(_fmt(v))}</td>'
-                                    for v, num in zip(row, numeric, strict=True)) + "</tr>"
+    body = "".join("<tr>" + "".join(_cell(v, num) for v, num in zip(row, numeric, strict=True)) + "</tr>"
                    for row in shown)
     more = ""
     if len(rows) > len(shown):
@@ -848,6 +883,12 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.2f} %"
 
 
+#: MPG's factors, as run_productivity names them (``{factor}_goodput``).
+MPG_FACTORS = ("scheduling", "runtime", "program")
+_MISSING = Cell("missing", None)  # a factor the run lacks and others have
+_UNMEASURED = Cell("n/a", None)  # a factor no run of the file has
+
+
 def _productivity_section(plots: _Plots, fleet: _Fleet) -> str:
     runs = _saved(fleet, "run_productivity")
     if runs is None:
@@ -855,19 +896,52 @@ def _productivity_section(plots: _Plots, fleet: _Fleet) -> str:
                      "JobSet metrics and accelerator peaks were kept (run_productivity cannot run on it).")
     parts = ['<p class="note">ML Productivity Goodput (MPG) = scheduling goodput (GKE: all the JobSet\'s '
              "pods ready) × runtime goodput (the run's own cumulative goodput) × program goodput (its mean "
-             "MFU, else its mean TFLOPS over its chips' peak): the product of the factors known, — where "
-             "one is unknown. The runs losing the most chip-hours first.</p>"]
-    if runs:
-        runs = sorted(runs, key=lambda row: (fleet.rank_of(row["run_id"]), row["run_id"]))
-        rows = [(row["run_id"], _fmt(row["accelerator_type"]), _fmt(row["chip_count"] or None),
-                 *(_share(row[f"{factor}_goodput"]) for factor in ("scheduling", "runtime", "program")),
-                 _fmt(row["program_from"]), _share(row["ml_productivity_goodput"])) for row in runs]
-        parts.append('<div id="productivity-runs">' + _table(
-            ("run", "accelerator", "chips", "scheduling", "runtime", "program", "program from", "MPG"), rows,
-            numeric=[False, False, True, True, True, True, False, True], fleet=fleet,
-            run_column=0) + "</div>")
-    else:
+             "MFU, else its mean TFLOPS over its chips' peak). The runs losing the most chip-hours "
+             "first.</p>"]
+    if not runs:
         parts.append(_note("No runs in this file yet."))
+        return "".join(parts) + _capacity_part(plots, _saved(fleet, "capacity_goodput"))
+    measured = [factor for factor in MPG_FACTORS if any(row[f"{factor}_goodput"] is not None for row in runs)]
+    unmeasured = [factor for factor in MPG_FACTORS if factor not in measured]
+    if unmeasured:
+        how = {"scheduling": "GKE's JobSet metrics: goodput import gke-metrics",
+               "program": "an MFU or TFLOPS metric: record_model_metrics",
+               "runtime": "a cumulative snapshot"}
+        parts.append('<p class="note">No run in this file has a '
+                     + " or ".join(f"{factor} goodput ({how[factor]})" for factor in unmeasured)
+                     + f" (n/a below): MPG here is {' × '.join(measured) or 'unknown'}, the "
+                     + ("factor" if len(measured) == 1 else "factors") + " measured in this file.</p>")
+    runs = sorted(runs, key=lambda row: (fleet.rank_of(row["run_id"]), row["run_id"]))
+    complete = [row for row in runs if all(row[f"{factor}_goodput"] is not None for factor in measured)]
+    incomplete = [row for row in runs if row not in complete]
+
+    def cells(row: dict[str, Any], mpg: object) -> tuple[object, ...]:
+        return (row["run_id"], _fmt(row["accelerator_type"]), _fmt(row["chip_count"] or None),
+                *(_share(row[f"{factor}_goodput"]) if row[f"{factor}_goodput"] is not None
+                  else _MISSING if factor in measured else _UNMEASURED for factor in MPG_FACTORS),
+                _fmt(row["program_from"]), mpg)
+
+    columns = ("run", "accelerator", "chips", "scheduling", "runtime", "program", "program from", "MPG")
+    numeric = [False, False, True, True, True, True, False, True]
+    if complete:
+        parts.append('<div id="productivity-runs">' + _table(
+            columns, [cells(row, _share(row["ml_productivity_goodput"])) for row in complete],
+            numeric=numeric, fleet=fleet, run_column=0) + "</div>")
+    else:
+        parts.append(_note(f"No run has every factor measured in this file ({', '.join(measured)})."))
+    if incomplete:
+        parts.append('<h3>Runs missing a factor</h3><p class="note">These runs lack a factor that other runs '
+                     "here have, so their MPG is not comparable with the runs above: what is shown is the "
+                     "product of the factors they have, an upper bound (≤; a missing factor is at most 1), "
+                     "ranked apart from theirs.</p>")
+
+        def bound(row: dict[str, Any]) -> Cell:
+            mpg = row["ml_productivity_goodput"]
+            return _MISSING if mpg is None else Cell(f"≤ {_share(mpg)}", mpg)
+
+        parts.append('<div id="productivity-missing">' + _table(
+            columns, [cells(row, bound(row)) for row in incomplete], numeric=numeric, fleet=fleet,
+            run_column=0) + "</div>")
     return "".join(parts) + _capacity_part(plots, _saved(fleet, "capacity_goodput"))
 
 
@@ -1071,18 +1145,19 @@ def _anomalies_section(plots: _Plots, fleet: _Fleet) -> str:
                      f"chip-hours, {_esc(fleet.left_out(runs[len(shown):]))}, in the table.</p>")
     parts.append('<p class="note">The latest state of each anomaly, ongoing ones first, then those that '
                  "lost the most chip-hours: the time its steps took beyond the run's baseline step time (a "
-                 "hang: the time with no step), up to its end, or up to when it was found if it goes on, "
-                 "times the run's chips.</p>")
+                 "hang: the time with no step), up to its end. An ongoing one has lost at least what is "
+                 "shown (≥): a hang up to its run's latest snapshot, a slowdown or straggler up to its last "
+                 "measure.</p>")
 
-    def chips(run: str) -> int:
-        return int(latest[run]["chip_count"] or 0) if run in latest else 0
+    def lost_chip_s_of(row: dict[str, Any]) -> float:
+        run = latest.get(row["run_id"])
+        return anomaly_lost_s(row, latest)[0] * max(1, int(run["chip_count"] or 0) if run else 0)
 
-    ordered = sorted(anomalies, key=lambda row: (row["ended_at"] is not None,
-                                                 -row["lost_s"] * max(1, chips(row["run_id"])),
+    ordered = sorted(anomalies, key=lambda row: (row["ended_at"] is not None, -lost_chip_s_of(row),
                                                  row["started_at"], row["run_id"]))
     table_rows = [(row["run_id"], row["kind"], row["host"], row["started_at"], row["detected_at"],
                    "ongoing" if row["ended_at"] is None else row["ended_at"], row["baseline_step_s"],
-                   row["observed_step_s"], row["lost_s"]) for row in ordered]
+                   row["observed_step_s"], lost_cell(row, latest)) for row in ordered]
     parts.append(_table(("run", "kind", "host", "started (UTC)", "detected (UTC)", "ended (UTC)",
                          "baseline step s", "observed step s", "lost s"), table_rows, fleet=fleet,
                         run_column=0))
@@ -1490,6 +1565,7 @@ _SCRIPT = """
 (function () {
   function key(cell) {
     if (!cell) return "";
+    if (cell.dataset.v === "none") return null;
     if (cell.dataset.v !== undefined && cell.dataset.v !== "") return parseFloat(cell.dataset.v);
     var text = cell.textContent.trim();
     if (text === "" || text === "\u2014") return null;

@@ -294,13 +294,13 @@ def _lanes(page: RunPage, events: list[dict[str, Any]],
     latest = page.fleet.latest()
     found: dict[str, list[Span]] = {}
     for row in page.fleet.anomalies or ():
-        ongoing = row["ended_at"] is None
+        lost, ongoing = fleet_report.anomaly_lost_s(row, latest)
         where = f" on {row['host']}" if row["host"] else ""
         found.setdefault(row["kind"], []).append(Span(
             row["kind"], row["started_at"], fleet_report._anomaly_end(row, latest),
             f"{row['kind']}{where}: {'ongoing, ' if ongoing else ''}lost {'≥ ' if ongoing else ''}"
-            f"{_duration(row['lost_s'])}; steps of {_fmt(row['observed_step_s'])} s against "
-            f"{_fmt(row['baseline_step_s'])} s"))
+            f"{_duration(lost)}{' so far' if ongoing else ''}; steps of {_fmt(row['observed_step_s'])} s "
+            f"against {_fmt(row['baseline_step_s'])} s"))
     for kind in sorted(found, key=lambda kind: (kind != HANG_KIND, kind)):
         lanes.append((f"{kind}s", f"the {kind}s found", found[kind]))
     return lanes
@@ -541,6 +541,7 @@ def run_section(page: RunPage) -> str:
              "observed step s", "lost s"),
             [(row["kind"], row["host"], row["started_at"], row["detected_at"],
               "ongoing" if row["ended_at"] is None else row["ended_at"], row["baseline_step_s"],
-              row["observed_step_s"], row["lost_s"]) for row in page.fleet.anomalies], limit=None))
+              row["observed_step_s"], fleet_report.lost_cell(row, page.fleet.latest()))
+             for row in page.fleet.anomalies], limit=None))
     return "".join(parts)
 
