@@ -12,11 +12,12 @@ What it starts, and stops when it ends (on success, on an error and on Ctrl-C al
 * a fleet of simulated training jobs (``pipeline.demo.fleet``), one thread each, publishing
   through the real emitter in real time: their simulated clocks run ``SPEED`` times faster than
   the wall clock, so hours of a fleet pass in a minute or two. Different accelerators and chip
-  counts; crashes and restarts that lose progress, one that restarts from step 0; checkpoints;
-  evals (custom badput); one run slows down; one hangs (it stops stepping but does not end: its
-  rolling goodput falls to zero, a stall);
+  counts, each its own MFU; crashes and restarts that lose progress, one that restarts from step
+  0; checkpoints; evals (custom badput); one run slows down; one hangs (it stops stepping but does
+  not end: its rolling goodput falls to zero, a stall) until the demo stops;
 * when JAX is installed (``pip install 'jax[cpu]'``), ``pipeline.demo.jax_train``: a real, small
-  JAX training job, as a subprocess.
+  JAX training job, as a subprocess, dating its events on the fleet's clock too (its measured
+  durations ``SPEED`` times as long), so that every run's elapsed time is a part of the fleet's.
 
 Meanwhile it shows the fleet's live goodput, read from the DuckDB file. Then it stops the stream
 (SIGINT: the pipeline reports what it has read and stops), replays the saved messages in batch
@@ -363,7 +364,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=Path("demo-output"),
                         help="where the outputs go: a new or empty directory, or one an earlier demo "
                              "made, whose demo outputs are replaced (other files there are kept); any "
-                             "other directory is refused, untouched (default: %(default)s)")
+                             "other directory, and one another demo is writing in, is refused, untouched "
+                             "(default: %(default)s)")
     parser.add_argument("--runs", type=int, default=len(FLEET),
                         help=f"simulated runs (default: %(default)s; beyond {len(FLEET)} the fleet repeats "
                              "under new names)")
