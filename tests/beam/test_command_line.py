@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline.beam.launcher import run
+from pipeline.beam.launcher import _respelled, run
 from pipeline.beam.options import UsageError, parse_command_line
 from pipeline.core.detect import DetectionSettings
 from support.beam import SNAPSHOT_TABLES, table
@@ -231,3 +231,10 @@ def test_the_pipeline_options_take_detection_settings_and_refuse_nonsense():
                 "--straggler_min_s=0", "--host_bucket_s=1.5", "--host_settle_s=-1", "--host_bucket_s=86401"):
         with pytest.raises(UsageError, match=bad.split("=")[0]):
             parse_command_line([*events, bad])
+
+
+def test_the_pipeline_takes_its_options_and_beams_with_hyphens():
+    """python -m pipeline respells --from-duckdb and Beam's --temp-location as declared."""
+    given = ["--from-duckdb=a.duckdb", "--temp-location", "gs://b/t", "--snapshot-interval-s=5"]
+    assert _respelled(given) == ["--from_duckdb=a.duckdb", "--temp_location", "gs://b/t",
+                                 "--snapshot_interval_s=5"]

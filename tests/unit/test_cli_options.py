@@ -11,7 +11,6 @@ import pytest
 from pipeline.app.checks import OneLineParser
 from pipeline.app.cli import main
 from pipeline.app.spelling import respell
-from pipeline.beam.launcher import _respelled
 
 
 def test_respell_spells_each_long_option_as_declared():
@@ -102,13 +101,6 @@ def test_replay_of_a_duckdb_file_as_events_names_the_option_to_use(tmp_path: Pat
     assert main(["replay", f"--events={database}", f"--duckdb={tmp_path / 'out.duckdb'}"]) == 2
     assert capsys.readouterr().err == (f"goodput replay: --events={database} is a DuckDB file: replay its "
                                        f"raw events table with --from_duckdb={database}\n")
-
-
-def test_the_pipeline_takes_its_options_and_beams_with_hyphens():
-    """python -m pipeline respells --from-duckdb and Beam's --temp-location as declared."""
-    given = ["--from-duckdb=a.duckdb", "--temp-location", "gs://b/t", "--snapshot-interval-s=5"]
-    assert _respelled(given) == ["--from_duckdb=a.duckdb", "--temp_location", "gs://b/t",
-                                 "--snapshot_interval_s=5"]
 
 
 def test_the_demo_takes_its_hyphenated_options_with_underscores(capsys):
