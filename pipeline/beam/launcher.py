@@ -22,7 +22,7 @@ Streaming, from a Pub/Sub subscription (locally: ``PUBSUB_EMULATOR_HOST`` set)::
         --subscription=projects/P/subscriptions/S --duckdb=goodput.duckdb [--snapshot_interval_s=30]
 
 On Dataflow: ``--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp``.
-A local stream prints a status line every ``STATUS_INTERVAL_S`` on stderr (``status_line``).
+A local stream prints a status line every ``--status_interval_s`` on stderr (``status_line``).
 Every option may be written with hyphens as well (``--snapshot-interval-s``), none abbreviated.
 SIGINT or SIGTERM stops the stream cleanly: within one snapshot interval, every message read
 is in a snapshot; a second signal stops it at once. The stop prints its bound and keeps it, a
@@ -56,8 +56,6 @@ DRAIN_GRACE_S = 2.0  # after the reading stops: time for what was read to be wri
 DRAIN_MAX_S = 60.0  # more of it, on a machine too busy (or a sink too slow) to write it within the grace
 DRAIN_POLL_S = 0.05  # how often a stop looks whether it is done
 CANCEL_WAIT_S = 1.0  # for the bundle under way when the pipeline is cancelled, within DRAIN_MAX_S
-#: How often a local stream says on stderr what it has done so far (``status_line``).
-STATUS_INTERVAL_S = 30.0
 #: The tracker's step, whose keys are the runs held (``pipeline.beam.graph``).
 TRACKER_STEP = "TrackRuns/TrackRun"
 #: The counters of rows that went to the dead_letter table, of every step that makes them.
@@ -109,10 +107,10 @@ def _stream(options: GoodputOptions, stop: threading.Event, force: threading.Eve
 
     print(f"streaming from {goodput.subscription}; SIGINT or SIGTERM stops", file=sys.stderr,
           flush=True)
-    interval_s = STATUS_INTERVAL_S  # read here, so that a test can set it small
+    interval_s = goodput.status_interval_s
     status_due = time.monotonic() + interval_s
-    while not stop.wait(min(1.0, interval_s)) and not failed():
-        if time.monotonic() >= status_due:
+    while not stop.wait(min(1.0, interval_s or 1.0)) and not failed():
+        if interval_s and time.monotonic() >= status_due:
             status_due = time.monotonic() + interval_s
             line = status_line(result)
             if line is not None:

@@ -53,6 +53,16 @@ def parse_windows(text: str) -> tuple[int, ...]:
     return windows
 
 
+def parse_status_interval(text: str) -> float:
+    """Seconds between status lines: 0 (never), or a number of seconds ``parse_seconds`` takes."""
+    try:
+        if float(text) == 0:
+            return 0.0
+    except ValueError:
+        pass
+    return parse_seconds(text)
+
+
 def parse_seconds(text: str) -> float:
     """A positive, finite number of seconds, at most the span of times events may have."""
     try:
@@ -206,6 +216,10 @@ class GoodputOptions(PipelineOptions):
                                  "written without it (e.g. 300; at least 1)")
         parser.add_argument("--subscription", default=None, metavar="projects/P/subscriptions/S",
                             help="streaming: the Pub/Sub subscription to read (with --streaming)")
+        parser.add_argument("--status_interval_s", type=parse_status_interval, default=30.0, metavar="S",
+                            help="streaming on this machine: print a status line on stderr (messages "
+                                 "read, runs held, snapshots, dead letters) this often; 0: never "
+                                 "(default: %(default)s)")
         parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
                             help="streaming: snapshot each active run this often (processing "
                                  "time); a Dataflow drain waits at most this long for the pending "
@@ -261,7 +275,8 @@ class GoodputOptions(PipelineOptions):
 #: refused on them. Others (Dataflow) hand unknown options on to the service, as Beam does.
 LOCAL_RUNNERS = frozenset({"DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "FnApiRunner", "PrismRunner"})
-_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore")
+_STREAM_ONLY = ("subscription", "snapshot_interval_s", "silence_s", "gc_after_s", "no_restore",
+                "status_interval_s")
 _BATCH_ONLY = ("events", "from_duckdb", "as_of", "exclude", "snapshot_every_s")
 _NEEDS = {"bigquery_dataset": ("bigquery_endpoint", "bigquery_create_tables"),
           "monitoring_project": ("monitoring_min_interval_s", "monitoring_max_lag_s", "monitoring_latest_now",

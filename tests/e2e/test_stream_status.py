@@ -41,11 +41,9 @@ def pubsub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield host
 
 
-def test_a_stream_prints_its_status_at_the_interval(pubsub: str, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch):
+def test_a_stream_prints_its_status_at_the_interval(pubsub: str, tmp_path: Path):
     """Three runs' messages and one malformed message: the status lines come every interval and
     count up to 4 messages read, 3 runs held and 1 dead letter, and the snapshots made."""
-    monkeypatch.setattr(launcher, "STATUS_INTERVAL_S", STATUS_INTERVAL_S)
     output = io.StringIO()
 
     def publish_then_stop() -> None:
@@ -73,6 +71,7 @@ def test_a_stream_prints_its_status_at_the_interval(pubsub: str, tmp_path: Path,
     with contextlib.redirect_stderr(output):
         code = launcher.run(["--streaming", "--runner=BundleBasedDirectRunner",
                              f"--subscription={SUBSCRIPTION}", "--snapshot_interval_s=1",
+                             f"--status_interval_s={STATUS_INTERVAL_S}",
                              f"--duckdb={tmp_path / 'live.duckdb'}"])
     took_s = time.monotonic() - started
     stopper.join(timeout=10)
