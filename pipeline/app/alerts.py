@@ -54,9 +54,9 @@ evaluation (every 60 s for the PromQL conditions):
   keeps one incident open while the condition holds).
 * A gap between two snapshots longer than a point stays visible ends the stretch, as missing data
   does in Cloud Monitoring: the alignment period for the threshold conditions, the 5-minute
-  lookback of PromQL for the low goodput one (the disruption condition is evaluated exactly). The policy needs points all the time a run is stalled,
-  which is why the streaming pipeline keeps snapshotting a silent run every snapshot interval
-  (``pipeline.beam.live``).
+  lookback of PromQL for the low goodput one (the disruption condition is evaluated exactly).
+  The stall policy needs points all the time a run is stalled, which is why the streaming
+  pipeline keeps snapshotting a silent run every snapshot interval (``pipeline.beam.live``).
 * Points are taken at snapshot times; the pipeline stamps them when it writes them (at most every
   ``monitoring_min_interval_s``), which is the snapshot time for a live run.
 * The anomaly counts are taken at each detection and end, as if a snapshot were written then: an

@@ -282,8 +282,8 @@ def test_the_end_of_the_input_reports_what_no_snapshot_has(tmp_path):
                                   "FROM goodput_snapshots WHERE window_s = 0 "
                                   "ORDER BY run_id, snapshot_time").fetchall()
     assert [r[0] for r in rows] == ["ended"] * 3 + ["pending"] * 3
-    assert [r[2] for r in rows[:2] + rows[3:5]] == [snapshot.max_productive_step for batches in (ended, pending)
-                                                    for snapshot in restart_snapshots(batches)]
+    restarts = [snapshot for batches in (ended, pending) for snapshot in restart_snapshots(batches)]
+    assert [r[2] for r in rows[:2] + rows[3:5]] == [snapshot.max_productive_step for snapshot in restarts]
     rows = rows[2::3]
     expected = engine_snapshot(pending, latest_time(pending))
     assert [(r[0], r[2], r[3]) for r in rows] == [
