@@ -139,7 +139,10 @@ class AnomalyChange:
     changed_us: int  # when this row's state was reached: ``detected_us``, or when the end was found
     baseline_s: float
     observed_s: float  # the mean step time from the onset to ``changed_us`` (to the end if ended)
-    lost_s: float  # the time those steps took beyond the baseline
+    # The time those steps took beyond the baseline; never below 0: a slowdown of the ordinary
+    # steps, found against the median, may come with fewer long ones (evals, checkpoints), so
+    # that its steps take no longer than the baseline's mean, which counts those.
+    lost_s: float
 
 
 class Detector:
@@ -287,7 +290,7 @@ class Detector:
              count: int) -> AnomalyChange:
         """A slowdown's row: found at ``end`` with onset ``start`` (``found`` None), or the end
         at ``start`` of the one ``found``, found at ``end``; over ``count`` steps of ``total``."""
-        observed, lost = total / count / _US, (total - count * self._mean) / _US
+        observed, lost = total / count / _US, max(0.0, total - count * self._mean) / _US
         if found is None:
             return AnomalyChange(SLOWDOWN, None, start, end, None, end, self._mean / _US, observed, lost)
         return dataclasses.replace(found, ended_us=start, changed_us=end, observed_s=observed, lost_s=lost)

@@ -55,6 +55,16 @@ def test_a_slowdown_is_found_within_two_minutes_and_ends_where_it_ended(fraction
     assert ended.lost_s == pytest.approx((end - onset) / S * fraction / (1 + fraction), rel=0.15)
 
 
+def test_a_slowdown_of_the_ordinary_steps_that_took_no_longer_than_the_mean_loses_no_time():
+    """Steps of 5 s with an eval of 10 s every fourth (median 5 s, mean 6.25 s), then steps of
+    5.9 s and no eval: the ordinary steps are 18 % slower, a slowdown, but no step took longer
+    than the baseline's mean: it lost no time, never a negative time."""
+    durations = [10.0 if i % 4 == 0 else 5.0 for i in range(400)] + [5.9] * 200
+    times = list(itertools.accumulate((round(d * S) for d in durations), initial=T0))
+    [found] = detect(times)
+    assert (found.kind, found.baseline_s, found.observed_s, found.lost_s) == (SLOWDOWN, 6.25, 5.9, 0.0)
+
+
 def test_a_slowdown_that_begins_within_the_first_baseline_is_found_and_ends():
     """1 s steps half as slow again from 200 s in, before the first baseline's 300 s are over: its
     block drifts up by itself, and the sums' limit stays finite."""
