@@ -67,7 +67,7 @@ class _History(EventsTables):
     def run_ids(self) -> frozenset[str]:
         return frozenset({FLEET_RUN_ID})
 
-    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], None]:
         return [(self.source, data) for data in self.messages], None
 
     def unreported_runs(self, since_us: int) -> list[str]:

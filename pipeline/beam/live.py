@@ -96,7 +96,8 @@ from pipeline.beam.transforms import DEAD_LETTER_TAG, Stopping, engine_failure
 from pipeline.core import engine, state_coder
 from pipeline.core.detect import AnomalyChange, DetectionSettings
 from pipeline.core.events import Batch, DeadLetter
-from pipeline.sinks.raw_events import EventsTables
+from pipeline.core.rows import GOODPUT, snapshot_rows
+from pipeline.sinks.raw_events import EventsTables, LatestSnapshot
 from pipeline.sinks.retries import never
 
 _LOG = logging.getLogger(__name__)
@@ -356,12 +357,12 @@ class TrackRunDoFn(beam.DoFn):
         run_id, message = element
         batch = None if isinstance(message, Unreported) else message
         stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
-        reported_us = None
+        latest: LatestSnapshot | None = None
         try:
             state = stored.load()
             new = state is None
             if state is None:
-                history, reported_us = self._restore(run_id)
+                history, latest = self._restore(run_id)
                 if batch is None and not history:  # marked unreported, but no longer in the tables
                     return
                 state = engine.RunState(run_id)
@@ -392,17 +393,16 @@ class TrackRunDoFn(beam.DoFn):
             stored.append(batch, state)
         record = stored.record
         assert record is not None
-        if reported_us is not None:
-            record.reported_us = reported_us  # its snapshot times go on from the table's
+        if latest is not None:
+            record.reported_us = latest.time_us  # its snapshot times go on from the table's
         now_us = round(self.clock() * _US)
         record.published_us, record.arrived_us = max(published.micros, record.published_us), now_us
         quiet_s = (self.gc_after_s if _ended(state)
                    else min(self.silence_s, state.hang_threshold_s(self.detection)))
         self._quiet_at(record, record.published_us + round(quiet_s * _US), quiet_timer)
-        if not added and reported_us is not None and reported_us >= max(
-                (attempt.last_event_us for attempt in state.attempts.values()), default=0):
+        if not added and latest is not None and self._counted(state, latest):
             # Restored, the message adding nothing, and the tables' latest snapshot of the run
-            # counts every event it holds (a stream started again over messages it had read):
+            # counts every event they hold (a stream started again over messages it had read):
             # reported again, it would only add a later snapshot of the same figures.
             stored.save()
             return
@@ -483,9 +483,22 @@ class TrackRunDoFn(beam.DoFn):
         record.quiet_us = at_us
         quiet_timer.set(Timestamp(micros=at_us))
 
-    def _restore(self, run_id: str) -> tuple[tuple[Batch, ...], int | None]:
-        """The history of a run this tracker holds no state for, and its latest snapshot's time,
-        from the tables (none without them, or for a run they do not hold). A read that fails
+    def _counted(self, state: engine.RunState, latest: LatestSnapshot) -> bool:
+        """Whether the tables' latest snapshot of a restored run counts every event its state
+        holds: it is as late as the latest of them, and the state's snapshot as of its time has
+        its figures. (A message the tables got after it, late, is dated before it, and changes
+        them.)"""
+        if latest.time_us < max((attempt.last_event_us for attempt in state.attempts.values()), default=0):
+            return False
+        snapshot = state.snapshot(latest.time_us, self.windows_s, detection=self.detection)
+        if snapshot is None:
+            return False
+        return latest.same_figures(next(row for table, row in snapshot_rows(snapshot)
+                                        if table == GOODPUT and row["window_s"] == 0))
+
+    def _restore(self, run_id: str) -> tuple[tuple[Batch, ...], LatestSnapshot | None]:
+        """The history of a run this tracker holds no state for, and its latest snapshot, from
+        the tables (none without them, or for a run they do not hold). A read that fails
         fails the work item where the runner retries it (``RestoreFailed``); locally it is tried
         ``RESTORE_ATTEMPTS`` times, then logged and counted, and the run goes on without it."""
         history = self.store.history
@@ -493,7 +506,7 @@ class TrackRunDoFn(beam.DoFn):
             try:
                 if history is None or not history.holds(run_id):
                     return (), None
-                batches, reported_us = history.load(run_id)
+                batches, latest = history.load(run_id)
             except Exception as error:
                 self.restore_failures.inc()
                 assert history is not None
@@ -511,7 +524,7 @@ class TrackRunDoFn(beam.DoFn):
             if batches:
                 self.restored.inc()
                 _LOG.info("restored run %r from %s: %d messages", run_id, history.tables.source, len(batches))
-            return batches, reported_us
+            return batches, latest
         raise AssertionError("unreachable")
 
     def _report(self, stored: StoredRun, reported_rows: Any, now_us: int) -> Iterator[Any]:

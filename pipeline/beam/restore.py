@@ -30,7 +30,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import TimestampedValue
 
 from pipeline.core.events import Batch, parse_batch
-from pipeline.sinks.raw_events import UNREPORTED_WITHIN_S, EventsTables
+from pipeline.sinks.raw_events import UNREPORTED_WITHIN_S, EventsTables, LatestSnapshot
 
 _LOG = logging.getLogger(__name__)
 
@@ -61,15 +61,15 @@ class RunHistory:
                 self._runs, self._read_at = self.tables.run_ids(), now
             return self._runs is None or run_id in self._runs
 
-    def load(self, run_id: str) -> tuple[tuple[Batch, ...], int | None]:
-        """The run's messages in the tables, and the time of its latest snapshot there."""
-        messages, reported_us = self.tables.run_history(run_id)
+    def load(self, run_id: str) -> tuple[tuple[Batch, ...], LatestSnapshot | None]:
+        """The run's messages in the tables, and its latest snapshot there."""
+        messages, latest = self.tables.run_history(run_id)
         history = []
         for source, data in messages:
             batch, _ = parse_batch(data, source)  # rows of accepted events: no dead letter
             if batch is not None:
                 history.append(batch)
-        return tuple(history), reported_us
+        return tuple(history), latest
 
 
 class UnreportedRuns(beam.PTransform):

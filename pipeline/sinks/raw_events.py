@@ -17,7 +17,9 @@ records them, so the replay derives the same run and its ``run_metadata`` names 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,15 +102,50 @@ class EventsTables(abc.ABC):
         looked up when the stream first sees it."""
 
     @abc.abstractmethod
-    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
-        """The run's messages in ``events`` (none for a run it does not hold), and the time of its
-        latest snapshot in ``goodput_snapshots`` (microseconds), if it has one."""
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], LatestSnapshot | None]:
+        """The run's messages in ``events`` (none for a run it does not hold), and its latest
+        snapshot in ``goodput_snapshots``, if it has one."""
 
     @abc.abstractmethod
     def unreported_runs(self, since_us: int) -> list[str]:
         """The runs with an event dated from ``since_us`` on whose latest event is later than
         their latest snapshot, or that have no snapshot: events a stream wrote to ``events`` and
         stopped before it reported (a snapshot is dated at or after the events it counts)."""
+
+
+#: The figures of a run's latest cumulative snapshot that a restore compares with its restored
+#: history's as of that time (``pipeline.beam.live``): where one differs, that snapshot did not
+#: count every event the table now holds (a message written to ``events`` after it: read late, or
+#: read by a stream that stopped before it reported it), and the run is reported again.
+LATEST_FIGURES = ("missing_events", "last_step", "max_productive_step", "disruptions",
+                  "productive_time_s", "total_time_s", "unaccounted_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class LatestSnapshot:
+    """A run's latest snapshot in ``goodput_snapshots``: its time, and its ``LATEST_FIGURES``."""
+
+    time_us: int
+    figures: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[Any]]) -> LatestSnapshot | None:
+        """From the rows of a query of its time (microseconds) and figures, the latest first."""
+        if not rows or rows[0][0] is None:
+            return None
+        return cls(int(rows[0][0]), tuple(rows[0][1:]))
+
+    def same_figures(self, row: Mapping[str, Any]) -> bool:
+        """Whether ``row`` (a cumulative ``goodput_snapshots`` row) has these figures."""
+        return all(_same(value, row[name]) for value, name in zip(self.figures, LATEST_FIGURES, strict=True))
+
+
+def _same(mine: Any, theirs: Any) -> bool:
+    """Equal, numbers as a warehouse's DOUBLE holds them."""
+    numbers = (int, float)
+    if isinstance(mine, numbers) and isinstance(theirs, numbers):
+        return math.isclose(mine, theirs, rel_tol=1e-9, abs_tol=1e-9)
+    return bool(mine == theirs)
 
 
 class DuckDBEvents(EventsTables):
@@ -127,15 +164,16 @@ class DuckDBEvents(EventsTables):
         with opened(self.path) as sink:
             return frozenset(str(run_id) for run_id, in sink.query("SELECT DISTINCT run_id FROM events"))
 
-    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], LatestSnapshot | None]:
         from pipeline.sinks.duckdb import opened
 
         with opened(self.path) as sink:
             rows = sink.query(f"SELECT {COLUMNS} FROM events WHERE run_id = ? ORDER BY attempt_id, seq",
                               [run_id])
-            [(reported,)] = sink.query("SELECT epoch_us(max(snapshot_time)) FROM goodput_snapshots "
-                                       "WHERE run_id = ?", [run_id])
-        return list(messages(rows, self.source)), reported if isinstance(reported, int) else None
+            latest = sink.query(f"SELECT epoch_us(snapshot_time), {', '.join(LATEST_FIGURES)} "
+                                "FROM goodput_snapshots WHERE run_id = ? AND window_s = 0 "
+                                "ORDER BY snapshot_time DESC LIMIT 1", [run_id])
+        return list(messages(rows, self.source)), LatestSnapshot.of(latest)
 
     def unreported_runs(self, since_us: int) -> list[str]:
         from pipeline.sinks.duckdb import opened
@@ -173,14 +211,14 @@ class BigQueryEvents(EventsTables):
     def run_ids(self) -> None:
         return None
 
-    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], int | None]:
+    def run_history(self, run_id: str) -> tuple[list[tuple[str, bytes]], LatestSnapshot | None]:
         dataset = f"{self.project}.{self.dataset}"
         rows = self._query(f"SELECT {BIGQUERY_COLUMNS} FROM `{dataset}.events` WHERE run_id = @run_id "
                            "ORDER BY attempt_id, seq", run_id=run_id)
-        [(reported,)] = self._query(f"SELECT UNIX_MICROS(MAX(snapshot_time)) "
-                                    f"FROM `{dataset}.goodput_snapshots` WHERE run_id = @run_id",
-                                    run_id=run_id)
-        return list(messages(rows, self.source)), reported
+        latest = self._query(f"SELECT UNIX_MICROS(snapshot_time), {', '.join(LATEST_FIGURES)} "
+                             f"FROM `{dataset}.goodput_snapshots` WHERE run_id = @run_id AND window_s = 0 "
+                             "ORDER BY snapshot_time DESC LIMIT 1", run_id=run_id)
+        return list(messages(rows, self.source)), LatestSnapshot.of(latest)
 
     def unreported_runs(self, since_us: int) -> list[str]:
         dataset = f"{self.project}.{self.dataset}"

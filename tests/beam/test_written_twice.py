@@ -27,6 +27,7 @@ from pipeline.app.report import _read
 from pipeline.beam.live import TrackRunsLive
 from pipeline.beam.restore import UnreportedRuns
 from pipeline.beam.transforms import DeadLetterRows, ParseEvents, SnapshotRows, WriteToDuckDB
+from pipeline.core.events import parse_batch
 from pipeline.core.rows import batch_rows
 from pipeline.sinks.duckdb import create_table_sql, open_reader, opened
 from pipeline.sinks.raw_events import DuckDBEvents
@@ -149,6 +150,32 @@ def test_a_stream_started_again_over_the_same_messages_changes_nothing(fleet_lin
     twice = readings(database)
     for name in once:
         assert twice[name] == once[name], name
+
+
+def test_a_message_the_file_holds_that_no_snapshot_counted_is_reported_when_it_comes_again(
+        fleet_lines, tmp_path):
+    """A stream that wrote a message's events to the file and stopped before it reported them,
+    the message having come late (the run's latest snapshot is later than its events), then the
+    message delivered again to the next stream: the run, restored with it, is reported again, and
+    its latest snapshot counts it. (Before, a restored run whose latest snapshot was later than
+    all its events was taken to be reported, and its gap stayed.)"""
+    database = tmp_path / "goodput.duckdb"
+    lines = [line for line in fleet_lines if parse_batch(line)[0] is not None]
+    late = next(line for line in lines[len(lines) // 2:] if parse_batch(line)[0].run_id == "run-a")
+    run_id = parse_batch(late)[0].run_id
+
+    def latest_missing() -> int:
+        with opened(database) as sink:
+            [(missing,)] = sink.query("SELECT missing_events FROM goodput_snapshots WHERE run_id = ? "
+                                      "AND window_s = 0 ORDER BY snapshot_time DESC LIMIT 1", [run_id])
+        return int(missing)  # type: ignore[call-overload]
+
+    stream([line for line in lines if line is not late], database)
+    assert latest_missing() > 0
+    with opened(database) as sink:
+        sink.write_events([parse_batch(late)[0]])
+    stream([late], database)
+    assert latest_missing() == 0
 
 
 def test_rows_a_warehouse_holds_twice_count_once_in_every_view_and_saved_query(fleet_lines, tmp_path):
