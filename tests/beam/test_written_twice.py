@@ -168,7 +168,7 @@ def test_a_message_the_file_holds_that_no_snapshot_counted_is_reported_when_it_c
         with opened(database) as sink:
             [(missing,)] = sink.query("SELECT missing_events FROM goodput_snapshots WHERE run_id = ? "
                                       "AND window_s = 0 ORDER BY snapshot_time DESC LIMIT 1", [run_id])
-        return int(missing)  # type: ignore[call-overload]
+        return int(missing)
 
     stream([line for line in lines if line is not late], database)
     assert latest_missing() > 0
