@@ -17,7 +17,7 @@ from google.cloud import pubsub_v1
 
 from goodput_schemas.wire import encode_batch
 from pipeline.beam import launcher
-from support.pubsub import emulator_host
+from support.pubsub import subscribed
 
 PROJECT = "projects/goodput-local"
 TOPIC = f"{PROJECT}/topics/goodput"
@@ -32,12 +32,7 @@ STATUS = re.compile(r"status: (\d+) messages read \((\d+) events\), (\d+) runs h
 @pytest.fixture
 def pubsub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """This project's emulator, with the topic and the subscription made by the real clients."""
-    with emulator_host("local") as host:
-        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
-        pubsub_v1.PublisherClient().create_topic(name=TOPIC)
-        subscriber = pubsub_v1.SubscriberClient()
-        subscriber.create_subscription(name=SUBSCRIPTION, topic=TOPIC)
-        subscriber.close()
+    with subscribed("local", TOPIC, SUBSCRIPTION, monkeypatch) as host:
         yield host
 
 

@@ -20,7 +20,7 @@ from google.cloud import pubsub_v1
 from goodput_schemas.wire import encode_batch
 from pipeline.beam.direct_runner import PULL_TIMEOUT_S
 from pipeline.beam.launcher import run
-from support.pubsub import emulator_host
+from support.pubsub import subscribed
 
 PROJECT = "projects/goodput-local"
 TOPIC = f"{PROJECT}/topics/goodput"
@@ -39,12 +39,7 @@ PUBLISH_AFTER_S = {0: 0.0, 1: INTERVAL_S}
 @pytest.fixture(params=["local", "google"])
 def pubsub(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The emulator's address, the topic and the subscription made by the real clients."""
-    with emulator_host(request.param) as host:
-        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
-        pubsub_v1.PublisherClient().create_topic(name=TOPIC)
-        subscriber = pubsub_v1.SubscriberClient()
-        subscriber.create_subscription(name=SUBSCRIPTION, topic=TOPIC)
-        subscriber.close()
+    with subscribed(request.param, TOPIC, SUBSCRIPTION, monkeypatch) as host:
         yield host
 
 

@@ -84,3 +84,18 @@ def emulator_host(kind: str) -> Iterator[str]:
     else:
         with google_emulator() as host:
             yield host
+
+
+@contextlib.contextmanager
+def subscribed(kind: str, topic: str, subscription: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``emulator_host(kind)`` as ``PUBSUB_EMULATOR_HOST``, with ``topic`` and ``subscription``
+    made by the real clients: its address."""
+    from google.cloud import pubsub_v1
+
+    with emulator_host(kind) as host:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
+        pubsub_v1.PublisherClient().create_topic(name=topic)
+        subscriber = pubsub_v1.SubscriberClient()
+        subscriber.create_subscription(name=subscription, topic=topic)
+        subscriber.close()
+        yield host
