@@ -40,9 +40,7 @@ Capacity (imported first with 40 v5p chips, then again corrected to 30):
 from __future__ import annotations
 
 import datetime
-import html
 import math
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -61,7 +59,7 @@ from pipeline.sinks.bigquery import BigQueryWriter, create_tables, make_client
 from pipeline.sinks.duckdb import DuckDBSink
 from support.browser import opened
 from support.gke import jobset_series
-from support.history import section
+from support.history import section, table_rows
 
 UTC = datetime.timezone.utc
 D1 = datetime.datetime(2026, 11, 1, tzinfo=UTC)
@@ -214,15 +212,6 @@ def test_capacity_goodput_sets_the_runs_against_the_chips_paid_for_each_day(flee
     """Paid, used and productive chip-hours per day and accelerator type, spans clipped at midnight
     and at the latest snapshot, the corrected import counted once."""
     assert saved(fleet, "capacity_goodput") == CAPACITY_GOODPUT
-
-
-def table_rows(page: str, element_id: str) -> list[list[str]]:
-    """The body cells of the table in the element ``element_id``, as text."""
-    match = re.search(rf'<div id="{element_id}">(.*?)</tbody>', page, re.S)
-    assert match, element_id
-    body = match.group(1).split("<tbody>", 1)[1]
-    return [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-            for row in re.findall(r"<tr>(.*?)</tr>", body)]
 
 
 @pytest.fixture(scope="module")

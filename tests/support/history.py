@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import html
 import re
 import subprocess
 import sys
@@ -119,3 +120,12 @@ def section(page: str, key: str) -> str:
     match = re.search(rf'<(section|header) id="{key}">(.*?)</\1>', page, re.S)
     assert match, key
     return match.group(2)
+
+
+def table_rows(page: str, element_id: str) -> list[list[str]]:
+    """The body cells of the table in the element ``element_id``, as text."""
+    match = re.search(rf'<div id="{element_id}">(.*?)</tbody>', page, re.S)
+    assert match, element_id
+    body = match.group(1).split("<tbody>", 1)[1]
+    return [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body)]

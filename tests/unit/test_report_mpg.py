@@ -11,16 +11,7 @@ import pytest
 
 from pipeline.app.report import write_report
 from pipeline.app.run_page import write_run_report
-from support.history import anomaly_row, at, goodput_row, section, write_rows
-
-
-def rows_of(page: str, element_id: str) -> list[list[str]]:
-    """The body cells of the table in the element ``element_id``, as text."""
-    match = re.search(rf'<div id="{element_id}">(.*?)</tbody>', page, re.S)
-    assert match, element_id
-    body = match.group(1).split("<tbody>", 1)[1]
-    return [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-            for row in re.findall(r"<tr>(.*?)</tr>", body)]
+from support.history import anomaly_row, at, goodput_row, section, table_rows, write_rows
 
 
 def mfu(run_id: str, value: float) -> dict[str, object]:
@@ -47,8 +38,8 @@ def mpg_page(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_a_run_missing_a_factor_others_have_is_ranked_apart_with_its_mpg_a_bound(mpg_page: str):
     """The CPU run, without the program goodput the others have, is not among the comparable runs:
     it is in a table of its own, its program factor "missing" and its MPG "≤" its runtime goodput."""
-    assert [row[0] for row in rows_of(mpg_page, "productivity-runs")] == ["big", "mid", "small"]
-    assert rows_of(mpg_page, "productivity-missing") == [
+    assert [row[0] for row in table_rows(mpg_page, "productivity-runs")] == ["big", "mid", "small"]
+    assert table_rows(mpg_page, "productivity-missing") == [
         ["cpu", "cpu", "1", "n/a", "95.00 %", "missing", "—", "≤ 95.00 %"]]
     assert "Runs missing a factor" in mpg_page and "an upper bound" in mpg_page
 
@@ -56,8 +47,8 @@ def test_a_run_missing_a_factor_others_have_is_ranked_apart_with_its_mpg_a_bound
 def test_a_factor_no_run_has_is_named_and_left_out_for_all(mpg_page: str):
     """No run has a scheduling goodput: every run shows it as n/a, the note says how to get it, and
     the comparable runs' MPG is runtime × program."""
-    assert [row[3] for row in rows_of(mpg_page, "productivity-runs")] == ["n/a"] * 3
-    assert [row[7] for row in rows_of(mpg_page, "productivity-runs")] == ["40.00 %", "28.00 %", "27.00 %"]
+    assert [row[3] for row in table_rows(mpg_page, "productivity-runs")] == ["n/a"] * 3
+    assert [row[7] for row in table_rows(mpg_page, "productivity-runs")] == ["40.00 %", "28.00 %", "27.00 %"]
     assert "No run in this file has a scheduling goodput" in mpg_page
     assert "goodput import gke-metrics" in mpg_page and "MPG here is runtime × program" in mpg_page
 
