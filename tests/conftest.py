@@ -62,3 +62,14 @@ def make_recorder(
 def clean_lines() -> list[bytes]:
     """The fleet's messages as the emitter sends them: in order, each once."""
     return messages(fleet_events(), 100)
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo fails the test if it gets as far as starting anything."""
+    from pipeline.demo import demo
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the demo started where it should have refused to")
+
+    monkeypatch.setattr(demo, "Demo", started)

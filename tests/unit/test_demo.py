@@ -35,15 +35,6 @@ def _contents(directory: Path) -> dict[str, bytes]:
             for path in sorted(directory.rglob("*")) if path.is_file()}
 
 
-@pytest.fixture
-def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The demo fails the test if it gets as far as starting anything."""
-    def started(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the demo started despite a mistake in its output directory")
-
-    monkeypatch.setattr(demo, "Demo", started)
-
-
 def test_a_directory_it_did_not_make_is_left_untouched(tmp_path: Path, capsys, nothing_starts):
     """goodput demo --output-dir on a user's directory holding files named like demo outputs
     exits 2 with one line, and every file there is as it was."""

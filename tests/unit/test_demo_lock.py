@@ -14,15 +14,6 @@ from pipeline.demo import demo
 from support import REPO
 
 
-@pytest.fixture
-def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The demo fails the test if it gets as far as starting anything."""
-    def started(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the demo started in a directory another demo writes in")
-
-    monkeypatch.setattr(demo, "Demo", started)
-
-
 def test_a_demo_in_a_directory_another_holds_exits_2_in_one_line(tmp_path: Path, capsys, nothing_starts):
     """While a demo holds its directory, another there exits 2 with one line naming the holder's
     pid, and the holder's outputs stay as they are."""
