@@ -119,6 +119,7 @@ class EventsTables(abc.ABC):
 #: read by a stream that stopped before it reported it), and the run is reported again.
 LATEST_FIGURES = ("missing_events", "last_step", "max_productive_step", "disruptions",
                   "productive_time_s", "total_time_s", "unaccounted_s")
+_LATEST_COLUMNS = ", ".join(LATEST_FIGURES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +171,7 @@ class DuckDBEvents(EventsTables):
         with opened(self.path) as sink:
             rows = sink.query(f"SELECT {COLUMNS} FROM events WHERE run_id = ? ORDER BY attempt_id, seq",
                               [run_id])
-            latest = sink.query(f"SELECT epoch_us(snapshot_time), {', '.join(LATEST_FIGURES)} "
+            latest = sink.query(f"SELECT epoch_us(snapshot_time), {_LATEST_COLUMNS} "
                                 "FROM goodput_snapshots WHERE run_id = ? AND window_s = 0 "
                                 "ORDER BY snapshot_time DESC LIMIT 1", [run_id])
         return list(messages(rows, self.source)), LatestSnapshot.of(latest)
@@ -215,7 +216,7 @@ class BigQueryEvents(EventsTables):
         dataset = f"{self.project}.{self.dataset}"
         rows = self._query(f"SELECT {BIGQUERY_COLUMNS} FROM `{dataset}.events` WHERE run_id = @run_id "
                            "ORDER BY attempt_id, seq", run_id=run_id)
-        latest = self._query(f"SELECT UNIX_MICROS(snapshot_time), {', '.join(LATEST_FIGURES)} "
+        latest = self._query(f"SELECT UNIX_MICROS(snapshot_time), {_LATEST_COLUMNS} "
                              f"FROM `{dataset}.goodput_snapshots` WHERE run_id = @run_id AND window_s = 0 "
                              "ORDER BY snapshot_time DESC LIMIT 1", run_id=run_id)
         return list(messages(rows, self.source)), LatestSnapshot.of(latest)

@@ -55,6 +55,7 @@ ALLOWED_IN_SQL: dict[str, dict[str, str]] = {
         "a constant query given the placeholders of its parameters (DuckDB's or BigQuery's)"),
     "pipeline/sinks/raw_events.py": {"COLUMNS": "a constant list of the events table's columns",
                                      "BIGQUERY_COLUMNS": "a constant list of the events table's columns",
+                                     "_LATEST_COLUMNS": "a constant list of goodput_snapshots' columns",
                                      "dataset": "a project and a dataset matched by parse_dataset"},
     "pipeline/emulators/bigquery.py": {
         "name": "a table's ids, checked when the table was created, its quotes doubled",
