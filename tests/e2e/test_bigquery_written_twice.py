@@ -15,29 +15,21 @@ from goodput_schemas import saved_queries, table_names, views
 from pipeline.app.cli import main
 from pipeline.emulators.bigquery import DEDUP_S, BigQueryEmulator, BigQueryStore
 from pipeline.sinks.bigquery import make_client
+from support.clock import ManualClock
 from support.runs import FLEET, as_run, messages, recorded, with_configs_and_metrics
 from support.text import canonical
 
 PROJECT, DATASET = "goodput-local", "goodput"
 
 
-class Clock:
+@pytest.fixture
+def clock() -> ManualClock:
     """The stand-in's clock, moved on by the test."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+    return ManualClock()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def emulator(clock: Clock) -> Iterator[BigQueryEmulator]:
+def emulator(clock: ManualClock) -> Iterator[BigQueryEmulator]:
     with BigQueryEmulator(store=BigQueryStore(clock=clock)) as started:
         yield started
 

@@ -17,6 +17,7 @@ from google.cloud import monitoring_v3
 
 from pipeline.emulators.monitoring import MetricStore, MonitoringEmulator
 from pipeline.sinks.monitoring import _refused_indexes, make_client
+from support.clock import ManualClock
 
 PROJECT = "projects/local"
 CUSTOM = "custom.googleapis.com/test/value"
@@ -28,23 +29,14 @@ NOW = datetime.datetime(2026, 11, 1, 9, tzinfo=datetime.timezone.utc).timestamp(
 Descriptor = metric_pb2.MetricDescriptor
 
 
-class Clock:
-    """The service's now, moved by the tests."""
-
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> ManualClock:
+    """The stand-in's clock, moved on by the test."""
+    return ManualClock(NOW)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def emulator(clock: Clock) -> Iterator[MonitoringEmulator]:
+def emulator(clock: ManualClock) -> Iterator[MonitoringEmulator]:
     with MonitoringEmulator(store=MetricStore(clock=clock)) as running:
         yield running
 
