@@ -31,6 +31,7 @@ sink that does not answer included (README.md, "Stopping").
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -220,6 +221,19 @@ def _batch_runner(options: GoodputOptions) -> PipelineRunner | None:
     return None
 
 
+def _log_at(level: str) -> None:
+    """The pipeline's own loggers (``pipeline.*``) print from ``level`` on, on stderr, each
+    record once (the process's other loggers as before)."""
+    logger = logging.getLogger("pipeline")
+    logger.setLevel(level)
+    if not any(getattr(handler, "goodput", False) for handler in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.goodput = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def _respelled(argv: list[str]) -> list[str]:
     """``argv`` with every option of the pipeline and of Beam spelled as declared, with
     underscores, whichever of ``-`` and ``_`` it was written with (``pipeline.app.spelling``)."""
@@ -251,6 +265,8 @@ def run(argv: Sequence[str] | None = None, prog: str = "python -m pipeline") -> 
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
     goodput = options.view_as(GoodputOptions)
+    if goodput.log_level:
+        _log_at(goodput.log_level)
     if options.view_as(StandardOptions).streaming:
         return run_streaming(goodput)
     with beam.Pipeline(runner=_batch_runner(options), options=options) as pipeline:

@@ -79,7 +79,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -404,6 +404,7 @@ class TrackRunDoFn(beam.DoFn):
             # Restored, the message adding nothing, and the tables' latest snapshot of the run
             # counts every event they hold (a stream started again over messages it had read):
             # reported again, it would only add a later snapshot of the same figures.
+            _LOG.info("run %r: its latest snapshot in the tables counts what it holds", run_id)
             stored.save()
             return
         restarted = _starts(state) > max(starts, 1)
@@ -523,7 +524,10 @@ class TrackRunDoFn(beam.DoFn):
                 continue
             if batches:
                 self.restored.inc()
-                _LOG.info("restored run %r from %s: %d messages", run_id, history.tables.source, len(batches))
+                if _LOG.isEnabledFor(logging.INFO):
+                    _LOG.info("restored run %r from %s: %d messages, %d events, seqs %s; latest snapshot %s",
+                              run_id, history.tables.source, len(batches), sum(map(len, batches)),
+                              _seq_ranges(batches), latest)
             return batches, latest
         raise AssertionError("unreachable")
 
@@ -624,6 +628,14 @@ def _down_before_restart(state: engine.RunState) -> int | None:
 def _starts(state: engine.RunState) -> int:
     """How many of the run's attempts recorded their start: more than one is a restart."""
     return sum(attempt.start_us is not None for attempt in state.attempts.values())
+
+
+def _seq_ranges(batches: Sequence[Batch]) -> str:
+    """Each attempt's lowest and highest seq in ``batches``, and how many seqs, for the log."""
+    seqs: dict[str, list[int]] = {}
+    for batch in batches:
+        seqs.setdefault(batch.attempt_id, []).extend([*batch.step_seqs, *(e.seq for e in batch.others)])
+    return ", ".join(f"{attempt}: {min(s)}-{max(s)} ({len(set(s))})" for attempt, s in seqs.items() if s)
 
 
 def _ended(state: engine.RunState) -> bool:

@@ -220,6 +220,12 @@ class GoodputOptions(PipelineOptions):
                             help="streaming on this machine: print a status line on stderr (messages "
                                  "read, runs held, snapshots, dead letters) this often; 0: never "
                                  "(default: %(default)s)")
+        parser.add_argument("--log_level", type=str.upper, default=None,
+                            choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                            help="on this machine: log the pipeline's steps from this level on, on "
+                                 "stderr; INFO adds each run the stream restores and what it read "
+                                 "(on Dataflow: Beam's --default_sdk_harness_log_level) "
+                                 "(default: WARNING)")
         parser.add_argument("--snapshot_interval_s", type=parse_seconds, default=30.0, metavar="S",
                             help="streaming: snapshot each active run this often (processing "
                                  "time); a Dataflow drain waits at most this long for the pending "

@@ -55,6 +55,7 @@ def events(tmp_path: Path, clean_lines: list[bytes]) -> Path:
     (["--monitoring_project=p", "--monitoring_max_lag_s=inf"], "above 0"),
     (["--monitoring_project=p", "--monitoring_min_interval_s=nan"], "above 0"),
     (["--monitoring_project=p", "--monitoring_min_interval_s=1"], "every 5 s"),
+    (["--log_level=loud"], "--log_level"),
     (["--duckbd=out.duckdb"], "unknown option --duckbd: did you mean --duckdb?"),
     (["stray.jsonl"], "unexpected argument 'stray.jsonl'"),
     (["--runner=NoSuchRunner"], "--runner=NoSuchRunner is not a runner"),

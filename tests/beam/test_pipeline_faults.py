@@ -9,6 +9,7 @@ one run, in this process, where Beam's DirectRunner runs the DoFns.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,15 +133,23 @@ def test_an_engine_failure_in_the_stream_dead_letters_the_message_and_the_run_go
     assert final_rows(tmp_path / "poisoned.duckdb") == final_rows(tmp_path / "without.duckdb")
 
 
-def test_a_restarted_stream_restores_its_runs_from_the_raw_events_and_catches_up(clean_lines, tmp_path):
+def test_a_restarted_stream_restores_its_runs_from_the_raw_events_and_catches_up(clean_lines, tmp_path,
+                                                                                 caplog):
     """A stream stopped after half the messages and started again on its file restores each run
     from the events table when the run speaks again: its numbers equal those of a stream that
     never stopped, a redelivered message of the first half included. Without the restore, the
-    runs would start again from their second half."""
+    runs would start again from their second half. Each restore is logged (INFO) with the seqs
+    it read."""
     half = len(clean_lines) // 2
     before = replay(clean_lines[:half], tmp_path / "before")  # the raw events of the first half
     redelivered = keyed(clean_lines[half - 1:])  # the last message read before the stop comes again
-    stream(redelivered, tmp_path / "restarted.duckdb", restore_from=DuckDBEvents(str(before)))
+    with caplog.at_level(logging.INFO, logger="pipeline.beam.live"):
+        stream(redelivered, tmp_path / "restarted.duckdb", restore_from=DuckDBEvents(str(before)))
+    held = query(before, "SELECT run_id, attempt_id, min(seq), max(seq), count(*) FROM events GROUP BY ALL")
+    logged = " ".join(record.getMessage() for record in caplog.records
+                      if record.getMessage().startswith("restored run"))
+    assert held and all(f"'{run_id}'" in logged and f"{attempt_id}: {low}-{high} ({count})" in logged
+                        for run_id, attempt_id, low, high, count in held), logged
     stream(redelivered, tmp_path / "forgetful.duckdb")
     stream(keyed(clean_lines), tmp_path / "never-stopped.duckdb")
     never_stopped = final_rows(tmp_path / "never-stopped.duckdb")

@@ -226,7 +226,7 @@ class Soak:
             f"--subscription={SUBSCRIPTION}", f"--duckdb={self.live}", "--snapshot_interval_s=3",
             "--silence_s=15", "--gc_after_s=20", f"--monitoring_project={PROJECT}",
             f"--monitoring_endpoint={self.monitoring.host}", "--monitoring_min_interval_s=5",
-            "--monitoring_max_lag_s=1e9"],
+            "--monitoring_max_lag_s=1e9", "--log_level=INFO"],
             self._env(), self.directory / f"pipeline-{self.pipelines}.log",
             markers=("streaming from", "stopping:", "stopped"))
         if not stream.seen["streaming from"].wait(120):
@@ -555,6 +555,16 @@ class Soak:
         if stream.popen.returncode != 0 or not stream.seen["stopped"].is_set():
             raise SoakError(f"the pipeline did not stop cleanly (exit {stream.popen.returncode}); its "
                             f"log ends:\n{stream.tail()}")
+        self._note_events(stream.name)
+
+    def _note_events(self, pipeline: str) -> None:
+        """What the events table holds once ``pipeline`` has stopped, by run and attempt (count of
+        seqs, lowest and highest), in ``<pipeline>.events.json``: where a run ends short of
+        events, these say which pipeline's writes held them."""
+        if self.live.is_file():
+            held = query(self.live, "SELECT run_id, attempt_id, count(DISTINCT seq), min(seq), max(seq) "
+                                    "FROM events GROUP BY ALL ORDER BY ALL")
+            (self.directory / f"{pipeline}.events.json").write_text(json.dumps(held))
 
     # -- the end ----------------------------------------------------------------------------------
 
