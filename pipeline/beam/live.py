@@ -217,20 +217,23 @@ class RunStore:
 
 class StoredRun:
     """One run's state as Beam stores it, through the state cells of one call of the tracker:
-    the state encoded whole as of its last compaction (``whole``), the messages added since
-    (``log``, a bag, each ``state_coder.encode_batch``), and the ``Record`` of both and of the
-    run's times (``info``).
+    the state's hot part as of its last compaction (``whole``), the messages added since
+    (``log``, a bag, each ``state_coder.encode_batch``), the ``Record`` of both and of the run's
+    times (``info``), and the archive of its older step and observation columns (``archive``, a
+    bag of the chunks ``state_coder.seal`` made).
 
     A message appends to the log and rewrites the record: it writes its own size plus a constant,
     whatever the run's history. A worker that holds the decoded state of the record's token
-    (``DecodedStates``) reads nothing more; another reads the whole state and the log once, and
-    replays the log (the engine adds messages deterministically). Compacting, on a timer, writes
-    the state whole again and clears the log once the log is at least as large as the whole state
-    (and ``COMPACT_MIN_BYTES``): the state written whole at least doubles in between, so a run's
-    life writes bytes in proportion to its length. Changes are written by ``save``."""
+    (``DecodedStates``) reads nothing more; another reads the hot part and the log once, and
+    replays the log (the engine adds messages deterministically), and reads the archive only if
+    the engine asks for a sealed value. Compacting, on a timer, seals what the tails hold past
+    ``state_coder.KEEP`` values into new chunks of the archive, writes the hot part whole again
+    and clears the log, once the log is at least as large as the hot part (and
+    ``COMPACT_MIN_BYTES``). Changes are written by ``save``."""
 
-    def __init__(self, store: RunStore, run_id: str, whole: Any, log: Any, info: Any) -> None:
+    def __init__(self, store: RunStore, run_id: str, whole: Any, log: Any, info: Any, archive: Any) -> None:
         self.store, self.run_id, self.whole, self.log, self.info = store, run_id, whole, log, info
+        self.archive = archive
         self.record: Record | None = None
         self._changed: engine.RunState | None = None  # a state to store under a new token
 
@@ -245,20 +248,26 @@ class StoredRun:
         return self.record
 
     def load(self) -> engine.RunState | None:
-        """The run's state (None for a run with none)."""
+        """The run's state (None for a run with none); its archive read through this call's
+        cell, if the engine asks for it."""
         record = self.read_record()
         if record is None:
             return None
-        kept = self.store.decoded.get(self.run_id, record.token)
-        if kept is not None:
-            return kept
-        state = (state_coder.decode_state(self.whole.read()) if record.whole_bytes
-                 else engine.RunState(self.run_id))
-        for entry in self.log.read():
-            state.add_batch(state_coder.decode_batch(self.run_id, entry))
-        self.store.read.inc(record.whole_bytes + record.log_bytes)
-        self.store.decoded.put(self.run_id, record.token, record.whole_bytes + record.log_bytes, state)
+        state = self.store.decoded.get(self.run_id, record.token)
+        if state is None:
+            state = (state_coder.decode_state(self.whole.read()) if record.whole_bytes
+                     else engine.RunState(self.run_id))
+            for entry in self.log.read():
+                state.add_batch(state_coder.decode_batch(self.run_id, entry))
+            self.store.read.inc(record.whole_bytes + record.log_bytes)
+            self.store.decoded.put(self.run_id, record.token, record.whole_bytes + record.log_bytes, state)
+        state_coder.archive_of(state).read = self._read_archive
         return state
+
+    def _read_archive(self) -> list[bytes]:
+        chunks = list(self.archive.read())
+        self.store.read.inc(sum(map(len, chunks)))
+        return chunks
 
     def append(self, batch: Batch, state: engine.RunState) -> None:
         """Stores ``state``, which is the loaded one with ``batch`` added."""
@@ -269,12 +278,20 @@ class StoredRun:
         record.log_entries, record.log_bytes = record.log_entries + 1, record.log_bytes + len(entry)
         self._changed = state
 
-    def write_whole(self, state: engine.RunState) -> None:
-        """Stores ``state`` encoded whole, with an empty log."""
+    def write_whole(self, state: engine.RunState, seal: bool = False) -> None:
+        """Stores ``state`` whole, with an empty log; with ``seal``, its tails sealed past
+        ``state_coder.KEEP`` values into new chunks of the archive first (or every column sealed
+        anew, after a change inside the archive)."""
+        state_coder.archive_of(state).read = self._read_archive
+        chunks, anew = state_coder.seal(state) if seal else ([], False)
+        if anew:
+            self.archive.clear()
+        for chunk in chunks:
+            self.archive.add(chunk)
         encoded = state_coder.encode_state(state)
         self.whole.write(encoded)
         self.log.clear()
-        self.store.written.inc(len(encoded))
+        self.store.written.inc(len(encoded) + sum(map(len, chunks)))
         record = self.record = self.record or Record()
         record.whole_bytes, record.log_entries, record.log_bytes = len(encoded), 0, 0
         self._changed = state
@@ -283,7 +300,7 @@ class StoredRun:
         """Stores the loaded ``state`` whole if its log has grown as large as the whole state."""
         record = self.record
         if record is not None and record.log_bytes >= max(record.whole_bytes, COMPACT_MIN_BYTES):
-            self.write_whole(state)
+            self.write_whole(state, seal=True)
             self.store.compacted.inc(record.whole_bytes)
 
     def save(self) -> None:
@@ -298,7 +315,7 @@ class StoredRun:
         self.store.written.inc(Record.SIZE)
 
     def clear(self) -> None:
-        for cell in (self.whole, self.log, self.info):
+        for cell in (self.whole, self.log, self.info, self.archive):
             cell.clear()
         self.record = None
         self.store.decoded.drop(self.run_id)
@@ -311,6 +328,7 @@ class TrackRunDoFn(beam.DoFn):
     RUN_LOG = BagStateSpec("run_log", BytesCoder())  # the messages since,
     RUN_INFO = ReadModifyWriteStateSpec("run_info", BytesCoder())  # and its Record
     REPORTED_ROWS = ReadModifyWriteStateSpec("reported_rows", BytesCoder())  # see Reported
+    RUN_ARCHIVE = BagStateSpec("run_archive", BytesCoder())  # StoredRun: the state's sealed chunks
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     QUIET_TIMER = TimerSpec("quiet", TimeDomain.WATERMARK)
     FINAL_TIMER = TimerSpec("final", TimeDomain.WATERMARK)
@@ -350,13 +368,14 @@ class TrackRunDoFn(beam.DoFn):
         run_log: Any = beam.DoFn.StateParam(RUN_LOG),
         run_info: Any = beam.DoFn.StateParam(RUN_INFO),
         reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
+        run_archive: Any = beam.DoFn.StateParam(RUN_ARCHIVE),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
         final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER),
     ) -> Iterator[Any]:
         run_id, message = element
         batch = None if isinstance(message, Unreported) else message
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, run_archive)
         latest: LatestSnapshot | None = None
         try:
             state = stored.load()
@@ -427,8 +446,9 @@ class TrackRunDoFn(beam.DoFn):
                     run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                     run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                     run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-                    reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
+                    reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
+                    run_archive: Any = beam.DoFn.StateParam(RUN_ARCHIVE)) -> Iterator[Any]:
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, run_archive)
         record = stored.read_record()
         if record is not None and record.due_us != NONE and _fired_for(fired, record.due_us):
             yield from self._report(stored, reported_rows, record.due_us)
@@ -438,8 +458,9 @@ class TrackRunDoFn(beam.DoFn):
                  run_state: Any = beam.DoFn.StateParam(RUN_STATE),
                  run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
-                 reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS)) -> Iterator[Any]:
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
+                 reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
+                 run_archive: Any = beam.DoFn.StateParam(RUN_ARCHIVE)) -> Iterator[Any]:
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, run_archive)
         record = stored.read_record()
         if record is not None and record.due_us != NONE:
             yield from self._report(stored, reported_rows, round(self.clock() * _US))
@@ -450,10 +471,11 @@ class TrackRunDoFn(beam.DoFn):
                  run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                  reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
+                 run_archive: Any = beam.DoFn.StateParam(RUN_ARCHIVE),
                  snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
                  quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
                  final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER)) -> Iterator[Any]:
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, run_archive)
         record = stored.read_record()
         if record is None or record.quiet_us == NONE or not _fired_for(fired, record.quiet_us):
             return
@@ -532,12 +554,13 @@ class TrackRunDoFn(beam.DoFn):
         raise AssertionError("unreachable")
 
     def _report(self, stored: StoredRun, reported_rows: Any, now_us: int) -> Iterator[Any]:
-        """The pending snapshot, as of ``now_us`` on processing time; the state compacted first if
-        its log is due for it."""
+        """The pending snapshot, as of ``now_us`` on processing time; the state compacted then if
+        its log is due for it (after the snapshot, which has fed the step statistics the steps
+        that compaction may seal)."""
         state = stored.load()
         assert state is not None and stored.record is not None
-        stored.compact(state)
         yield from self._snapshot(stored, state, reported_rows, now_us)
+        stored.compact(state)
         stored.save()
 
     def _snapshot(self, stored: StoredRun, state: engine.RunState, reported_rows: Any,

@@ -25,7 +25,6 @@ markers, checkpoints: kept whole and as their effect).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import itertools
@@ -37,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from goodput_schemas.limits import MAX_COUNT
+from pipeline.core.columns import Column, bisect_left, bisect_right
 from pipeline.core.detect import (
     HANG,
     SLOWDOWN,
@@ -65,8 +65,8 @@ class Attempt:
     # How it ended, as its job_end says: True failed (a crash), False stopped as planned, None not
     # known (no job_end, or one without the flag). Of several job_ends, a failure wins.
     failed: bool | None = None
-    steps: array[int] = dataclasses.field(default_factory=lambda: array("q"))
-    step_times: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    steps: Column = dataclasses.field(default_factory=Column)
+    step_times: Column = dataclasses.field(default_factory=Column)
     # Span markers: label -> [(time_us, +1 start / -1 end)], paired at snapshot time.
     markers: dict[str, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
     saves: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # time, us, step
@@ -83,12 +83,12 @@ class Attempt:
     inserts: int = 0
     # Each event by its seq (see the module docstring): the seq of each step beside it, other
     # events whole, observations as (seq, time, fingerprint, kind) in seq order.
-    step_seqs: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    step_seqs: Column = dataclasses.field(default_factory=Column)
     records: dict[int, tuple[int, str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    obs_seqs: array[int] = dataclasses.field(default_factory=lambda: array("q"))
-    obs_times: array[int] = dataclasses.field(default_factory=lambda: array("q"))
-    obs_prints: array[int] = dataclasses.field(default_factory=lambda: array("q"))
-    obs_kinds: array[int] = dataclasses.field(default_factory=lambda: array("b"))
+    obs_seqs: Column = dataclasses.field(default_factory=Column)
+    obs_times: Column = dataclasses.field(default_factory=Column)
+    obs_prints: Column = dataclasses.field(default_factory=Column)
+    obs_kinds: Column = dataclasses.field(default_factory=lambda: Column(typecode="b"))
 
     def first_time(self, seq: int) -> bool:
         """Marks ``seq`` seen; False if it had been seen before."""
@@ -115,8 +115,8 @@ class Attempt:
             self.step_seqs.append(seq)
             return extends
         else:  # late arrival: keep (time, step) order (rare, so the O(n) insert is fine)
-            lo = bisect.bisect_left(times, time_us)
-            at = bisect.bisect_right(self.steps, step, lo, bisect.bisect_right(times, time_us, lo))
+            lo = bisect_left(times, time_us)
+            at = bisect_right(self.steps, step, lo, bisect_right(times, time_us, lo))
             self.steps.insert(at, step)
             self.step_times.insert(at, time_us)
             self.step_seqs.insert(at, seq)
@@ -132,7 +132,7 @@ class Attempt:
         """Keeps an observation's seq, time and fingerprint, in seq order."""
         at = len(self.obs_seqs)
         if at and self.obs_seqs[-1] > seq:  # a late message (rare): O(n) insert
-            at = bisect.bisect_left(self.obs_seqs, seq)
+            at = bisect_left(self.obs_seqs, seq)
         for column, value in ((self.obs_seqs, seq), (self.obs_times, time_us),
                               (self.obs_prints, fingerprint(kind, body)),
                               (self.obs_kinds, _OBSERVATION_KINDS.index(kind))):
@@ -162,7 +162,7 @@ class Attempt:
         at = np.searchsorted(old_times, new_times, "left")
         ends = np.searchsorted(old_times, new_times, "right")
         for i in np.flatnonzero(ends > at).tolist():  # steps at the same time: by number among them
-            at[i] = bisect.bisect_right(self.steps, int(new_steps[i]), int(at[i]), int(ends[i]))
+            at[i] = bisect_right(self.steps, int(new_steps[i]), int(at[i]), int(ends[i]))
         for column, values in ((self.steps, new_steps), (self.step_times, new_times),
                                (self.step_seqs, new_seqs)):
             column[:] = array("q", np.insert(_ints(column), at, values).tobytes())
@@ -309,6 +309,8 @@ class RunState:
         self._live_start: tuple[int, str] | None = None
         self._latest_us = 0
         self._timeline: Timeline | None = None
+        # Where its columns' sealed values are read from (``state_coder.Archive``), once sealed.
+        self.archive: Any = None
 
     @classmethod
     def of(cls, run_id: str, attempts: Iterable[Attempt], events: int, duplicates: int,
@@ -703,7 +705,7 @@ def _heard_by(attempt: Attempt, as_of_us: int) -> int:
     search of its events in a replay as of an earlier time."""
     if attempt.last_event_us <= as_of_us:
         return attempt.last_event_us
-    steps = bisect.bisect_right(attempt.step_times, as_of_us)
+    steps = bisect_right(attempt.step_times, as_of_us)
     observed = _ints(attempt.obs_times)
     return max(attempt.step_times[steps - 1] if steps else 0,
                int(observed[observed <= as_of_us].max(initial=0)),
@@ -822,10 +824,10 @@ def _entry(t: int, kind: str, body: dict[str, Any]) -> tuple[int, ...]:
     return (t, round(body["blocking_s"] * _US), int(body["step"]))
 
 
-def _index(seqs: array[int], seq: int) -> int | None:
+def _index(seqs: Column, seq: int) -> int | None:
     """Where ``seq`` is in ``seqs`` (found by bisection while they are in order, as they nearly
     always are; else by a scan), or None."""
-    i = bisect.bisect_left(seqs, seq)
+    i = bisect_left(seqs, seq)
     if i < len(seqs) and seqs[i] == seq:
         return i
     found = np.flatnonzero(_ints(seqs) == seq)

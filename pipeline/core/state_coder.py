@@ -1,57 +1,89 @@
 """The state coder: a run's state as compact, deterministic bytes, for Beam state.
 
-A JSON header holds everything but the step history and the observations (the anomaly
-detector's and the host scorer's state included); each attempt's steps, step times and step seqs
-follow as raw little-endian int64 arrays (24 bytes per recorded step), then its observations'
-seqs, times and fingerprints (int64) and kinds (one byte each).
+A run's state is two parts (issue: a message must cost the same at any length of the run):
+
+* the *hot* part (``encode_state``), which every message of the run reads: a JSON header holds
+  everything but the step history and the observations (the anomaly detector's and the host
+  scorer's state included); each attempt's steps, step times and step seqs follow as raw
+  little-endian int64 arrays (24 bytes per step), then its observations' seqs, times and
+  fingerprints (int64) and kinds (one byte each). Of each attempt's columns it holds only their
+  tails (``pipeline.core.columns``): the values sealed into the archive are counted, and their
+  first two and last values kept, in the header;
+* the *archive* (``seal``): chunks of ``CHUNK`` sealed values of an attempt's step columns or of
+  its observation columns, each written once, as its own entry, when ``seal`` makes it. A state
+  decoded from its hot part reads the archive (``decode_state``'s ``archive``) only when the
+  engine asks for a sealed value: for a restart's wasted progress, a late event, a redelivery of
+  an old message.
 
 A message added since the state was last encoded whole is encoded the same way
 (``encode_batch``): a JSON header with its events other than step starts, then the step starts'
-seqs, times and steps as int64 arrays. A run's state in Beam is the one and the others
-(``pipeline.beam.live``).
+seqs, times and steps as int64 arrays. A run's state in Beam is the hot part, the archive and
+those messages (``pipeline.beam.live``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import sys
 from array import array
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from pipeline.core.columns import Column
 from pipeline.core.detect import Detector, HostScorer
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
 
 _HEADER = struct.Struct("<4sI")
-_MAGIC = b"GPS1"
+_MAGIC = b"GPS2"
+_WHOLE_MAGIC = b"GPS1"  # a state of the version before the archive: everything in it
 _BATCH_MAGIC = b"GPB1"
+_CHUNK_MAGIC = b"GPC1"
+#: Values of a column group sealed into one archive chunk.
+CHUNK = 4096
+#: Values a column group's tail keeps when it is sealed: the steps since the last snapshot, and
+#: some before them, are read by every snapshot (the step statistics' and detector's next steps).
+KEEP = 4096
+#: An attempt's column groups: the step starts' and the observations'.
+STEPS, OBSERVATIONS = "steps", "obs"
+
+
+def _groups(attempt: Attempt) -> dict[str, tuple[Column, ...]]:
+    return {STEPS: (attempt.steps, attempt.step_times, attempt.step_seqs),
+            OBSERVATIONS: (attempt.obs_seqs, attempt.obs_times, attempt.obs_prints, attempt.obs_kinds)}
 
 
 def encode_state(state: RunState) -> bytes:
-    """A compact, deterministic encoding of a run's state (the Beam state coder uses it).
+    """The hot part of a run's state: compact and deterministic (the Beam state coder uses it).
 
-    A JSON header holds everything but the step history and the observations, which follow as
-    raw little-endian arrays (see the module docstring).
+    A JSON header holds everything but the columns' tails, which follow as raw little-endian
+    arrays (see the module docstring).
     """
     attempts = []
     arrays = []
     for attempt in state.attempts.values():
+        groups = _groups(attempt)
+        archived = {name: [columns[0].archived, [list(column.edges) for column in columns]]
+                    for name, columns in groups.items() if columns[0].archived}
         attempts.append({
             "id": attempt.attempt_id, "start": attempt.start_us, "end": attempt.end_us,
-            "meta": attempt.metadata, "n": len(attempt.steps),
+            "meta": attempt.metadata, "n": len(attempt.steps.tail),
             "markers": attempt.markers, "saves": attempt.saves, "restores": attempt.restores,
             "slices": attempt.slice_counts, "last": attempt.last_event_us,
             "wm": attempt.watermark, "extra": sorted(attempt.extra),
             # Events by seq (``Attempt.kept``): a state encoded without them cannot tell a
             # conflicting duplicate of its events from a redelivery.
             "records": [[seq, *record] for seq, record in sorted(attempt.records.items())],
-            "obs": len(attempt.obs_seqs),
+            "obs": len(attempt.obs_seqs.tail),
             # Only when known: a state without it encodes as before the flag existed.
             **({} if attempt.failed is None else {"failed": attempt.failed}),
+            **({"archived": archived} if archived else {}),
+            # Where the step number fails to increase, as scanned so far (not scanned again).
+            **({"splits": [attempt.split_scanned, attempt.splits]} if attempt.split_scanned else {}),
         })
-        arrays += [attempt.steps, attempt.step_times, attempt.step_seqs, attempt.obs_seqs, attempt.obs_times,
-                   attempt.obs_prints, attempt.obs_kinds]
+        arrays += [column.tail for columns in groups.values() for column in columns]
     fields = {"run": state.run_id, "events": state.events, "dups": state.duplicates, "attempts": attempts}
     if state.hosts.has_state:  # only then: a run without host summaries encodes as before they existed
         fields["hosts"] = state.hosts.to_json()
@@ -62,9 +94,110 @@ def encode_state(state: RunState) -> bytes:
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *map(_little_endian, arrays)])
 
 
-def decode_state(data: bytes) -> RunState:
-    """The state ``encode_state`` encoded."""
-    header, offset = _read_header(data, _MAGIC, "not an encoded run state")
+def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[bytes], bool]:
+    """Seals the oldest values of each attempt's column groups into archive chunks of ``chunk``
+    values, leaving at least ``keep`` in each tail, whole chunks at a time and a group's columns
+    alike. Returns the new chunks (each an entry of the archive) and whether they replace the
+    archive rather than add to it: a change inside a sealed stretch (a late event) took a column
+    back whole, and then every column is taken back (its archive read) and sealed anew."""
+    columns = [column for attempt in state.attempts.values() for group in _groups(attempt).values()
+               for column in group]
+    anew = any(column.moved for column in columns)
+    if anew:
+        for column in columns:
+            column.unarchive()
+            column.moved = False
+    archive = archive_of(state)
+    archive.forget()
+    chunks = []
+    for attempt in state.attempts.values():
+        for name, group in _groups(attempt).items():
+            at = group[0].archived
+            sealed = [column.seal(keep, chunk) for column in group]
+            for index, column in enumerate(group):
+                if column.archived and column.load is None:
+                    column.load = _loader(archive, attempt.attempt_id, name, index)
+            for start in range(0, len(sealed[0]), chunk):
+                header = json.dumps({"attempt": attempt.attempt_id, "group": name, "at": at + start},
+                                    separators=(",", ":")).encode()
+                chunks.append(b"".join([_HEADER.pack(_CHUNK_MAGIC, len(header)), header,
+                                        *(_little_endian(values[start:start + chunk]) for values in sealed)]))
+    return chunks, anew
+
+
+@dataclasses.dataclass
+class Archive:
+    """The archive of a decoded state: ``read`` returns its chunks (an entry each, any order);
+    they are read at most once, when a column first asks for a sealed value, and kept."""
+
+    read: Callable[[], Iterable[bytes]] | None = None
+    _columns: dict[tuple[str, str], list[array[int]]] | None = None
+
+    def forget(self) -> None:
+        """Drops the chunks read (the archive is about to change)."""
+        self._columns = None
+
+    def values(self, attempt_id: str, group: str, index: int) -> array[int]:
+        """The sealed values of an attempt's group's column ``index``."""
+        if self._columns is None:
+            if self.read is None:
+                raise LookupError("the run's archived values are asked for, and there is no archive to read")
+            self._columns = _chunks_by_column(self.read())
+        found = self._columns.get((attempt_id, group))
+        if found is None:
+            raise LookupError(f"the archive holds nothing of attempt {attempt_id!r}'s {group}")
+        return found[index]
+
+
+def archive_of(state: RunState) -> Archive:
+    """The archive the state's sealed values are read from (made, empty, if it has none)."""
+    archive = state.archive
+    if archive is None:
+        archive = state.archive = Archive()
+    assert isinstance(archive, Archive)
+    return archive
+
+
+def _chunks_by_column(entries: Iterable[bytes]) -> dict[tuple[str, str], list[array[int]]]:
+    """Each group's columns, its chunks put together in order."""
+    parts: dict[tuple[str, str], list[tuple[int, list[array[int]]]]] = {}
+    for data in entries:
+        header, offset = _read_header(data, _CHUNK_MAGIC, "not an archive chunk")
+        group = header["group"]
+        typecodes = "qqqb" if group == OBSERVATIONS else "qqq"
+        count = (len(data) - offset) // sum(array(code).itemsize for code in typecodes)
+        columns = [array(code) for code in typecodes]
+        _read_arrays(data, offset, [(column, count) for column in columns])
+        parts.setdefault((header["attempt"], group), []).append((header["at"], columns))
+    joined = {}
+    for key, chunks in parts.items():
+        chunks.sort(key=lambda part: part[0])
+        at = 0
+        for start, columns in chunks:
+            if start != at:
+                raise ValueError(f"the archive's chunks of attempt {key[0]!r}'s {key[1]} do not follow "
+                                 f"each other: one starts at {start}, where {at} was expected")
+            at += len(columns[0])
+        joined[key] = [_joined([columns[index] for _, columns in chunks])
+                       for index in range(len(chunks[0][1]))]
+    return joined
+
+
+def _joined(parts: list[array[int]]) -> array[int]:
+    whole = array(parts[0].typecode)
+    for part in parts:
+        whole.extend(part)
+    return whole
+
+
+def decode_state(data: bytes, archive: Archive | None = None) -> RunState:
+    """The state ``encode_state`` encoded, its sealed values read from ``archive`` when asked
+    for (an empty one, whose ``read`` is set later, if None); or one encoded whole by the
+    version before the archive."""
+    archive = archive or Archive()
+    magic = bytes(data[:4])
+    header, offset = _read_header(data, _WHOLE_MAGIC if magic == _WHOLE_MAGIC else _MAGIC,
+                                  "not an encoded run state")
     attempts = []
     for item in header["attempts"]:
         attempt = Attempt(item["id"], item["start"], item["end"], item["meta"])
@@ -76,6 +209,9 @@ def decode_state(data: bytes) -> RunState:
         else:  # encoded before events were kept by seq: those steps' seqs are unknown (-1)
             attempt.step_seqs.extend([-1] * item["n"])
         offset = _read_arrays(data, offset, columns)
+        for name, (count, edges) in item.get("archived", {}).items():
+            for index, column in enumerate(_groups(attempt)[name]):
+                column.restore(count, edges[index], _loader(archive, attempt.attempt_id, name, index))
         attempt.markers = {k: [tuple(m) for m in v] for k, v in item["markers"].items()}
         attempt.saves = [tuple(s) for s in item["saves"]]
         attempt.restores = [tuple(s) for s in item["restores"]]
@@ -84,12 +220,19 @@ def decode_state(data: bytes) -> RunState:
         attempt.extra = set(item["extra"])
         attempt.failed = item.get("failed")  # absent in states encoded before the flag existed
         attempt.records = {seq: (t, kind, body) for seq, t, kind, body in item.get("records", ())}
+        attempt.split_scanned, attempt.splits = item.get("splits", (0, []))
         attempts.append(attempt)
     hosts = HostScorer.from_json(header["hosts"]) if "hosts" in header else None
     detector = None
     if "detector" in header:
         detector = Detector.from_json(header["detector"]), [tuple(fed) for fed in header["detector"]["fed"]]
-    return RunState.of(header["run"], attempts, header["events"], header["dups"], hosts, detector)
+    state = RunState.of(header["run"], attempts, header["events"], header["dups"], hosts, detector)
+    state.archive = archive
+    return state
+
+
+def _loader(archive: Archive, attempt_id: str, group: str, index: int) -> Callable[[], array[int]]:
+    return lambda: archive.values(attempt_id, group, index)
 
 
 def encode_batch(batch: Batch) -> bytes:
@@ -120,14 +263,15 @@ def _read_header(data: bytes, magic: bytes, refusal: str) -> tuple[Any, int]:
     return json.loads(data[_HEADER.size:_HEADER.size + length]), _HEADER.size + length
 
 
-def _read_arrays(data: bytes, offset: int, targets: list[tuple[array[int], int]]) -> int:
-    """Fills each array with its count of little-endian values from ``offset`` on, in turn;
-    where the last one ends."""
+def _read_arrays(data: bytes, offset: int, targets: Sequence[tuple[Column | array[int], int]]) -> int:
+    """Fills each (empty) column or array with its count of little-endian values from ``offset``
+    on, in turn; where the last one ends."""
     for target, count in targets:
-        size = count * target.itemsize
-        target.frombytes(data[offset:offset + size])
+        values = target.tail if isinstance(target, Column) else target
+        size = count * values.itemsize
+        values.frombytes(data[offset:offset + size])
         if sys.byteorder != "little":
-            target.byteswap()
+            values.byteswap()
         offset += size
     return offset
 

@@ -57,6 +57,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core.columns import bisect_right
 from pipeline.core.snapshot import (
     CHECKPOINT_RESTORE,
     CHECKPOINT_SAVE,
@@ -165,7 +166,7 @@ class SubSegment:
         """How many leading step starts end kept intervals: those at or below the resume limit."""
         if self.resume_limit == math.inf:
             return self.hi - self.lo
-        return bisect.bisect_right(self.steps, self.resume_limit, self.lo, self.hi) - self.lo
+        return bisect_right(self.steps, self.resume_limit, self.lo, self.hi) - self.lo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +255,7 @@ class Timeline:
             for t, step in orphan_steps:
                 merged[max(0, bisect.bisect_right(bounds, t) - 1)].append((t, step))
         else:
-            self.step_layout = [(a.attempt_id, a.inserts, bisect.bisect_right(a.step_times, as_of))
+            self.step_layout = [(a.attempt_id, a.inserts, bisect_right(a.step_times, as_of))
                                 for a in starts]
         orphan_ends = [(a.end_us, a.failed) for a in self._attempts if a.start_us is None and a.end_us]
         orphan_end = max((end for end, _ in orphan_ends), default=None)
@@ -373,7 +374,7 @@ class Timeline:
         steps were added since (the run's version is unchanged)."""
         live = self.subsegments[-1]
         attempt_id, inserts, _ = self.step_layout[-1]  # type: ignore[index]
-        count = bisect.bisect_right(self._by_id[attempt_id].step_times, as_of_us)
+        count = bisect_right(self._by_id[attempt_id].step_times, as_of_us)
         live.hi, live.end_us = count, as_of_us
         self.step_layout[-1] = (attempt_id, inserts, count)  # type: ignore[index]
         self.as_of_us = self.end_us = as_of_us
