@@ -19,8 +19,10 @@ holds is ``pipeline.core.snapshot``'s; the state's encoding for Beam is
 ``pipeline.core.state_coder``'s.
 
 Memory: O(1) per run and per attempt, plus 24 bytes per recorded step (its number, time and seq
-in three ``array('q')``), 25 bytes per observation, plus about 300 bytes per other event (span
-markers, checkpoints: kept whole and as their effect).
+in three int64 ``Column``s), 25 bytes per observation, plus about 300 bytes per other event (span
+markers, checkpoints: kept whole and as their effect). A column's older values may be sealed
+away (``pipeline.core.columns``): a state decoded from its hot part holds only the columns'
+tails until the engine asks for an older value.
 """
 
 from __future__ import annotations

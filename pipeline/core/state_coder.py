@@ -1,21 +1,21 @@
 """The state coder: a run's state as compact, deterministic bytes, for Beam state.
 
-A run's state is two parts (issue: a message must cost the same at any length of the run):
+A run's state is two parts, so that a message costs the same at any length of the run:
 
 * the *hot* part (``encode_state``), which every message of the run reads: a JSON header holds
   everything but the step history and the observations (the anomaly detector's and the host
-  scorer's state included); each attempt's steps, step times and step seqs follow as raw
-  little-endian int64 arrays (24 bytes per step), then its observations' seqs, times and
-  fingerprints (int64) and kinds (one byte each). Of each attempt's columns it holds only their
-  tails (``pipeline.core.columns``): the values sealed into the archive are counted, and their
-  first two and last values kept, in the header;
+  scorer's state included); each attempt's step columns (numbers, times, seqs) and observation
+  columns (seqs, times, fingerprints, kinds) follow, each group packed (``pipeline.core.packing``:
+  a couple of bytes a step; 8 a fingerprint). Of each column it holds only its tail
+  (``pipeline.core.columns``): the values sealed into the archive are counted, and their first
+  two and last values kept, in the header;
 * the *archive* (``seal``): chunks of ``CHUNK`` sealed values of an attempt's step columns or of
-  its observation columns, each written once, as its own entry, when ``seal`` makes it. A state
-  decoded from its hot part reads the archive (``decode_state``'s ``archive``) only when the
-  engine asks for a sealed value: for a restart's wasted progress, a late event, a redelivery of
-  an old message.
+  its observation columns, packed alike, each written once, as its own entry, when ``seal``
+  makes it. A state decoded from its hot part reads the archive (``decode_state``'s
+  ``archive``) only when the engine asks for a sealed value: for a restart's wasted progress, a
+  late event, a redelivery of an old message.
 
-A message added since the state was last encoded whole is encoded the same way
+A message added since the state was last encoded whole is encoded on its own
 (``encode_batch``): a JSON header with its events other than step starts, then the step starts'
 seqs, times and steps as int64 arrays. A run's state in Beam is the hot part, the archive and
 those messages (``pipeline.beam.live``).
@@ -31,21 +31,26 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from pipeline.core.columns import Column
 from pipeline.core.detect import Detector, HostScorer
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
+from pipeline.core.packing import pack_columns, unpack_columns
 
 _HEADER = struct.Struct("<4sI")
 _MAGIC = b"GPS2"
-_WHOLE_MAGIC = b"GPS1"  # a state of the version before the archive: everything in it
+_EARLIER_MAGIC = b"GPS1"  # a state of the version before the archive
 _BATCH_MAGIC = b"GPB1"
 _CHUNK_MAGIC = b"GPC1"
-#: Values of a column group sealed into one archive chunk.
-CHUNK = 4096
+#: Values of a column group sealed into one archive chunk (``pipeline.core.packing``: 1.78
+#: bytes a step at 1,024, within 3 % of longer chunks).
+CHUNK = 1024
 #: Values a column group's tail keeps when it is sealed: the steps since the last snapshot, and
-#: some before them, are read by every snapshot (the step statistics' and detector's next steps).
-KEEP = 4096
+#: the one before them, are read by every snapshot (the step statistics' and detector's next
+#: steps); a tail holds from KEEP to KEEP + CHUNK values, whatever the run's length.
+KEEP = 256
 #: An attempt's column groups: the step starts' and the observations'.
 STEPS, OBSERVATIONS = "steps", "obs"
 
@@ -61,29 +66,30 @@ def encode_state(state: RunState) -> bytes:
     A JSON header holds everything but the columns' tails, which follow as raw little-endian
     arrays (see the module docstring).
     """
-    attempts = []
-    arrays = []
+    attempts: list[dict[str, Any]] = []
+    packed = []
     for attempt in state.attempts.values():
         groups = _groups(attempt)
         archived = {name: [columns[0].archived, [list(column.edges) for column in columns]]
                     for name, columns in groups.items() if columns[0].archived}
         attempts.append({
             "id": attempt.attempt_id, "start": attempt.start_us, "end": attempt.end_us,
-            "meta": attempt.metadata, "n": len(attempt.steps.tail),
+            "meta": attempt.metadata,
             "markers": attempt.markers, "saves": attempt.saves, "restores": attempt.restores,
             "slices": attempt.slice_counts, "last": attempt.last_event_us,
             "wm": attempt.watermark, "extra": sorted(attempt.extra),
             # Events by seq (``Attempt.kept``): a state encoded without them cannot tell a
             # conflicting duplicate of its events from a redelivery.
             "records": [[seq, *record] for seq, record in sorted(attempt.records.items())],
-            "obs": len(attempt.obs_seqs.tail),
             # Only when known: a state without it encodes as before the flag existed.
             **({} if attempt.failed is None else {"failed": attempt.failed}),
             **({"archived": archived} if archived else {}),
             # Where the step number fails to increase, as scanned so far (not scanned again).
             **({"splits": [attempt.split_scanned, attempt.splits]} if attempt.split_scanned else {}),
         })
-        arrays += [column.tail for columns in groups.values() for column in columns]
+        tails = [pack_columns([column.tail for column in columns]) for columns in groups.values()]
+        attempts[-1]["packed"] = [len(tail) for tail in tails]
+        packed += tails
     fields = {"run": state.run_id, "events": state.events, "dups": state.duplicates, "attempts": attempts}
     if state.hosts.has_state:  # only then: a run without host summaries encodes as before they existed
         fields["hosts"] = state.hosts.to_json()
@@ -91,7 +97,7 @@ def encode_state(state: RunState) -> bytes:
     if detector is not None:  # else fed afresh after a decode, as states of earlier versions are
         fields["detector"] = {**detector[0].to_json(), "fed": detector[1]}
     header = json.dumps(fields, separators=(",", ":")).encode()
-    return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *map(_little_endian, arrays)])
+    return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *packed])
 
 
 def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[bytes], bool]:
@@ -121,7 +127,7 @@ def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[by
                 header = json.dumps({"attempt": attempt.attempt_id, "group": name, "at": at + start},
                                     separators=(",", ":")).encode()
                 chunks.append(b"".join([_HEADER.pack(_CHUNK_MAGIC, len(header)), header,
-                                        *(_little_endian(values[start:start + chunk]) for values in sealed)]))
+                                        pack_columns([values[start:start + chunk] for values in sealed])]))
     return chunks, anew
 
 
@@ -163,12 +169,8 @@ def _chunks_by_column(entries: Iterable[bytes]) -> dict[tuple[str, str], list[ar
     parts: dict[tuple[str, str], list[tuple[int, list[array[int]]]]] = {}
     for data in entries:
         header, offset = _read_header(data, _CHUNK_MAGIC, "not an archive chunk")
-        group = header["group"]
-        typecodes = "qqqb" if group == OBSERVATIONS else "qqq"
-        count = (len(data) - offset) // sum(array(code).itemsize for code in typecodes)
-        columns = [array(code) for code in typecodes]
-        _read_arrays(data, offset, [(column, count) for column in columns])
-        parts.setdefault((header["attempt"], group), []).append((header["at"], columns))
+        key = header["attempt"], header["group"]
+        parts.setdefault(key, []).append((header["at"], _unpacked(data[offset:], header["group"])))
     joined = {}
     for key, chunks in parts.items():
         chunks.sort(key=lambda part: part[0])
@@ -183,6 +185,13 @@ def _chunks_by_column(entries: Iterable[bytes]) -> dict[tuple[str, str], list[ar
     return joined
 
 
+def _unpacked(data: bytes, group: str) -> list[array[int]]:
+    """A group's columns, as ``pack_columns`` packed them (observations' kinds are bytes)."""
+    typecodes = "qqqb" if group == OBSERVATIONS else "qqq"
+    return [array(code, values.astype(np.int8 if code == "b" else np.int64).tobytes())
+            for code, values in zip(typecodes, unpack_columns(data, len(typecodes)), strict=True)]
+
+
 def _joined(parts: list[array[int]]) -> array[int]:
     whole = array(parts[0].typecode)
     for part in parts:
@@ -192,25 +201,22 @@ def _joined(parts: list[array[int]]) -> array[int]:
 
 def decode_state(data: bytes, archive: Archive | None = None) -> RunState:
     """The state ``encode_state`` encoded, its sealed values read from ``archive`` when asked
-    for (an empty one, whose ``read`` is set later, if None); or one encoded whole by the
-    version before the archive."""
+    for (an empty one, whose ``read`` is set later, if None)."""
     archive = archive or Archive()
-    magic = bytes(data[:4])
-    header, offset = _read_header(data, _WHOLE_MAGIC if magic == _WHOLE_MAGIC else _MAGIC,
-                                  "not an encoded run state")
+    if bytes(data[:4]) == _EARLIER_MAGIC:
+        raise ValueError("a run state of an earlier version, before its archive: drain the job and "
+                         "launch it again (README, Deploy)")
+    header, offset = _read_header(data, _MAGIC, "not an encoded run state")
     attempts = []
     for item in header["attempts"]:
         attempt = Attempt(item["id"], item["start"], item["end"], item["meta"])
-        columns = [(attempt.steps, item["n"]), (attempt.step_times, item["n"])]
-        if "obs" in item:
-            count = item["obs"]
-            columns += [(attempt.step_seqs, item["n"]), (attempt.obs_seqs, count), (attempt.obs_times, count),
-                        (attempt.obs_prints, count), (attempt.obs_kinds, count)]
-        else:  # encoded before events were kept by seq: those steps' seqs are unknown (-1)
-            attempt.step_seqs.extend([-1] * item["n"])
-        offset = _read_arrays(data, offset, columns)
+        groups = _groups(attempt)
+        for (name, columns), size in zip(groups.items(), item["packed"], strict=True):
+            for column, values in zip(columns, _unpacked(data[offset:offset + size], name), strict=True):
+                column.tail.extend(values)
+            offset += size
         for name, (count, edges) in item.get("archived", {}).items():
-            for index, column in enumerate(_groups(attempt)[name]):
+            for index, column in enumerate(groups[name]):
                 column.restore(count, edges[index], _loader(archive, attempt.attempt_id, name, index))
         attempt.markers = {k: [tuple(m) for m in v] for k, v in item["markers"].items()}
         attempt.saves = [tuple(s) for s in item["saves"]]
