@@ -51,8 +51,9 @@ CHUNK = 1024
 #: the one before them, are read by every snapshot (the step statistics' and detector's next
 #: steps); a tail holds from KEEP to KEEP + CHUNK values, whatever the run's length.
 KEEP = 256
-#: An attempt's column groups: the step starts' and the observations'.
+#: An attempt's column groups: the step starts' and the observations', each archived apart.
 STEPS, OBSERVATIONS = "steps", "obs"
+GROUPS = (STEPS, OBSERVATIONS)
 
 
 def _groups(attempt: Attempt) -> dict[str, tuple[Column, ...]]:
@@ -100,12 +101,13 @@ def encode_state(state: RunState) -> bytes:
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *packed])
 
 
-def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[bytes], bool]:
+def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[dict[str, list[bytes]], bool]:
     """Seals the oldest values of each attempt's column groups into archive chunks of ``chunk``
     values, leaving at least ``keep`` in each tail, whole chunks at a time and a group's columns
-    alike. Returns the new chunks (each an entry of the archive) and whether they replace the
-    archive rather than add to it: a change inside a sealed stretch (a late event) took a column
-    back whole, and then every column is taken back (its archive read) and sealed anew."""
+    alike. Returns the new chunks of each group's archive (``GROUPS``: the step columns' apart
+    from the observations', which a restart does not read), and whether they replace the
+    archives rather than add to them: a change inside a sealed stretch (a late event) took a
+    column back whole, and then every column is taken back (its archive read) and sealed anew."""
     columns = [column for attempt in state.attempts.values() for group in _groups(attempt).values()
                for column in group]
     anew = any(column.moved for column in columns)
@@ -115,7 +117,7 @@ def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[by
             column.moved = False
     archive = archive_of(state)
     archive.forget()
-    chunks = []
+    chunks: dict[str, list[bytes]] = {name: [] for name in GROUPS}
     for attempt in state.attempts.values():
         for name, group in _groups(attempt).items():
             at = group[0].archived
@@ -124,32 +126,34 @@ def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[by
                 if column.archived and column.load is None:
                     column.load = _loader(archive, attempt.attempt_id, name, index)
             for start in range(0, len(sealed[0]), chunk):
-                header = json.dumps({"attempt": attempt.attempt_id, "group": name, "at": at + start},
+                header = json.dumps({"attempt": attempt.attempt_id, "at": at + start},
                                     separators=(",", ":")).encode()
-                chunks.append(b"".join([_HEADER.pack(_CHUNK_MAGIC, len(header)), header,
-                                        pack_columns([values[start:start + chunk] for values in sealed])]))
+                packed = pack_columns([values[start:start + chunk] for values in sealed])
+                chunks[name].append(b"".join([_HEADER.pack(_CHUNK_MAGIC, len(header)), header, packed]))
     return chunks, anew
 
 
 @dataclasses.dataclass
 class Archive:
-    """The archive of a decoded state: ``read`` returns its chunks (an entry each, any order);
-    they are read at most once, when a column first asks for a sealed value, and kept."""
+    """The archives of a decoded state: ``reads`` returns each group's chunks (an entry each, in
+    any order); a group's are read at most once, when a column of it first asks for a sealed
+    value, and kept."""
 
-    read: Callable[[], Iterable[bytes]] | None = None
-    _columns: dict[tuple[str, str], list[array[int]]] | None = None
+    reads: dict[str, Callable[[], Iterable[bytes]]] = dataclasses.field(default_factory=dict)
+    _columns: dict[str, dict[str, list[array[int]]]] = dataclasses.field(default_factory=dict)
 
     def forget(self) -> None:
-        """Drops the chunks read (the archive is about to change)."""
-        self._columns = None
+        """Drops the chunks read (the archives are about to change)."""
+        self._columns.clear()
 
     def values(self, attempt_id: str, group: str, index: int) -> array[int]:
         """The sealed values of an attempt's group's column ``index``."""
-        if self._columns is None:
-            if self.read is None:
-                raise LookupError("the run's archived values are asked for, and there is no archive to read")
-            self._columns = _chunks_by_column(self.read())
-        found = self._columns.get((attempt_id, group))
+        if group not in self._columns:
+            read = self.reads.get(group)
+            if read is None:
+                raise LookupError(f"the run's archived {group} are asked for, and it has no archive of them")
+            self._columns[group] = _chunks_by_attempt(read(), group)
+        found = self._columns[group].get(attempt_id)
         if found is None:
             raise LookupError(f"the archive holds nothing of attempt {attempt_id!r}'s {group}")
         return found[index]
@@ -164,24 +168,23 @@ def archive_of(state: RunState) -> Archive:
     return archive
 
 
-def _chunks_by_column(entries: Iterable[bytes]) -> dict[tuple[str, str], list[array[int]]]:
-    """Each group's columns, its chunks put together in order."""
-    parts: dict[tuple[str, str], list[tuple[int, list[array[int]]]]] = {}
+def _chunks_by_attempt(entries: Iterable[bytes], group: str) -> dict[str, list[array[int]]]:
+    """Each attempt's columns of a group, its chunks put together in order."""
+    parts: dict[str, list[tuple[int, list[array[int]]]]] = {}
     for data in entries:
         header, offset = _read_header(data, _CHUNK_MAGIC, "not an archive chunk")
-        key = header["attempt"], header["group"]
-        parts.setdefault(key, []).append((header["at"], _unpacked(data[offset:], header["group"])))
+        parts.setdefault(header["attempt"], []).append((header["at"], _unpacked(data[offset:], group)))
     joined = {}
-    for key, chunks in parts.items():
+    for attempt_id, chunks in parts.items():
         chunks.sort(key=lambda part: part[0])
         at = 0
         for start, columns in chunks:
             if start != at:
-                raise ValueError(f"the archive's chunks of attempt {key[0]!r}'s {key[1]} do not follow "
+                raise ValueError(f"the archive's chunks of attempt {attempt_id!r}'s {group} do not follow "
                                  f"each other: one starts at {start}, where {at} was expected")
             at += len(columns[0])
-        joined[key] = [_joined([columns[index] for _, columns in chunks])
-                       for index in range(len(chunks[0][1]))]
+        joined[attempt_id] = [_joined([columns[index] for _, columns in chunks])
+                              for index in range(len(chunks[0][1]))]
     return joined
 
 

@@ -5,7 +5,9 @@ step and observation columns, read only when the engine asks for a sealed value
 from __future__ import annotations
 
 import dataclasses
+import functools
 from array import array
+from collections import Counter
 from collections.abc import Iterable
 
 import pytest
@@ -16,6 +18,7 @@ from pipeline.core import state_coder
 from pipeline.core.columns import ArchiveMissing, Column
 from pipeline.core.engine import RunState
 from pipeline.core.events import Event
+from pipeline.core.state_coder import OBSERVATIONS, STEPS
 from support.steps import S, attempt_events, step_times
 
 WINDOWS = (60, 300)
@@ -23,19 +26,25 @@ WINDOWS = (60, 300)
 
 @dataclasses.dataclass
 class CountingArchive:
-    """An archive's entries, and how many times they were read."""
+    """A state's archives, each group's entries, and how many times each group's were read."""
 
-    entries: list[bytes] = dataclasses.field(default_factory=list)
-    reads: int = 0
+    entries: dict[str, list[bytes]] = dataclasses.field(
+        default_factory=lambda: {group: [] for group in state_coder.GROUPS})
+    reads: Counter[str] = dataclasses.field(default_factory=Counter)
 
-    def read(self) -> Iterable[bytes]:
-        self.reads += 1
-        return list(self.entries)
+    def archive(self) -> state_coder.Archive:
+        return state_coder.Archive({group: functools.partial(self.read, group)
+                                    for group in state_coder.GROUPS})
 
-    def store(self, chunks: list[bytes], anew: bool) -> None:
-        if anew:
-            self.entries.clear()
-        self.entries.extend(chunks)
+    def read(self, group: str) -> Iterable[bytes]:
+        self.reads[group] += 1
+        return list(self.entries[group])
+
+    def store(self, chunks: dict[str, list[bytes]], anew: bool) -> None:
+        for group in state_coder.GROUPS:
+            if anew:
+                self.entries[group].clear()
+            self.entries[group].extend(chunks[group])
 
 
 def sealed_and_decoded(state: RunState, archive: CountingArchive, keep: int = 64,
@@ -43,7 +52,7 @@ def sealed_and_decoded(state: RunState, archive: CountingArchive, keep: int = 64
     """``state`` as a stream stores it and another worker reads it back: sealed (small chunks, so
     that a short run has an archive), its hot part encoded, and decoded with ``archive``."""
     archive.store(*state_coder.seal(state, keep=keep, chunk=chunk))
-    return state_coder.decode_state(state_coder.encode_state(state), state_coder.Archive(archive.read))
+    return state_coder.decode_state(state_coder.encode_state(state), archive.archive())
 
 
 operations = st.lists(st.one_of(
@@ -142,8 +151,8 @@ def state_of(events: Iterable[Event]) -> RunState:
 
 def test_a_decoded_state_gives_every_snapshot_of_the_state_it_was_and_keeps_its_archive_apart():
     """Sealed, encoded and decoded, then given the next steps: snapshots equal those of the
-    state that was never stored, and the archive is read at most once, by the step statistics
-    that are rebuilt after a decode."""
+    state that was never stored, the step archive is read at most once, by the step statistics
+    that are rebuilt after a decode, and the observations' never."""
     events = fleet_events(2_000)
     stored, archive = state_of(events[:1_500]), CountingArchive()
     stored.snapshot(events[1_499].time_us, WINDOWS)
@@ -154,7 +163,7 @@ def test_a_decoded_state_gives_every_snapshot_of_the_state_it_was_and_keeps_its_
         decoded.add(event)
     as_of = max(event.time_us for event in events)
     assert decoded.snapshot(as_of, WINDOWS) == whole.snapshot(as_of, WINDOWS)
-    assert archive.reads <= 1
+    assert archive.reads[STEPS] <= 1 and not archive.reads[OBSERVATIONS]
 
 
 def test_a_late_step_inside_the_sealed_stretch_takes_the_column_back_and_the_archive_is_written_anew():
@@ -168,11 +177,11 @@ def test_a_late_step_inside_the_sealed_stretch_takes_the_column_back_and_the_arc
     decoded.add(late)
     as_of = max(event.time_us for event in events)
     assert decoded.snapshot(as_of, WINDOWS) == state_of(events).snapshot(as_of, WINDOWS)
-    assert archive.reads == 1
+    assert archive.reads[STEPS] == 1
     chunks, anew = state_coder.seal(decoded, keep=64, chunk=32)
     assert anew and chunks
     archive.store(chunks, anew)
-    again = state_coder.decode_state(state_coder.encode_state(decoded), state_coder.Archive(archive.read))
+    again = state_coder.decode_state(state_coder.encode_state(decoded), archive.archive())
     assert again.snapshot(as_of, WINDOWS) == state_of(events).snapshot(as_of, WINDOWS)
 
 
@@ -196,7 +205,7 @@ def test_a_restart_that_reruns_sealed_steps_has_the_numbers_of_the_whole_run():
 def test_chunks_that_do_not_follow_each_other_are_refused():
     state = state_of(fleet_events(300))
     chunks, _ = state_coder.seal(state, keep=64, chunk=32)
-    missing_first = state_coder.Archive(lambda: chunks[1:])
+    missing_first = state_coder.Archive({STEPS: lambda: chunks[STEPS][1:]})
     decoded = state_coder.decode_state(state_coder.encode_state(state), missing_first)
     with pytest.raises(ValueError, match="do not follow each other"):
         decoded.snapshot(10**18, WINDOWS)
