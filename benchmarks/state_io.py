@@ -199,7 +199,7 @@ def state_writes(batches: list[Any]) -> tuple[float, int]:
     from pipeline.core import engine
 
     fn, state = _tracker(), engine.RunState(batches[0].run_id)
-    stored = StoredRun(fn.store, state.run_id, _Value(), _Bag(), _Value(), _Bag(), _Bag())
+    stored = StoredRun(fn.store, state.run_id, _Value(), _Bag(), _Value(), _Bag())
     interval_us = round(SNAPSHOT_INTERVAL_S * 1e6)
     next_snapshot_us, seconds = batches[0].max_time_us + interval_us, 0.0
     with _counting() as counted:
@@ -236,9 +236,8 @@ def _cold_reads() -> list[dict[str, float]]:
             state.add_batch(batch)
         added = first
         state.snapshot(messages[first - 1][1].max_time_us, (300,))  # as a compacted state follows one
-        # run_state, run_log, run_info, reported_rows, step_archive, observation_archive
-        cells = [_Value(), _Bag(), _Value(), _Value(), _Bag(), _Bag()]
-        stored = StoredRun(_tracker().store, FLEET_RUN_ID, *cells[:3], *cells[4:])
+        cells = [_Value(), _Bag(), _Value(), _Value(), _Bag()]  # as the tracker's cells
+        stored = StoredRun(_tracker().store, FLEET_RUN_ID, *cells[:3], cells[4])
         stored.write_whole(state, seal=True)  # as a compaction stores it
         stored.save()
         reads, cpus, snapshot_cpus = [], [], []
@@ -271,8 +270,7 @@ def _life() -> list[tuple[int, int, int, int, float]]:
 
     fn = _tracker()
     due = Timestamp(micros=round(SNAPSHOT_INTERVAL_S * 1e6))  # the clock says 0: always this
-    # run_state, run_log, run_info, reported_rows, step_archive, observation_archive
-    cells = [_Value(), _Bag(), _Value(), _Value(), _Bag(), _Bag()]
+    cells = [_Value(), _Bag(), _Value(), _Value(), _Bag()]  # as the tracker's cells
     timers = [_Timer() for _ in range(3)]  # snapshot, quiet, final
     points = []
     messages = _messages(LIFE_STEPS)

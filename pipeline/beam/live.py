@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 import logging
 import random
@@ -220,8 +219,8 @@ class StoredRun:
     """One run's state as Beam stores it, through the state cells of one call of the tracker:
     the state's hot part as of its last compaction (``whole``), the messages added since
     (``log``, a bag, each ``state_coder.encode_batch``), the ``Record`` of both and of the run's
-    times (``info``), and the archives of its older step columns and observation columns (two
-    bags of the chunks ``state_coder.seal`` made).
+    times (``info``), and the archive of its older steps (``archive``, a bag of the chunks
+    ``state_coder.seal`` made).
 
     A message appends to the log and rewrites the record: it writes its own size plus a constant,
     whatever the run's history. A worker that holds the decoded state of the record's token
@@ -232,10 +231,9 @@ class StoredRun:
     and clears the log, once the log is at least as large as the hot part (and
     ``COMPACT_MIN_BYTES``). Changes are written by ``save``."""
 
-    def __init__(self, store: RunStore, run_id: str, whole: Any, log: Any, info: Any, step_archive: Any,
-                 observation_archive: Any) -> None:
+    def __init__(self, store: RunStore, run_id: str, whole: Any, log: Any, info: Any, archive: Any) -> None:
         self.store, self.run_id, self.whole, self.log, self.info = store, run_id, whole, log, info
-        self.archives = {state_coder.STEPS: step_archive, state_coder.OBSERVATIONS: observation_archive}
+        self.archive = archive
         self.record: Record | None = None
         self._changed: engine.RunState | None = None  # a state to store under a new token
 
@@ -267,13 +265,12 @@ class StoredRun:
         return state
 
     def _bind(self, state: engine.RunState) -> None:
-        """Has ``state`` read its archives through this call's cells (a state kept decoded
-        between bundles was read through an earlier call's)."""
-        state_coder.archive_of(state).reads = {
-            group: functools.partial(self._read_archive, cell) for group, cell in self.archives.items()}
+        """Has ``state`` read its archive through this call's cell (a state kept decoded between
+        bundles was read through an earlier call's)."""
+        state_coder.archive_of(state).read = self._read_archive
 
-    def _read_archive(self, cell: Any) -> list[bytes]:
-        chunks = list(cell.read())
+    def _read_archive(self) -> list[bytes]:
+        chunks = list(self.archive.read())
         self.store.read.inc(sum(map(len, chunks)))
         return chunks
 
@@ -291,13 +288,12 @@ class StoredRun:
         ``state_coder.KEEP`` values into new chunks of the archive first (or every column sealed
         anew, after a change inside the archive)."""
         self._bind(state)
-        chunks, anew = state_coder.seal(state) if seal else ({}, False)
-        for group, cell in self.archives.items():
-            if anew:
-                cell.clear()
-            for chunk in chunks.get(group, ()):
-                cell.add(chunk)
-                self.store.written.inc(len(chunk))
+        chunks, anew = state_coder.seal(state) if seal else ([], False)
+        if anew:
+            self.archive.clear()
+        for chunk in chunks:
+            self.archive.add(chunk)
+            self.store.written.inc(len(chunk))
         encoded = state_coder.encode_state(state)
         self.whole.write(encoded)
         self.log.clear()
@@ -325,7 +321,7 @@ class StoredRun:
         self.store.written.inc(Record.SIZE)
 
     def clear(self) -> None:
-        for cell in (self.whole, self.log, self.info, *self.archives.values()):
+        for cell in (self.whole, self.log, self.info, self.archive):
             cell.clear()
         self.record = None
         self.store.decoded.drop(self.run_id)
@@ -338,9 +334,7 @@ class TrackRunDoFn(beam.DoFn):
     RUN_LOG = BagStateSpec("run_log", BytesCoder())  # the messages since,
     RUN_INFO = ReadModifyWriteStateSpec("run_info", BytesCoder())  # and its Record
     REPORTED_ROWS = ReadModifyWriteStateSpec("reported_rows", BytesCoder())  # see Reported
-    # StoredRun: the chunks of the state's sealed step columns, and of its observations' columns
-    STEP_ARCHIVE = BagStateSpec("step_archive", BytesCoder())
-    OBSERVATION_ARCHIVE = BagStateSpec("observation_archive", BytesCoder())
+    STEP_ARCHIVE = BagStateSpec("step_archive", BytesCoder())  # StoredRun: its sealed steps' chunks
     SNAPSHOT_TIMER = TimerSpec("snapshot", TimeDomain.REAL_TIME)
     QUIET_TIMER = TimerSpec("quiet", TimeDomain.WATERMARK)
     FINAL_TIMER = TimerSpec("final", TimeDomain.WATERMARK)
@@ -381,15 +375,13 @@ class TrackRunDoFn(beam.DoFn):
         run_info: Any = beam.DoFn.StateParam(RUN_INFO),
         reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
         step_archive: Any = beam.DoFn.StateParam(STEP_ARCHIVE),
-        observation_archive: Any = beam.DoFn.StateParam(OBSERVATION_ARCHIVE),
         snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
         quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
         final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER),
     ) -> Iterator[Any]:
         run_id, message = element
         batch = None if isinstance(message, Unreported) else message
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive,
-                           observation_archive)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive)
         latest: LatestSnapshot | None = None
         try:
             state = stored.load()
@@ -461,10 +453,8 @@ class TrackRunDoFn(beam.DoFn):
                     run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                     run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                     reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
-                    step_archive: Any = beam.DoFn.StateParam(STEP_ARCHIVE),
-                    observation_archive: Any = beam.DoFn.StateParam(OBSERVATION_ARCHIVE)) -> Iterator[Any]:
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive,
-                           observation_archive)
+                    step_archive: Any = beam.DoFn.StateParam(STEP_ARCHIVE)) -> Iterator[Any]:
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive)
         record = stored.read_record()
         if record is not None and record.due_us != NONE and _fired_for(fired, record.due_us):
             yield from self._report(stored, reported_rows, record.due_us)
@@ -475,10 +465,8 @@ class TrackRunDoFn(beam.DoFn):
                  run_log: Any = beam.DoFn.StateParam(RUN_LOG),
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                  reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
-                 step_archive: Any = beam.DoFn.StateParam(STEP_ARCHIVE),
-                 observation_archive: Any = beam.DoFn.StateParam(OBSERVATION_ARCHIVE)) -> Iterator[Any]:
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive,
-                           observation_archive)
+                 step_archive: Any = beam.DoFn.StateParam(STEP_ARCHIVE)) -> Iterator[Any]:
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive)
         record = stored.read_record()
         if record is not None and record.due_us != NONE:
             yield from self._report(stored, reported_rows, round(self.clock() * _US))
@@ -490,12 +478,10 @@ class TrackRunDoFn(beam.DoFn):
                  run_info: Any = beam.DoFn.StateParam(RUN_INFO),
                  reported_rows: Any = beam.DoFn.StateParam(REPORTED_ROWS),
                  step_archive: Any = beam.DoFn.StateParam(STEP_ARCHIVE),
-                 observation_archive: Any = beam.DoFn.StateParam(OBSERVATION_ARCHIVE),
                  snapshot_timer: Any = beam.DoFn.TimerParam(SNAPSHOT_TIMER),
                  quiet_timer: Any = beam.DoFn.TimerParam(QUIET_TIMER),
                  final_timer: Any = beam.DoFn.TimerParam(FINAL_TIMER)) -> Iterator[Any]:
-        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive,
-                           observation_archive)
+        stored = StoredRun(self.store, run_id, run_state, run_log, run_info, step_archive)
         record = stored.read_record()
         if record is None or record.quiet_us == NONE or not _fired_for(fired, record.quiet_us):
             return

@@ -6,14 +6,13 @@ A run's state is two parts, so that a message costs the same at any length of th
   everything but the step history and the observations (the anomaly detector's and the host
   scorer's state included); each attempt's step columns (numbers, times, seqs) and observation
   columns (seqs, times, fingerprints, kinds) follow, each group packed (``pipeline.core.packing``:
-  a couple of bytes a step; 8 a fingerprint). Of each column it holds only its tail
+  a couple of bytes a step; 8 a fingerprint). Of the step columns it holds only their tails
   (``pipeline.core.columns``): the values sealed into the archive are counted, and their first
-  two and last values kept, in the header;
-* the *archive* (``seal``): chunks of ``CHUNK`` sealed values of an attempt's step columns or of
-  its observation columns, packed alike, each written once, as its own entry, when ``seal``
-  makes it. A state decoded from its hot part reads the archive (``decode_state``'s
-  ``archive``) only when the engine asks for a sealed value: for a restart's wasted progress, a
-  late event, a redelivery of an old message.
+  two and last values kept, in the header; of the observations, only the tail (``seal``);
+* the *archive* (``seal``): chunks of ``CHUNK`` sealed values of an attempt's step columns,
+  packed alike, each written once, as its own entry, when ``seal`` makes it. A state decoded
+  from its hot part reads the archive (``decode_state``'s ``archive``) only when the engine asks
+  for a sealed value: for a restart's wasted progress, a late step, a redelivery of an old one.
 
 A message added since the state was last encoded whole is encoded on its own
 (``encode_batch``): a JSON header with its events other than step starts, then the step starts'
@@ -51,9 +50,9 @@ CHUNK = 1024
 #: the one before them, are read by every snapshot (the step statistics' and detector's next
 #: steps); a tail holds from KEEP to KEEP + CHUNK values, whatever the run's length.
 KEEP = 256
-#: An attempt's column groups: the step starts' and the observations', each archived apart.
+#: An attempt's column groups: the step starts' (sealed into the archive) and the observations'
+#: (of which the state keeps the tail alone: see ``seal``).
 STEPS, OBSERVATIONS = "steps", "obs"
-GROUPS = (STEPS, OBSERVATIONS)
 
 
 def _groups(attempt: Attempt) -> dict[str, tuple[Column, ...]]:
@@ -71,8 +70,8 @@ def encode_state(state: RunState) -> bytes:
     packed = []
     for attempt in state.attempts.values():
         groups = _groups(attempt)
-        archived = {name: [columns[0].archived, [list(column.edges) for column in columns]]
-                    for name, columns in groups.items() if columns[0].archived}
+        steps = groups[STEPS]
+        archived = steps[0].archived and [steps[0].archived, [list(column.edges) for column in steps]]
         attempts.append({
             "id": attempt.attempt_id, "start": attempt.start_us, "end": attempt.end_us,
             "meta": attempt.metadata,
@@ -101,61 +100,63 @@ def encode_state(state: RunState) -> bytes:
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *packed])
 
 
-def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[dict[str, list[bytes]], bool]:
-    """Seals the oldest values of each attempt's column groups into archive chunks of ``chunk``
-    values, leaving at least ``keep`` in each tail, whole chunks at a time and a group's columns
-    alike. Returns the new chunks of each group's archive (``GROUPS``: the step columns' apart
-    from the observations', which a restart does not read), and whether they replace the
-    archives rather than add to them: a change inside a sealed stretch (a late event) took a
-    column back whole, and then every column is taken back (its archive read) and sealed anew."""
-    columns = [column for attempt in state.attempts.values() for group in _groups(attempt).values()
-               for column in group]
-    anew = any(column.moved for column in columns)
+def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[bytes], bool]:
+    """Seals the oldest step starts of each attempt into archive chunks of ``chunk`` values,
+    leaving at least ``keep`` in its tail, whole chunks at a time, and forgets its observations
+    alike: of a heartbeat or a model-metrics event the state needs only its seq (the watermark
+    keeps it) once it is older than the tail, as it keeps only the seqs of configs and metrics
+    (a conflicting duplicate of a forgotten one is taken for a redelivery; it changes no
+    figure). Returns the new chunks and whether they replace the archive rather than add to it:
+    a change inside a sealed stretch (a late step) took a column back whole, and then every
+    attempt's step columns are taken back (the archive read) and sealed anew."""
+    groups = [_groups(attempt)[STEPS] for attempt in state.attempts.values()]
+    anew = any(column.moved for group in groups for column in group)
     if anew:
-        for column in columns:
+        for column in (column for group in groups for column in group):
             column.unarchive()
             column.moved = False
     archive = archive_of(state)
     archive.forget()
-    chunks: dict[str, list[bytes]] = {name: [] for name in GROUPS}
-    for attempt in state.attempts.values():
-        for name, group in _groups(attempt).items():
-            at = group[0].archived
-            sealed = [column.seal(keep, chunk) for column in group]
-            for index, column in enumerate(group):
-                if column.archived and column.load is None:
-                    column.load = _loader(archive, attempt.attempt_id, name, index)
-            for start in range(0, len(sealed[0]), chunk):
-                header = json.dumps({"attempt": attempt.attempt_id, "at": at + start},
-                                    separators=(",", ":")).encode()
-                packed = pack_columns([values[start:start + chunk] for values in sealed])
-                chunks[name].append(b"".join([_HEADER.pack(_CHUNK_MAGIC, len(header)), header, packed]))
+    chunks = []
+    for attempt, group in zip(state.attempts.values(), groups, strict=True):
+        at = group[0].archived
+        sealed = [column.seal(keep, chunk) for column in group]
+        for index, column in enumerate(group):
+            if column.archived and column.load is None:
+                column.load = _loader(archive, attempt.attempt_id, index)
+        for start in range(0, len(sealed[0]), chunk):
+            header = json.dumps({"attempt": attempt.attempt_id, "at": at + start},
+                                separators=(",", ":")).encode()
+            packed = pack_columns([values[start:start + chunk] for values in sealed])
+            chunks.append(b"".join([_HEADER.pack(_CHUNK_MAGIC, len(header)), header, packed]))
+        observations = _groups(attempt)[OBSERVATIONS]
+        forgotten = max(0, len(observations[0]) - keep) // chunk * chunk
+        for column in observations:
+            del column[:forgotten]
     return chunks, anew
 
 
 @dataclasses.dataclass
 class Archive:
-    """The archives of a decoded state: ``reads`` returns each group's chunks (an entry each, in
-    any order); a group's are read at most once, when a column of it first asks for a sealed
-    value, and kept."""
+    """The archive of a decoded state: ``read`` returns its chunks (an entry each, in any
+    order); they are read at most once, when a column first asks for a sealed value, and kept."""
 
-    reads: dict[str, Callable[[], Iterable[bytes]]] = dataclasses.field(default_factory=dict)
-    _columns: dict[str, dict[str, list[array[int]]]] = dataclasses.field(default_factory=dict)
+    read: Callable[[], Iterable[bytes]] | None = None
+    _columns: dict[str, list[array[int]]] | None = None
 
     def forget(self) -> None:
-        """Drops the chunks read (the archives are about to change)."""
-        self._columns.clear()
+        """Drops the chunks read (the archive is about to change)."""
+        self._columns = None
 
-    def values(self, attempt_id: str, group: str, index: int) -> array[int]:
-        """The sealed values of an attempt's group's column ``index``."""
-        if group not in self._columns:
-            read = self.reads.get(group)
-            if read is None:
-                raise LookupError(f"the run's archived {group} are asked for, and it has no archive of them")
-            self._columns[group] = _chunks_by_attempt(read(), group)
-        found = self._columns[group].get(attempt_id)
+    def values(self, attempt_id: str, index: int) -> array[int]:
+        """The sealed values of an attempt's step column ``index`` (numbers, times, seqs)."""
+        if self._columns is None:
+            if self.read is None:
+                raise LookupError("the run's sealed steps are asked for, and it has no archive of them")
+            self._columns = _chunks_by_attempt(self.read())
+        found = self._columns.get(attempt_id)
         if found is None:
-            raise LookupError(f"the archive holds nothing of attempt {attempt_id!r}'s {group}")
+            raise LookupError(f"the archive holds no step of attempt {attempt_id!r}")
         return found[index]
 
 
@@ -168,20 +169,20 @@ def archive_of(state: RunState) -> Archive:
     return archive
 
 
-def _chunks_by_attempt(entries: Iterable[bytes], group: str) -> dict[str, list[array[int]]]:
-    """Each attempt's columns of a group, its chunks put together in order."""
+def _chunks_by_attempt(entries: Iterable[bytes]) -> dict[str, list[array[int]]]:
+    """Each attempt's step columns, its chunks put together in order."""
     parts: dict[str, list[tuple[int, list[array[int]]]]] = {}
     for data in entries:
         header, offset = _read_header(data, _CHUNK_MAGIC, "not an archive chunk")
-        parts.setdefault(header["attempt"], []).append((header["at"], _unpacked(data[offset:], group)))
+        parts.setdefault(header["attempt"], []).append((header["at"], _unpacked(data[offset:], STEPS)))
     joined = {}
     for attempt_id, chunks in parts.items():
         chunks.sort(key=lambda part: part[0])
         at = 0
         for start, columns in chunks:
             if start != at:
-                raise ValueError(f"the archive's chunks of attempt {attempt_id!r}'s {group} do not follow "
-                                 f"each other: one starts at {start}, where {at} was expected")
+                raise ValueError(f"the archive's chunks of attempt {attempt_id!r} do not follow each "
+                                 f"other: one starts at {start}, where {at} was expected")
             at += len(columns[0])
         joined[attempt_id] = [_joined([columns[index] for _, columns in chunks])
                               for index in range(len(chunks[0][1]))]
@@ -218,9 +219,10 @@ def decode_state(data: bytes, archive: Archive | None = None) -> RunState:
             for column, values in zip(columns, _unpacked(data[offset:offset + size], name), strict=True):
                 column.tail.extend(values)
             offset += size
-        for name, (count, edges) in item.get("archived", {}).items():
-            for index, column in enumerate(groups[name]):
-                column.restore(count, edges[index], _loader(archive, attempt.attempt_id, name, index))
+        if "archived" in item:
+            count, edges = item["archived"]
+            for index, column in enumerate(groups[STEPS]):
+                column.restore(count, edges[index], _loader(archive, attempt.attempt_id, index))
         attempt.markers = {k: [tuple(m) for m in v] for k, v in item["markers"].items()}
         attempt.saves = [tuple(s) for s in item["saves"]]
         attempt.restores = [tuple(s) for s in item["restores"]]
@@ -240,8 +242,8 @@ def decode_state(data: bytes, archive: Archive | None = None) -> RunState:
     return state
 
 
-def _loader(archive: Archive, attempt_id: str, group: str, index: int) -> Callable[[], array[int]]:
-    return lambda: archive.values(attempt_id, group, index)
+def _loader(archive: Archive, attempt_id: str, index: int) -> Callable[[], array[int]]:
+    return lambda: archive.values(attempt_id, index)
 
 
 def encode_batch(batch: Batch) -> bytes:

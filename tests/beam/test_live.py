@@ -382,8 +382,7 @@ class Tracked:
         self.fn = live.TrackRunDoFn(WINDOWS, 30.0, 300.0, 600.0, clock=lambda: now[0],
                                     **{"detection": NO_EARLY_HANG, **settings})
         self.fn.setup()
-        self.cells = {"whole": Cell(), "log": Bag(), "info": Cell(), "rows": Cell(), "steps": Bag(),
-                      "observations": Bag()}
+        self.cells = {"whole": Cell(), "log": Bag(), "info": Cell(), "rows": Cell(), "steps": Bag()}
         self.timers = {"snapshot": Timer(), "quiet": Timer(), "final": Timer()}
 
     def record(self) -> live.Record:

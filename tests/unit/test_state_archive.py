@@ -5,9 +5,7 @@ step and observation columns, read only when the engine asks for a sealed value
 from __future__ import annotations
 
 import dataclasses
-import functools
 from array import array
-from collections import Counter
 from collections.abc import Iterable
 
 import pytest
@@ -18,7 +16,6 @@ from pipeline.core import state_coder
 from pipeline.core.columns import ArchiveMissing, Column
 from pipeline.core.engine import RunState
 from pipeline.core.events import Event
-from pipeline.core.state_coder import OBSERVATIONS, STEPS
 from support.steps import S, attempt_events, step_times
 
 WINDOWS = (60, 300)
@@ -26,25 +23,22 @@ WINDOWS = (60, 300)
 
 @dataclasses.dataclass
 class CountingArchive:
-    """A state's archives, each group's entries, and how many times each group's were read."""
+    """A state's archive, its entries, and how many times they were read."""
 
-    entries: dict[str, list[bytes]] = dataclasses.field(
-        default_factory=lambda: {group: [] for group in state_coder.GROUPS})
-    reads: Counter[str] = dataclasses.field(default_factory=Counter)
+    entries: list[bytes] = dataclasses.field(default_factory=list)
+    reads: int = 0
 
     def archive(self) -> state_coder.Archive:
-        return state_coder.Archive({group: functools.partial(self.read, group)
-                                    for group in state_coder.GROUPS})
+        return state_coder.Archive(self.read)
 
-    def read(self, group: str) -> Iterable[bytes]:
-        self.reads[group] += 1
-        return list(self.entries[group])
+    def read(self) -> Iterable[bytes]:
+        self.reads += 1
+        return list(self.entries)
 
-    def store(self, chunks: dict[str, list[bytes]], anew: bool) -> None:
-        for group in state_coder.GROUPS:
-            if anew:
-                self.entries[group].clear()
-            self.entries[group].extend(chunks[group])
+    def store(self, chunks: list[bytes], anew: bool) -> None:
+        if anew:
+            self.entries.clear()
+        self.entries.extend(chunks)
 
 
 def sealed_and_decoded(state: RunState, archive: CountingArchive, keep: int = 64,
@@ -151,8 +145,8 @@ def state_of(events: Iterable[Event]) -> RunState:
 
 def test_a_decoded_state_gives_every_snapshot_of_the_state_it_was_and_keeps_its_archive_apart():
     """Sealed, encoded and decoded, then given the next steps: snapshots equal those of the
-    state that was never stored, the step archive is read at most once, by the step statistics
-    that are rebuilt after a decode, and the observations' never."""
+    state that was never stored, and the archive is read at most once, by the step statistics
+    that are rebuilt after a decode."""
     events = fleet_events(2_000)
     stored, archive = state_of(events[:1_500]), CountingArchive()
     stored.snapshot(events[1_499].time_us, WINDOWS)
@@ -163,7 +157,7 @@ def test_a_decoded_state_gives_every_snapshot_of_the_state_it_was_and_keeps_its_
         decoded.add(event)
     as_of = max(event.time_us for event in events)
     assert decoded.snapshot(as_of, WINDOWS) == whole.snapshot(as_of, WINDOWS)
-    assert archive.reads[STEPS] <= 1 and not archive.reads[OBSERVATIONS]
+    assert archive.reads <= 1
 
 
 def test_a_late_step_inside_the_sealed_stretch_takes_the_column_back_and_the_archive_is_written_anew():
@@ -177,7 +171,7 @@ def test_a_late_step_inside_the_sealed_stretch_takes_the_column_back_and_the_arc
     decoded.add(late)
     as_of = max(event.time_us for event in events)
     assert decoded.snapshot(as_of, WINDOWS) == state_of(events).snapshot(as_of, WINDOWS)
-    assert archive.reads[STEPS] == 1
+    assert archive.reads == 1
     chunks, anew = state_coder.seal(decoded, keep=64, chunk=32)
     assert anew and chunks
     archive.store(chunks, anew)
@@ -205,7 +199,7 @@ def test_a_restart_that_reruns_sealed_steps_has_the_numbers_of_the_whole_run():
 def test_chunks_that_do_not_follow_each_other_are_refused():
     state = state_of(fleet_events(300))
     chunks, _ = state_coder.seal(state, keep=64, chunk=32)
-    missing_first = state_coder.Archive({STEPS: lambda: chunks[STEPS][1:]})
+    missing_first = state_coder.Archive(lambda: chunks[1:])
     decoded = state_coder.decode_state(state_coder.encode_state(state), missing_first)
     with pytest.raises(ValueError, match="do not follow each other"):
         decoded.snapshot(10**18, WINDOWS)
@@ -221,3 +215,19 @@ def test_a_state_without_an_archive_round_trips_and_one_of_the_version_before_is
     assert decoded.snapshot(10**18, WINDOWS) == state.snapshot(10**18, WINDOWS)
     with pytest.raises(ValueError, match="drain the job and launch it again"):
         state_coder.decode_state(b"GPS1" + data[4:])
+
+
+def test_observations_older_than_the_tail_are_forgotten_and_a_copy_of_one_is_a_redelivery():
+    """Of a heartbeat or model-metrics event older than the tail, a sealed state keeps only its
+    seq: a conflicting copy of one is taken for a redelivery (a state that keeps it calls it a
+    conflict), and the run's numbers are the same."""
+    events = fleet_events(600)
+    old = next(e for e in events if e.kind == "model_metrics")
+    copy = dataclasses.replace(old, body={"loss": 99.0})
+    whole, conflicts = state_of(events), []
+    assert not whole.add(copy, conflicts) and len(conflicts) == 1
+    decoded, conflicts = sealed_and_decoded(state_of(events), CountingArchive()), []
+    assert len(decoded.attempts["a"].obs_seqs) < 600
+    assert not decoded.add(copy, conflicts) and conflicts == []
+    as_of = max(event.time_us for event in events)
+    assert decoded.snapshot(as_of, WINDOWS) == whole.snapshot(as_of, WINDOWS)
