@@ -40,16 +40,36 @@ _LEVEL = 9  # run-length mode gave the same sizes at levels 1, 6 and 9, in the s
 _U1 = np.uint64(1)
 
 
-def pack_columns(columns: Sequence[IntColumn]) -> bytes:
+def pack_columns(columns: Sequence[IntColumn], by_value: Sequence[bool] = ()) -> bytes:
     """Int64 columns of one length as compact bytes (see the module docstring); any values, in
-    any order. Deterministic: the same columns give the same bytes (with one zlib; another may
-    deflate differently, and either decodes the other's)."""
-    return _MAGIC + _encode_columns([_column(column) for column in columns])
+    any order. A column named in ``by_value`` (True at its index) is coded by its values less
+    their median rather than by its deltas: durations, whose deltas would count two jitters.
+    Deterministic: the same columns give the same bytes (with one zlib; another may deflate
+    differently, and either decodes the other's)."""
+    return _MAGIC + _encode_columns([_column(column) for column in columns], by_value)
 
 
-def unpack_columns(data: bytes, width: int) -> list[npt.NDArray[np.int64]]:
-    """The ``width`` columns that ``pack_columns`` packed."""
-    return _decode_columns(data, _MAGIC, width, "not packed int64 columns")
+def unpack_columns(data: bytes, width: int, by_value: Sequence[bool] = ()) -> list[npt.NDArray[np.int64]]:
+    """The ``width`` columns that ``pack_columns`` packed (with the same ``by_value``)."""
+    return _decode_columns(data, _MAGIC, width, "not packed int64 columns", by_value)
+
+
+def pack_each(columns: Sequence[IntColumn], by_value: Sequence[bool] = ()) -> bytes:
+    """Int64 columns of any lengths, each packed on its own (``pack_columns``), one after the
+    other, each framed by its length."""
+    packed = [pack_columns([column], by_value[index:index + 1]) for index, column in enumerate(columns)]
+    return b"".join(_varint(len(part)) + part for part in packed)
+
+
+def unpack_each(data: bytes, width: int, by_value: Sequence[bool] = (),
+                refusal: str = "not packed int64 columns") -> list[npt.NDArray[np.int64]]:
+    """The ``width`` columns that ``pack_each`` packed (with the same ``by_value``); a
+    ValueError that begins with ``refusal`` for bytes that are not."""
+    reader = _Reader(data, 0, refusal)
+    columns = [_decode_columns(reader.take(reader.varint()), _MAGIC, 1, refusal, by_value[index:index + 1])[0]
+               for index in range(width)]
+    reader.end()
+    return columns
 
 
 def _column(values: IntColumn) -> npt.NDArray[np.int64]:
@@ -60,18 +80,18 @@ def _empty() -> npt.NDArray[np.int64]:
     return np.empty(0, dtype=np.int64)
 
 
-def _encode_columns(columns: Sequence[npt.NDArray[np.int64]]) -> bytes:
-    """Columns of one length: the count, then each column's first value, reference delta and
-    plane count (varints), then each compressed plane, framed by its length."""
+def _encode_columns(columns: Sequence[npt.NDArray[np.int64]], by_value: Sequence[bool] = ()) -> bytes:
+    """Columns of one length: the count, then each column's first value, reference and plane
+    count (varints), then each compressed plane, framed by its length."""
     count = len(columns[0]) if columns else 0
     if any(len(column) != count for column in columns):
         raise ValueError("the columns differ in length")
     head = [_varint(count)]
     planes: list[bytes] = []
-    for column in columns:
+    for index, column in enumerate(columns):
         if not count:
             continue
-        first, reference, column_planes = _planes(column)
+        first, reference, column_planes = _planes(column, index < len(by_value) and by_value[index])
         head += [_varint(_zigzag(first)), _varint(_zigzag(reference)), _varint(len(column_planes))]
         for plane in column_planes:
             packed = _compress(plane)
@@ -79,7 +99,8 @@ def _encode_columns(columns: Sequence[npt.NDArray[np.int64]]) -> bytes:
     return b"".join(head + planes)
 
 
-def _decode_columns(data: bytes, magic: bytes, width: int, refusal: str) -> list[npt.NDArray[np.int64]]:
+def _decode_columns(data: bytes, magic: bytes, width: int, refusal: str,
+                    by_value: Sequence[bool] = ()) -> list[npt.NDArray[np.int64]]:
     """The ``width`` columns ``_encode_columns`` encoded after ``magic``."""
     if data[:len(magic)] != magic:
         raise ValueError(refusal)
@@ -90,45 +111,51 @@ def _decode_columns(data: bytes, magic: bytes, width: int, refusal: str) -> list
         return [_empty() for _ in range(width)]
     heads = [(_unzigzag(reader.varint()), _unzigzag(reader.varint()), reader.varint()) for _ in range(width)]
     columns = []
-    for first, reference, plane_count in heads:
+    for index, (first, reference, plane_count) in enumerate(heads):
         if plane_count > 8:
             raise ValueError(f"{refusal}: {plane_count} byte planes")
         planes = [_decompress(reader.take(reader.varint()), count - 1, refusal) for _ in range(plane_count)]
-        columns.append(_from_planes(first, reference, planes, count))
+        valued = index < len(by_value) and by_value[index]
+        columns.append(_from_planes(first, reference, planes, count, valued))
     reader.end()
     return columns
 
 
-def _planes(column: npt.NDArray[np.int64]) -> tuple[int, int, list[bytes]]:
-    """A column's first value, its reference delta, and the byte planes of its residuals (the
-    deltas less the reference, zig-zag mapped), low bytes first, as many as the widest needs.
-    The arithmetic wraps modulo 2**64, so any int64 values round-trip."""
+def _planes(column: npt.NDArray[np.int64], by_value: bool = False) -> tuple[int, int, list[bytes]]:
+    """A column's first value, its reference (the median of its deltas, or with ``by_value`` of
+    its other values), and the byte planes of its residuals (those less the reference, zig-zag
+    mapped), low bytes first, as many as the widest needs. The arithmetic wraps modulo 2**64, so
+    any int64 values round-trip."""
     values = column.view(np.uint64)
-    deltas = values[1:] - values[:-1]
-    if not len(deltas):
+    rest = values[1:] if by_value else values[1:] - values[:-1]
+    if not len(rest):
         return int(column[0]), 0, []
-    signed = deltas.view(np.int64)
+    signed = rest.view(np.int64)
     middle = len(signed) // 2
     reference = int(np.partition(signed, middle)[middle])
-    residuals = (deltas - np.int64(reference).view(np.uint64)).view(np.int64)
+    residuals = (rest - np.int64(reference).view(np.uint64)).view(np.int64)
     mapped = ((residuals << 1) ^ (residuals >> 63)).view(np.uint64)
     width = (int(mapped.max()).bit_length() + 7) // 8
     planes = mapped.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :width].T
     return int(column[0]), reference, [plane.tobytes() for plane in planes]
 
 
-def _from_planes(first: int, reference: int, planes: list[bytes], count: int) -> npt.NDArray[np.int64]:
-    """The column whose first value, reference delta and residuals' planes these are."""
+def _from_planes(first: int, reference: int, planes: list[bytes], count: int,
+                 by_value: bool = False) -> npt.NDArray[np.int64]:
+    """The column whose first value, reference and residuals' planes these are."""
     grid = np.zeros((count - 1, 8), dtype=np.uint8)
     for at, plane in enumerate(planes):
         grid[:, at] = np.frombuffer(plane, dtype=np.uint8)
     mapped = grid.view("<u8").reshape(-1).astype(np.uint64)
     residuals = (mapped >> _U1) ^ (np.uint64(0) - (mapped & _U1))
-    deltas = residuals + np.int64(reference).view(np.uint64)
+    rest = residuals + np.int64(reference).view(np.uint64)
     values = np.empty(count, dtype=np.uint64)
     values[0] = np.int64(first).view(np.uint64)
-    np.cumsum(deltas, out=values[1:])
-    values[1:] += values[0]
+    if by_value:
+        values[1:] = rest
+    else:
+        np.cumsum(rest, out=values[1:])
+        values[1:] += values[0]
     return values.view(np.int64)
 
 

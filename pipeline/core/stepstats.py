@@ -36,13 +36,14 @@ import bisect
 import collections
 import itertools
 import math
-import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from pipeline.core.packing import pack_each, unpack_each
 
 RECENT = 100
 BASELINE = 1000
@@ -282,8 +283,7 @@ _POWERS = np.array([10 ** k for k in range(19)], dtype=np.int64)
 _MAGIC = b"GSTS"
 _VERSION = 1
 _EXACT, _BINNED = 0, 1
-_LEVEL = 9  # in run-length mode a higher level costs little time and saves a few bytes
-_U1 = np.uint64(1)
+_REFUSAL = "encoded step statistics"
 
 
 def bin_of(durations: Int64s) -> Int64s:
@@ -401,7 +401,7 @@ class BoundedStepStatistics:
         else:
             columns, mode = state.columns(), _BINNED
         return b"".join([_MAGIC, bytes([_VERSION, mode]),
-                         *(_encode_column(column, deltas) for column, deltas in columns)])
+                         pack_each([column for column, _ in columns], [not deltas for _, deltas in columns])])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> BoundedStepStatistics:
@@ -415,19 +415,18 @@ class BoundedStepStatistics:
         if version != _VERSION:
             raise ValueError(f"step statistics encoded in layout {version}; this version reads layout "
                              f"{_VERSION} only")
-        reader = _Reader(data, len(_MAGIC) + 2)
+        body = data[len(_MAGIC) + 2:]
         stats = cls()
         if mode == _EXACT:
-            steps, durations = (reader.column(deltas) for deltas in (True, False))
-            reader.end()
+            steps, durations = unpack_each(body, 2, (False, True), _REFUSAL)
             if len(steps) > EXACT_LIMIT or len(np.unique(steps)) != len(steps) or np.any(durations < 0):
                 raise ValueError("encoded step statistics: not exact statistics")
             exact = StepStatistics("q")
             exact.set_many(list(zip(steps.tolist(), durations.tolist(), strict=True)))
             stats._state = exact
         elif mode == _BINNED:
-            stats._state = _Binned.from_columns([reader.column(deltas) for deltas in _Binned.DELTAS])
-            reader.end()
+            by_value = [not deltas for deltas in _Binned.DELTAS]
+            stats._state = _Binned.from_columns(unpack_each(body, len(by_value), by_value, _REFUSAL))
         else:
             raise ValueError(f"encoded step statistics: unknown mode {mode}")
         return stats
@@ -691,113 +690,3 @@ def _collapsed(pairs: Sequence[tuple[int, int]]) -> tuple[Int64s, Int64s]:
     last = len(steps) - 1 - np.unique(steps[::-1], return_index=True)[1]
     order = np.argsort(first)
     return distinct[order], durations[last[order]]
-
-
-def _encode_column(values: Int64s, deltas: bool) -> bytes:
-    """A column of int64 as its length, first value, a reference and the byte planes of the
-    residuals of the rest (each value, or its delta from the one before, less the reference: the
-    median one; zig-zag mapped; low bytes first, as many planes as the widest needs), each plane
-    deflated on its own in run-length mode (varints, planes framed by their length). Durations
-    are coded by value, not delta: a delta would count two durations' jitter. A plane of its own
-    gets a Huffman table of its own: the near-random low bytes cost what they must, the high
-    ones next to nothing. Arithmetic wraps modulo 2**64, so any int64 round-trip."""
-    if len(values) < 2:
-        return b"".join([_varint(len(values)), *(_varint(_zigzag(int(value))) for value in values)])
-    raw = values.view(np.uint64)
-    rest = raw[1:] - raw[:-1] if deltas else raw[1:]
-    signed = rest.view(np.int64)
-    middle = len(signed) // 2
-    reference = int(np.partition(signed, middle)[middle])
-    residuals = (rest - np.int64(reference).view(np.uint64)).view(np.int64)
-    mapped = ((residuals << 1) ^ (residuals >> 63)).view(np.uint64)
-    width = (int(mapped.max()).bit_length() + 7) // 8
-    grid = mapped.astype("<u8").view(np.uint8).reshape(-1, 8)
-    planes = [_deflate(plane.tobytes()) for plane in grid[:, :width].T]
-    return b"".join([_varint(len(values)), _varint(_zigzag(int(values[0]))), _varint(_zigzag(reference)),
-                     _varint(width), *(_varint(len(plane)) + plane for plane in planes)])
-
-
-def _deflate(plane: bytes) -> bytes:
-    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15, 9, zlib.Z_RLE)
-    return packer.compress(plane) + packer.flush()
-
-
-def _zigzag(value: int) -> int:
-    return (value << 1) ^ (value >> 63)
-
-
-def _unzigzag(value: int) -> int:
-    return (value >> 1) ^ -(value & 1)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-class _Reader:
-    """Reads what ``_encode_column`` wrote, refusing an encoding that ends too soon or goes on
-    too long."""
-
-    def __init__(self, data: bytes, offset: int) -> None:
-        self.data, self.offset = data, offset
-
-    def column(self, deltas: bool) -> Int64s:
-        count = self._varint()
-        if count < 2:
-            return np.array([_unzigzag(self._varint()) for _ in range(count)], dtype=np.int64)
-        first, reference, width = _unzigzag(self._varint()), _unzigzag(self._varint()), self._varint()
-        if width > 8:
-            raise ValueError(f"encoded step statistics: {width} byte planes")
-        grid = np.zeros((count - 1, 8), dtype=np.uint8)
-        for at in range(width):
-            grid[:, at] = np.frombuffer(self._inflate(self._take(self._varint()), count - 1), dtype=np.uint8)
-        mapped = grid.view("<u8").reshape(-1).astype(np.uint64)
-        rest = ((mapped >> _U1) ^ (np.uint64(0) - (mapped & _U1))) + np.int64(reference).view(np.uint64)
-        values = np.empty(count, dtype=np.uint64)
-        values[0] = np.int64(first).view(np.uint64)
-        if deltas:
-            np.cumsum(rest, out=values[1:])
-            values[1:] += values[0]
-        else:
-            values[1:] = rest
-        return values.view(np.int64)
-
-    def end(self) -> None:
-        if self.offset != len(self.data):
-            raise ValueError(f"encoded step statistics: {len(self.data) - self.offset} bytes after the end")
-
-    def _varint(self) -> int:
-        value = shift = 0
-        while True:
-            if self.offset >= len(self.data) or shift > 63:
-                raise ValueError("encoded step statistics: truncated")
-            byte = self.data[self.offset]
-            self.offset += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                if value >> 64:
-                    raise ValueError("encoded step statistics: a number over 64 bits")
-                return value
-
-    def _take(self, size: int) -> bytes:
-        if self.offset + size > len(self.data):
-            raise ValueError("encoded step statistics: truncated")
-        self.offset += size
-        return self.data[self.offset - size:self.offset]
-
-    @staticmethod
-    def _inflate(packed: bytes, size: int) -> bytes:
-        unpacker = zlib.decompressobj(-15)
-        try:
-            plane = unpacker.decompress(packed, size + 1)
-        except zlib.error as error:
-            raise ValueError(f"encoded step statistics: {error}") from None
-        if len(plane) != size or not unpacker.eof or unpacker.unused_data:
-            raise ValueError("encoded step statistics: a byte plane of the wrong size")
-        return plane

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.packing import pack_columns, unpack_columns
+from pipeline.core.packing import pack_columns, pack_each, unpack_columns, unpack_each
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 T0_US = 1_700_000_000_000_000
@@ -24,14 +24,24 @@ def columns(draw: st.DrawFn) -> list[list[int]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(columns())
-def test_any_columns_round_trip_to_the_same_bytes(cols):
-    """Unpacking gives the columns back, and packing them again gives the same bytes."""
-    data = pack_columns(cols)
-    unpacked = unpack_columns(data, len(cols))
+@given(columns(), st.lists(st.booleans(), max_size=4))
+def test_any_columns_round_trip_to_the_same_bytes(cols, by_value):
+    """Unpacking gives the columns back, and packing them again gives the same bytes, each
+    column coded by its deltas or by value."""
+    data = pack_columns(cols, by_value)
+    unpacked = unpack_columns(data, len(cols), by_value)
     assert [column.tolist() for column in unpacked] == cols
     assert all(column.dtype == np.int64 for column in unpacked)
-    assert pack_columns(unpacked) == data
+    assert pack_columns(unpacked, by_value) == data
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(INT64, max_size=50), min_size=1, max_size=5), st.lists(st.booleans(), max_size=5))
+def test_columns_of_any_lengths_packed_each_round_trip(cols, by_value):
+    data = pack_each(cols, by_value)
+    assert [column.tolist() for column in unpack_each(data, len(cols), by_value)] == cols
+    with pytest.raises(ValueError, match="not packed int64 columns"):
+        unpack_each(data + b"\x00", len(cols), by_value)
 
 
 @pytest.mark.parametrize("cols", [
