@@ -32,7 +32,7 @@ import hashlib
 import itertools
 import json
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,7 +50,7 @@ from pipeline.core.detect import (
 )
 from pipeline.core.events import Batch, DeadLetter, Event
 from pipeline.core.snapshot import DEFAULT_WINDOWS_S, Snapshot, StepSummary
-from pipeline.core.stepstats import StepStatistics
+from pipeline.core.stepstats import BoundedStepStatistics
 from pipeline.core.timeline import Settled, Timeline, span_label
 
 _US = 1_000_000
@@ -293,9 +293,9 @@ class RunState:
         self.duplicates = 0
         # Step statistics and anomalies of the steps fed so far, each with what it was fed:
         # [(attempt id, inserts, steps fed)] in segment order (None: not to be extended);
-        # extended while steps are only appended, rebuilt otherwise. The detector's state is
-        # encoded with the run's (it is small); the statistics are rebuilt after a decode.
-        self._stats = StepStatistics("q")
+        # extended while steps are only appended, rebuilt otherwise. Both are bounded whatever
+        # the run's length, and encoded with the run's state.
+        self._stats = BoundedStepStatistics()
         self._stats_fed: list[tuple[str, int, int]] | None = []
         self._detector = Detector()
         self._detector_fed: list[tuple[str, int, int]] | None = []
@@ -317,9 +317,11 @@ class RunState:
     @classmethod
     def of(cls, run_id: str, attempts: Iterable[Attempt], events: int, duplicates: int,
            hosts: HostScorer | None = None,
-           detector: tuple[Detector, list[tuple[str, int]]] | None = None) -> RunState:
-        """The state that holds ``attempts`` as recorded, with its event counts, host scorer and
-        detector with the steps of each attempt it was fed (how the state coder rebuilds a run)."""
+           detector: tuple[Detector, list[tuple[str, int]]] | None = None,
+           stats: tuple[BoundedStepStatistics, list[tuple[str, int]]] | None = None) -> RunState:
+        """The state that holds ``attempts`` as recorded, with its event counts, host scorer, and
+        detector and step statistics each with the steps of each attempt it was fed (how the
+        state coder rebuilds a run)."""
         state = cls(run_id)
         state.events, state.duplicates = events, duplicates
         state.hosts = hosts or HostScorer()
@@ -330,17 +332,32 @@ class RunState:
                 state._started(attempt)
         if detector is not None:
             state._detector, fed = detector
-            state._detector_fed = [(attempt_id, state.attempts[attempt_id].inserts, count)
-                                   for attempt_id, count in fed]
+            state._detector_fed = state._fed(fed)
+        if stats is not None:
+            state._stats, fed = stats
+            state._stats_fed = state._fed(fed)
         return state
+
+    def _fed(self, counts: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        return [(attempt_id, self.attempts[attempt_id].inserts, count) for attempt_id, count in counts]
 
     def detector_state(self) -> tuple[Detector, list[tuple[str, int]]] | None:
         """The detector and the steps of each attempt it was fed, if it was fed steps as they
         are now (None: it is to be fed afresh, as after a change to steps already fed)."""
-        fed = self._detector_fed
+        fed = self._as_fed(self._detector_fed)
+        return None if fed is None else (self._detector, fed)
+
+    def stats_state(self) -> tuple[BoundedStepStatistics, list[tuple[str, int]]] | None:
+        """The step statistics and the steps of each attempt they were fed, as
+        ``detector_state``."""
+        fed = self._as_fed(self._stats_fed)
+        return None if fed is None else (self._stats, fed)
+
+    def _as_fed(self, fed: list[tuple[str, int, int]] | None) -> list[tuple[str, int]] | None:
+        """Each attempt's steps fed, if they were fed as they are now."""
         if not fed or any(self.attempts[attempt_id].inserts != inserts for attempt_id, inserts, _ in fed):
             return None
-        return self._detector, [(attempt_id, count) for attempt_id, _, count in fed]
+        return [(attempt_id, count) for attempt_id, _, count in fed]
 
     def add(self, event: Event, conflicts: list[DeadLetter] | None = None) -> bool:
         """Adds one event; False (and no change) if it was seen before. O(1) amortized.
@@ -581,7 +598,7 @@ class RunState:
             slow_step_time_s=None if ideal is None else _seconds(stats.excess(ideal * _US)),
         )
 
-    def _feed_steps(self, timeline: Timeline, detection: DetectionSettings) -> StepStatistics:
+    def _feed_steps(self, timeline: Timeline, detection: DetectionSettings) -> BoundedStepStatistics:
         """Step statistics of the timeline's steps, and the detector fed them: each fed
         incrementally while steps are only appended (and the detection settings hold), else
         rebuilt."""
@@ -589,7 +606,7 @@ class RunState:
         # Every new duration goes in with one ``set_many``: one sort for a whole history,
         # rather than an insert (and a recent-window rebuild for a re-run step) per duration.
         if layout is None:  # steps of attempts without a job_start: placed by time, no cache
-            stats, self._detector = StepStatistics("q"), Detector(detection)
+            stats, self._detector = BoundedStepStatistics(), Detector(detection)
             self._stats_fed = self._detector_fed = None
             for index, sub in enumerate(timeline.subsegments):
                 if index:
@@ -602,11 +619,11 @@ class RunState:
             return stats
         stats_fed, detector_fed = self._stats_fed, self._detector_fed
         if not _extends(stats_fed, layout):
-            self._stats, stats_fed = StepStatistics("q"), []
+            self._stats, stats_fed = BoundedStepStatistics(), []
         if not _extends(detector_fed, layout) or detection != self._detector.settings:
             self._detector, detector_fed = Detector(detection), []
         assert stats_fed is not None and detector_fed is not None
-        pairs: list[tuple[int, float]] = []
+        pairs: list[tuple[int, int]] = []
         for i, (attempt_id, _, count) in enumerate(layout):
             attempt = self.attempts[attempt_id]
             if i >= len(detector_fed):  # a new attempt: the hang after the last one's steps, if any
@@ -623,7 +640,7 @@ class RunState:
             start = stats_fed[i][2] if i < len(stats_fed) else 0
             if count > start:
                 pairs += _durations(attempt.steps, attempt.step_times, max(0, start - 1), count)
-        self._stats.set_many(pairs)
+        self._stats.set_many(pairs, previous=_held_durations(self.attempts, stats_fed))
         self._stats_fed = self._detector_fed = list(layout)
         return self._stats
 
@@ -723,7 +740,30 @@ def _extends(fed: list[tuple[str, int, int]] | None, layout: list[tuple[str, int
         and (fed[i][2] == layout[i][2] or i == len(fed) - 1) for i in range(len(fed)))
 
 
-def _summary(stats: StepStatistics) -> StepSummary | None:
+def _held_durations(attempts: dict[str, Attempt],
+                    fed: list[tuple[str, int, int]]) -> Callable[[int], int | None]:
+    """The duration step statistics fed ``fed`` hold for a step (the last fed of it, as a later
+    attempt re-running a step replaces its duration): what they ask for of a step re-run before
+    the durations they keep. Read at the first question (from the attempts' sealed steps, if
+    they must be: a restart's), for all of them."""
+    held: tuple[np.ndarray, np.ndarray] | None = None
+
+    def duration(step: int) -> int | None:
+        nonlocal held
+        if held is None:
+            pairs = [pair for attempt_id, _, count in fed for pair in _durations(
+                attempts[attempt_id].steps, attempts[attempt_id].step_times, 0, count)]
+            steps = np.array([step for step, _ in pairs], dtype=np.int64)[::-1]
+            durations = np.array([duration for _, duration in pairs], dtype=np.int64)[::-1]
+            distinct, last = np.unique(steps, return_index=True)  # reversed: the last of each step
+            held = distinct, durations[last]
+        at = int(np.searchsorted(held[0], step))
+        return int(held[1][at]) if at < len(held[0]) and held[0][at] == step else None
+
+    return duration
+
+
+def _summary(stats: BoundedStepStatistics) -> StepSummary | None:
     """The step-time distribution, from statistics kept in microseconds."""
     mean, recent = stats.mean(), stats.recent_median()
     if mean is None or recent is None:
@@ -732,7 +772,7 @@ def _summary(stats: StepStatistics) -> StepSummary | None:
     return StepSummary(len(stats), mean / _US, p50 / _US, p90 / _US, p99 / _US, top / _US, recent / _US)
 
 
-def _durations(steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> list[tuple[int, float]]:
+def _durations(steps: Sequence[int], times: Sequence[int], lo: int, hi: int) -> list[tuple[int, int]]:
     """The (step, duration in microseconds) of consecutive step numbers among steps[lo:hi]."""
     if hi - lo <= _FEW:
         return [(steps[k - 1], times[k] - times[k - 1])

@@ -3,12 +3,14 @@
 A run's state is two parts, so that a message costs the same at any length of the run:
 
 * the *hot* part (``encode_state``), which every message of the run reads: a JSON header holds
-  everything but the step history and the observations (the anomaly detector's and the host
-  scorer's state included); each attempt's step columns (numbers, times, seqs) and observation
-  columns (seqs, times, fingerprints, kinds) follow, each group packed (``pipeline.core.packing``:
-  a couple of bytes a step; 8 a fingerprint). Of the step columns it holds only their tails
-  (``pipeline.core.columns``): the values sealed into the archive are counted, and their first
-  two and last values kept, in the header; of the observations, only the tail (``seal``);
+  everything but the step history, the observations and the step statistics (the anomaly
+  detector's and the host scorer's state included); each attempt's step columns (numbers,
+  times, seqs) and observation columns (seqs, times, fingerprints, kinds) follow, each group
+  packed (``pipeline.core.packing``: a couple of bytes a step; 8 a fingerprint). Of the step
+  columns it holds only their tails (``pipeline.core.columns``): the values sealed into the
+  archive are counted, and their first two and last values kept, in the header; of the
+  observations, only the tail (``seal``); the step statistics follow, as
+  ``BoundedStepStatistics.to_bytes`` gives them (a few kB);
 * the *archive* (``seal``): chunks of ``CHUNK`` sealed values of an attempt's step columns,
   packed alike, each written once, as its own entry, when ``seal`` makes it. A state decoded
   from its hot part reads the archive (``decode_state``'s ``archive``) only when the engine asks
@@ -37,6 +39,7 @@ from pipeline.core.detect import Detector, HostScorer
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
 from pipeline.core.packing import pack_columns, unpack_columns
+from pipeline.core.stepstats import BoundedStepStatistics
 
 _HEADER = struct.Struct("<4sI")
 _MAGIC = b"GPS2"
@@ -94,8 +97,12 @@ def encode_state(state: RunState) -> bytes:
     if state.hosts.has_state:  # only then: a run without host summaries encodes as before they existed
         fields["hosts"] = state.hosts.to_json()
     detector = state.detector_state()
-    if detector is not None:  # else fed afresh after a decode, as states of earlier versions are
+    if detector is not None:  # else fed afresh after a decode
         fields["detector"] = {**detector[0].to_json(), "fed": detector[1]}
+    stats = state.stats_state()
+    if stats is not None:  # likewise
+        packed.append(stats[0].to_bytes())
+        fields["stats"] = {"size": len(packed[-1]), "fed": stats[1]}
     header = json.dumps(fields, separators=(",", ":")).encode()
     return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *packed])
 
@@ -234,10 +241,13 @@ def decode_state(data: bytes, archive: Archive | None = None) -> RunState:
         attempt.split_scanned, attempt.splits = item.get("splits", (0, []))
         attempts.append(attempt)
     hosts = HostScorer.from_json(header["hosts"]) if "hosts" in header else None
-    detector = None
+    detector = stats = None
     if "detector" in header:
         detector = Detector.from_json(header["detector"]), [tuple(fed) for fed in header["detector"]["fed"]]
-    state = RunState.of(header["run"], attempts, header["events"], header["dups"], hosts, detector)
+    if "stats" in header:
+        blob = data[offset:offset + header["stats"]["size"]]
+        stats = BoundedStepStatistics.from_bytes(blob), [tuple(fed) for fed in header["stats"]["fed"]]
+    state = RunState.of(header["run"], attempts, header["events"], header["dups"], hosts, detector, stats)
     state.archive = archive
     return state
 
