@@ -24,18 +24,24 @@ figure here is those counters.
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.costs import FLEET_RUN_ID, STEP_S, _fleet_records, _Line, _live_messages
+from benchmarks.costs import FLEET_RUN_ID, STEP_S, T0_US, _fleet_records, _Line, _live_messages
 from pipeline.sinks.raw_events import EventsTables
 
 HISTORIES = (1_000, 10_000, 100_000)  # steps before the measured messages
 MESSAGES = 200
 COLD_HISTORIES = (10_000, 100_000, 1_000_000)  # steps before a message on a cold worker
 COLD_MESSAGES = 15  # each on a worker of its own: a tracker that never held the run
+RESTART_HISTORY = 1_000_000  # steps before a restart
+RESTART_RERUN = 1_500  # steps the restart runs again (from its last checkpoint)
+WHOLE_STEPS = 5_000_000  # steps of the run whose whole stored state is measured
+BATCH_STEPS = 1_000  # steps a message of those runs holds
+COMPACT_EVERY_STEPS = 20_000  # their state compacted this often
 LIFE_STEPS = 100_000
 CHECKPOINT_STEPS = 10_000
 SNAPSHOT_INTERVAL_S = 30.0
@@ -224,7 +230,7 @@ def _cold_reads() -> list[dict[str, float]]:
     from apache_beam.utils.timestamp import Timestamp
 
     from pipeline.beam.live import StoredRun
-    from pipeline.core import engine
+    from pipeline.core import engine, state_coder
 
     messages = _messages(max(COLD_HISTORIES) + COLD_MESSAGES * 2)
     rows = []
@@ -236,11 +242,12 @@ def _cold_reads() -> list[dict[str, float]]:
             state.add_batch(batch)
         added = first
         state.snapshot(messages[first - 1][1].max_time_us, (300,))  # as a compacted state follows one
-        cells = [_Value(), _Bag(), _Value(), _Value(), _Bag()]  # as the tracker's cells
-        stored = StoredRun(_tracker().store, FLEET_RUN_ID, *cells[:3], cells[4])
-        stored.write_whole(state, seal=True)  # as a compaction stores it
+        cells: list[Any] = [_Value(), _Bag(), _Value(), _Value(), _Bag()]  # as the tracker's cells
+        stored = StoredRun(_tracker().store, FLEET_RUN_ID, cells[0], cells[1], cells[2], cells[4])
+        # As a compaction stores it: a copy sealed into these cells (the state goes on growing).
+        stored.write_whole(state_coder.decode_state(state_coder.encode_state(state)), seal=True)
         stored.save()
-        reads, cpus, snapshot_cpus = [], [], []
+        reads, cpus, snapshot_cpus, snapshot_reads = [], [], [], []
         due = Timestamp(micros=round(SNAPSHOT_INTERVAL_S * 1e6))  # the clock says 0: always this
         for _, batch in messages[first:first + COLD_MESSAGES]:
             fn = _tracker()
@@ -253,14 +260,97 @@ def _cold_reads() -> list[dict[str, float]]:
                 cpus.append(time.process_time() - started)
                 reads.append(counted("state_bytes_read"))
             fn = _tracker()
-            started = time.process_time()
-            for _ in fn.on_snapshot(FLEET_RUN_ID, due, *cells):
-                pass
-            snapshot_cpus.append(time.process_time() - started)
+            with _counting() as counted:
+                started = time.process_time()
+                for _ in fn.on_snapshot(FLEET_RUN_ID, due, *cells):
+                    pass
+                snapshot_cpus.append(time.process_time() - started)
+                snapshot_reads.append(counted("state_bytes_read"))
         rows.append({"steps": history_steps, "whole": stored.record.whole_bytes if stored.record else 0,
                      "read": statistics.median(reads), "cpu_ms": statistics.median(cpus) * 1e3,
-                     "snapshot_ms": statistics.median(snapshot_cpus) * 1e3})
+                     "snapshot_ms": statistics.median(snapshot_cpus) * 1e3,
+                     "snapshot_read": statistics.median(snapshot_reads)})
     return rows
+
+
+def _batches(attempt_id: str, first_step: int, steps: int, start_us: int, seed: int) -> Iterator[Any]:
+    """An attempt of the fleet run as messages of ``BATCH_STEPS`` steps, each step with its
+    model-metrics event (as ``benchmarks.costs._fleet_records`` times them): the first with the
+    attempt's job start. Made as the engine takes them, without JSON, for runs of millions of
+    steps."""
+    from array import array
+
+    from pipeline.core.events import Batch, Event
+
+    rng = random.Random(seed)
+    t, seq = start_us, 1
+    starts: tuple[Any, ...] = (Event(FLEET_RUN_ID, attempt_id, 0, start_us, "job_start",
+                                     {"chip_count": 256, "accelerator_type": "v5p"}),)
+    t += 30_000_000  # initialization
+    for first in range(first_step, first_step + steps, BATCH_STEPS):
+        seqs, times, numbers, others = array("q"), array("q"), array("q"), list(starts)
+        for step in range(first, min(first + BATCH_STEPS, first_step + steps)):
+            seqs.append(seq)
+            times.append(t)
+            numbers.append(step)
+            seconds = STEP_S * rng.lognormvariate(0, 0.03)
+            t += round(seconds * 1e6)
+            others.append(Event(FLEET_RUN_ID, attempt_id, seq + 1, t, "model_metrics",
+                                {"step": step, "loss": 1.0, "step_time_s": seconds}))
+            seq += 2
+        starts = ()
+        yield Batch(FLEET_RUN_ID, attempt_id, seqs, times, numbers, tuple(others))
+
+
+def _stored(steps: int) -> tuple[Any, list[Any], int, int]:
+    """The fleet run over ``steps`` steps, stored as the tracker stores it, its state compacted
+    (sealed, then written whole) every ``COMPACT_EVERY_STEPS`` steps after a snapshot: the
+    state, its cells, the largest single write and the bytes stored."""
+    from pipeline.beam.live import StoredRun
+    from pipeline.core import engine
+
+    state = engine.RunState(FLEET_RUN_ID)
+    cells: list[Any] = [_Value(), _Bag(), _Value(), _Value(), _Bag()]  # as the tracker's cells
+    stored = StoredRun(_tracker().store, FLEET_RUN_ID, cells[0], cells[1], cells[2], cells[4])
+    largest, due = 0, COMPACT_EVERY_STEPS
+    with _counting() as counted:
+        for batch in _batches("attempt-1", 0, steps, T0_US, seed=1):
+            state.add_batch(batch)
+            if batch.steps[-1] + 1 >= due:
+                state.snapshot(batch.max_time_us, (300,))
+                before = counted("state_bytes_written")
+                stored.write_whole(state, seal=True)
+                largest = max(largest, counted("state_bytes_written") - before)
+                due += COMPACT_EVERY_STEPS
+        stored.save()
+    kept = len(cells[0].value) + sum(map(len, cells[4].items)) + len(cells[2].value)
+    return state, cells, largest, kept
+
+
+def _restart_and_whole() -> dict[str, float]:
+    """A restart after ``RESTART_HISTORY`` steps, re-running the last ``RESTART_RERUN``, on a
+    tracker that never held the run: the bytes its first message and the interval snapshot
+    after it read, per step of the history. And the state of a ``WHOLE_STEPS`` run: the bytes
+    stored, and the largest single write of its life."""
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import Timestamp
+
+    state, cells, _, _ = _stored(RESTART_HISTORY)
+    latest = max(attempt.last_event_us for attempt in state.attempts.values())
+    restart = next(_batches("attempt-2", RESTART_HISTORY - RESTART_RERUN, BATCH_STEPS, latest + 120_000_000,
+                            seed=2))
+    fn = _tracker()
+    due = Timestamp(micros=round(SNAPSHOT_INTERVAL_S * 1e6))
+    with _counting() as counted:
+        for _ in fn.process((FLEET_RUN_ID, restart), Timestamp(micros=restart.max_time_us), GlobalWindow(),
+                            *cells, *(_Timer() for _ in range(3))):
+            pass
+        for _ in _tracker().on_snapshot(FLEET_RUN_ID, due, *cells):
+            pass
+        read = counted("state_bytes_read")
+    _, _, largest, kept = _stored(WHOLE_STEPS)
+    return {"restart_read": read, "restart_per_step": read / RESTART_HISTORY, "whole_kept": kept,
+            "largest_write": largest}
 
 
 def _life() -> list[tuple[int, int, int, int, float]]:
@@ -303,7 +393,9 @@ def run() -> str:
 
     rows = _per_message()
     cold = _cold_reads()
+    restart = _restart_and_whole()
     life = _life()
+    cold_reads = [row["read"] for row in cold]
     written = [row["written"] for row in rows]
     flat = max(written) / min(written)
     bound_ok = all(row["written"] <= row["message"] + MESSAGE_MARGIN_BYTES for row in rows)
@@ -329,14 +421,30 @@ def run() -> str:
         "worker keeps the run decoded.",
         "",
         "On a worker that does not hold the run decoded (on Dataflow, where any of a worker's SDK "
-        "processes gets a work item, most messages), a message reads and decodes the run's whole "
-        f"state; each of {COLD_MESSAGES} messages after the history on a tracker of its own, medians:",
+        "processes gets a work item, most messages), a message reads and decodes the run's hot "
+        "state (the tails of its columns, its step statistics and detector: "
+        "``pipeline.core.state_coder``), stored as a compaction leaves it; the archive of its older "
+        f"steps is not read. Each of {COLD_MESSAGES} messages after the history on a tracker of its "
+        "own, medians:",
         "",
-        "| history (steps) | whole state (bytes) | state read per message, cold (bytes) "
+        "| history (steps) | hot state (bytes) | state read per message, cold (bytes) "
         "| tracker CPU per message, cold (ms) | interval snapshot CPU, cold (ms) |",
         "|---|---|---|---|---|",
         *(f"| {row['steps']:,} | {row['whole']:,} | {row['read']:,.0f} | {row['cpu_ms']:,.1f} "
           f"| {row['snapshot_ms']:,.1f} |" for row in cold),
+        "",
+        f"Read per cold message: largest / smallest = {max(cold_reads) / min(cold_reads):.2f} "
+        f"(target ≤ 1.2), largest {max(cold_reads) / 1024:,.1f} kB (target ≤ 64 kB).",
+        "",
+        f"A restart after {RESTART_HISTORY:,} steps that runs the last {RESTART_RERUN:,} again, on "
+        f"a tracker that never held the run: its first message and the interval snapshot after it "
+        f"read {restart['restart_read']:,.0f} bytes, {restart['restart_per_step']:.2f} bytes per "
+        "step of the history (target ≤ 2): the archive of the attempt's steps, whole, for the "
+        "durations the step statistics hold of the steps run again and the wasted progress. "
+        f"A run of {WHOLE_STEPS:,} steps, compacted every {COMPACT_EVERY_STEPS:,} steps, stores "
+        f"{restart['whole_kept'] / 2**20:,.1f} MiB (target < 16 MB); its largest single write is "
+        f"{restart['largest_write']:,} bytes, as at any length (a compaction's new chunks and the "
+        "hot state).",
         "",
         "| over the life (steps) | messages | state written (bytes) | of it, compaction (bytes) "
         "| tracker CPU (s) |",

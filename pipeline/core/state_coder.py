@@ -126,6 +126,7 @@ def seal(state: RunState, keep: int = KEEP, chunk: int = CHUNK) -> tuple[list[by
     archive.forget()
     chunks = []
     for attempt, group in zip(state.attempts.values(), groups, strict=True):
+        attempt.split_indices()  # scanned up to date while every step to be sealed is at hand
         at = group[0].archived
         sealed = [column.seal(keep, chunk) for column in group]
         for index, column in enumerate(group):

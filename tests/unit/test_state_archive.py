@@ -148,8 +148,10 @@ def test_a_decoded_state_gives_every_snapshot_of_the_state_it_was_and_keeps_its_
     state that was never stored, and the archive is never read: the step statistics and the
     detector go on from where they were encoded."""
     events = fleet_events(2_000)
-    stored, archive = state_of(events[:1_500]), CountingArchive()
-    stored.snapshot(events[1_499].time_us, WINDOWS)
+    stored, archive = state_of(events[:500]), CountingArchive()
+    stored.snapshot(events[499].time_us, WINDOWS)
+    stored.add_all(events[500:1_500])
+    stored.snapshot(events[1_499].time_us, WINDOWS)  # the timeline advanced: no step scanned again
     decoded = sealed_and_decoded(stored, archive)
     assert decoded.attempts["a"].steps.archived > 0
     whole = state_of(events)
