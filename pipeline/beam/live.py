@@ -105,8 +105,12 @@ _US = 1_000_000
 # Decoded states a worker keeps, by the size of their encodings (in memory a state takes a few
 # times that, its step statistics included).
 DECODED_STATES_MAX_BYTES = 64 * 1024 * 1024
-#: A run's log of messages is compacted into its whole state from this size on (StoredRun).
-COMPACT_MIN_BYTES = 64 * 1024
+#: A run's log of messages is compacted into its hot state from this size on (StoredRun): a
+#: message on a worker that does not hold the run reads at most the hot state (about 16 kB) and
+#: this much log.
+COMPACT_MIN_BYTES = 32 * 1024
+#: How many times its packed size a run's archive of steps takes once read and decoded.
+ARCHIVE_IN_MEMORY = 10
 #: How far before its time on the clock a QUIET_TIMER may fire and still be a run's silence
 #: rather than the input's end: a worker's clock may be this much behind the publish times.
 CLOCK_SLACK_S = 1.0
@@ -151,12 +155,24 @@ class DecodedStates:
             self._drop(run_id)
             self._entries[run_id] = (token, size, state)
             self._bytes += size
-            while self._bytes > self.max_bytes and len(self._entries) > 1:
-                self._drop(next(iter(self._entries)))
+            self._within_budget()
+
+    def _within_budget(self) -> None:
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            self._drop(next(iter(self._entries)))
 
     def drop(self, run_id: str) -> None:
         with self._lock:
             self._drop(run_id)
+
+    def grow(self, run_id: str, size: int) -> None:
+        """Counts ``size`` more bytes for the run's kept state (its archive, read since)."""
+        with self._lock:
+            entry = self._entries.get(run_id)
+            if entry is not None:
+                self._entries[run_id] = (entry[0], entry[1] + size, entry[2])
+                self._bytes += size
+                self._within_budget()
 
     def _drop(self, run_id: str) -> None:
         entry = self._entries.pop(run_id, None)
@@ -272,6 +288,7 @@ class StoredRun:
     def _read_archive(self) -> list[bytes]:
         chunks = list(self.archive.read())
         self.store.read.inc(sum(map(len, chunks)))
+        self.store.decoded.grow(self.run_id, ARCHIVE_IN_MEMORY * sum(map(len, chunks)))
         return chunks
 
     def append(self, batch: Batch, state: engine.RunState) -> None:

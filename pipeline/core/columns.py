@@ -124,21 +124,25 @@ class Column(Sequence[int]):
 
     def __getitem__(self, index: int | slice) -> Any:
         archived = self._archived
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if start >= archived and step == 1:
-                return self._tail[start - archived:max(start, stop) - archived]
-            return self._all()[index]
-        if index < 0:
-            index += len(self)
-        if index >= archived:
-            return self._tail[index - archived]
-        if self._head is None:
-            for at, value in zip((0, 1, archived - 1), self._edges, strict=False):
-                if at == index:
-                    return value
+        if not isinstance(index, slice):  # the engine's every step: kept short
+            if index >= archived:
+                return self._tail[index - archived]
+            if index < 0 and -index <= len(self._tail):
+                return self._tail[index]
+            return self._archived_value(index + len(self) if index < 0 else index)
+        start, stop, step = index.indices(len(self))
+        if start >= archived and step == 1:
+            return self._tail[start - archived:max(start, stop) - archived]
+        return self._all()[index]
+
+    def _archived_value(self, index: int) -> int:
+        """The value at ``index``, before the tail: kept beside it, or read from the archive."""
         if index < 0:
             raise IndexError("column index out of range")
+        if self._head is None:
+            for at, value in zip((0, 1, self._archived - 1), self._edges, strict=False):
+                if at == index:
+                    return value
         return self._all()[index]
 
     def __iter__(self) -> Iterator[int]:

@@ -328,7 +328,8 @@ def test_decoded_states_are_kept_while_their_token_is_the_stored_one():
 
 
 def test_decoded_states_drop_the_least_recently_used_past_their_byte_budget():
-    """Past the budget the least recently used state goes; the newest always stays."""
+    """Past the budget the least recently used state goes, as a kept state grows too (its
+    archive read); the newest always stays."""
     kept = DecodedStates(max_bytes=2 * 1000)
     for token, run_id in enumerate(("a", "b", "c")):
         kept.put(run_id, token, 1000, engine.RunState(run_id))
@@ -336,6 +337,8 @@ def test_decoded_states_drop_the_least_recently_used_past_their_byte_budget():
     tiny = DecodedStates(max_bytes=1)
     tiny.put("big", 1, 1000, engine.RunState("big"))
     assert tiny.get("big", 1) is not None
+    kept.grow("b", 1500)  # b read its archive: with c, past the budget
+    assert kept.get("b", 1) is None and kept.get("c", 2) is not None
 
 
 def test_state_written_per_message_is_the_message_not_the_history(tmp_path):
