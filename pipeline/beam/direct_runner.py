@@ -33,6 +33,14 @@ What a local stream needs to be right (the **correctness** patches, always insta
     what they took is delivered again to the next stream, after its ack deadline (a Pub/Sub
     that does not notice the cancel holds the pull to its deadline first, and may hand it a
     message published meanwhile).
+  - Beam's read holds its watermark at the clock after every pull, whatever is left in the
+    subscription. Dataflow's follows the backlog. After a read that stalled or failed (an
+    outage), the messages pulled then were behind a watermark that had gone on: every run's
+    quiet timer fired as its late messages came, and a run forgotten in the middle of them began
+    again without its history. Here (``BACKLOG``, the evaluator's ``finish_bundle`` wrapped)
+    the watermark stays where it was while pulls fail, and at the newest publish time of a pull
+    that came back full (more are waiting); only a pull that was not full lets it reach the
+    clock.
   - Its client receives responses of any size, as the client library sets it up for Pub/Sub
     (for an emulator the library opens a channel that refuses responses over 4 MiB, a hundred
     messages of 1,000 events, and a read that hit it would be refused forever).
@@ -110,6 +118,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -186,6 +195,9 @@ BEAM_NAMES: tuple[BeamName, ...] = (
     BeamName((READ,), _TE, "_PubSubReadEvaluator._read_from_pubsub", ("self", "timestamp_attribute")),
     BeamName((READ,), _TE, "_PubSubReadEvaluator._read_from_pubsub",
              named_in="_PubSubReadEvaluator.finish_bundle"),
+    BeamName((READ,), _TE, "_PubSubReadEvaluator.finish_bundle", ("self",)),
+    BeamName((READ,), "apache_beam.runners.direct.util", "TransformResult.keyed_watermark_holds",
+             named_in="TransformResult.__init__"),
     BeamName((READ,), _TE, "_PubSubReadEvaluator._subscriber_client_cache"),
     BeamName((READ,), _TE, "_PubSubReadEvaluator._subscriber_client_cache_lock"),
     BeamName((READ,), _TE, "_PubSubReadEvaluator._sub_name", named_in="_PubSubReadEvaluator.__init__"),
@@ -400,11 +412,46 @@ _ACKING = 0  # acknowledgements under way (under _STOP_LOCK): the reading stops 
 _pull_messages = BEAM_PULL_MAX_MESSAGES  # what a pull takes at most (PULL_MAX_MESSAGES with big pulls)
 
 
+class Backlog:
+    """Where the read's watermark may be, as far as the backlog of the subscription goes: the
+    clock (None) once a pull came back not full; the newest publish time (seconds) of a pull that
+    came back full, since more are waiting; where it was while pulls fail."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.hold_s: float | None = None
+        self._caught_up_s = clock()  # when a pull last came back not full
+
+    def pulled(self, publish_times_s: list[float], full: bool) -> None:
+        if full:
+            self.hold_s = max(publish_times_s)
+        else:
+            self.hold_s, self._caught_up_s = None, self.clock()
+
+    def failed(self) -> None:
+        if self.hold_s is None:
+            self.hold_s = self._caught_up_s
+
+
+#: The local stream's one read's backlog (``Backlog``).
+BACKLOG = Backlog()
+
+
 def _patch_read() -> None:
-    """Correctness: the runner's Pub/Sub read is ``read``."""
+    """Correctness: the runner's Pub/Sub read is ``read``, and its watermark follows the backlog."""
     from apache_beam.runners.direct.transform_evaluator import _PubSubReadEvaluator
 
     _replace(_PubSubReadEvaluator, "_read_from_pubsub", read)
+    _replace(_PubSubReadEvaluator, "finish_bundle", finish_bundle)
+
+
+def finish_bundle(evaluator: Any) -> Any:
+    """The read's ``finish_bundle``, its watermark hold (the clock) held back to the backlog's."""
+    result = finish_bundle.__wrapped__(evaluator)  # type: ignore[attr-defined]
+    if BACKLOG.hold_s is not None:
+        result.keyed_watermark_holds[None] = min(result.keyed_watermark_holds[None],
+                                                 Timestamp.of(BACKLOG.hold_s))
+    return result
 
 
 def read(evaluator: Any, timestamp_attribute: str | None) -> list[tuple[Any, Any]]:
@@ -440,6 +487,7 @@ def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
         if not _OUTAGE.is_set():
             _OUTAGE.set()
             _LOG.warning("pulling from Pub/Sub failed (%s); retrying until it answers", error)
+        BACKLOG.failed()
         _forget_client(evaluator)
         _STOPPED.wait(RETRY_PAUSE_S)
         return []
@@ -460,8 +508,10 @@ def _pull(evaluator: Any, client: Any) -> list[tuple[Any, Any]]:
             with _STOP_LOCK:
                 _ACKING -= 1
                 _STOP_LOCK.notify_all()
-    return [(Timestamp.from_utc_datetime(m.message.publish_time), PubsubMessage._from_message(m.message))
-            for m in received]
+    messages = [(Timestamp.from_utc_datetime(m.message.publish_time), PubsubMessage._from_message(m.message))
+                for m in received]
+    BACKLOG.pulled([float(stamp) for stamp, _ in messages], full=len(received) >= _pull_messages)
+    return messages
 
 
 def _client(evaluator: Any) -> Any:

@@ -27,6 +27,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from pipeline.beam import direct_runner
 from pipeline.beam.direct_runner import BEAM_NAMES, BeamChanged, BeamName, _KeyedStates
+from support.clock import ManualClock
 
 WINDOW = GlobalWindow()
 KEY = b"run"
@@ -308,3 +309,22 @@ def test_a_dofn_is_set_up_once_and_kept_for_the_bundles_that_follow():
     assert LIFECYCLE.count(("setup", bundles[0])) == 1
     assert not [what for what, _ in LIFECYCLE if what == "teardown"]
 
+
+
+def test_the_reads_watermark_stays_behind_a_backlog_and_where_it_was_while_pulls_fail():
+    """The local read's watermark follows the subscription's backlog as Dataflow's does: the
+    clock once a pull comes back not full; the newest publish time of a full pull (more are
+    waiting); and, while pulls fail, where it was when the reading last caught up."""
+    clock = ManualClock(1_000.0)
+    backlog = direct_runner.Backlog(clock)
+    assert backlog.hold_s is None  # the clock
+    clock.now = 1_030.0
+    backlog.pulled([1_020.0, 1_029.0], full=False)
+    clock.now = 1_090.0  # an outage: the pulls fail for a minute
+    backlog.failed()
+    backlog.failed()
+    assert backlog.hold_s == 1_030.0  # when the last pull found nothing waiting
+    backlog.pulled([1_031.0, 1_040.0], full=True)  # the backlog, read a full pull at a time
+    assert backlog.hold_s == 1_040.0
+    backlog.pulled([1_041.0, 1_088.0], full=False)
+    assert backlog.hold_s is None
