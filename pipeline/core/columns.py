@@ -86,10 +86,6 @@ class Column(Sequence[int]):
         self._edges = tuple(known[i] for i in sorted({0, 1, self._archived - 1}) if i < self._archived)
         return sealed
 
-    def loaded(self) -> bool:
-        """Whether every value is in memory (nothing archived, or the archive read)."""
-        return not self._archived or self._head is not None
-
     def _all(self) -> array[int]:
         """Every value, the archive read if it must be."""
         if not self._archived:
@@ -185,14 +181,6 @@ class Column(Sequence[int]):
 
     def __setitem__(self, index: slice, values: array[int]) -> None:
         self.unarchive()[index] = values
-
-    def tobytes(self) -> bytes:
-        return self._all().tobytes()
-
-    def values(self) -> array[int]:
-        """Every value, as an array (the archive read if it must be; not a copy when nothing is
-        archived)."""
-        return self._all()
 
     def bisect_right(self, value: float, lo: int = 0, hi: int | None = None) -> int:
         """``bisect.bisect_right`` over the column (sorted in ``[lo, hi)``), the tail searched

@@ -285,15 +285,14 @@ def _read_header(data: bytes, magic: bytes, refusal: str) -> tuple[Any, int]:
     return json.loads(data[_HEADER.size:_HEADER.size + length]), _HEADER.size + length
 
 
-def _read_arrays(data: bytes, offset: int, targets: Sequence[tuple[Column | array[int], int]]) -> int:
-    """Fills each (empty) column or array with its count of little-endian values from ``offset``
-    on, in turn; where the last one ends."""
+def _read_arrays(data: bytes, offset: int, targets: Sequence[tuple[array[int], int]]) -> int:
+    """Fills each array with its count of little-endian values from ``offset`` on, in turn;
+    where the last one ends."""
     for target, count in targets:
-        values = target.tail if isinstance(target, Column) else target
-        size = count * values.itemsize
-        values.frombytes(data[offset:offset + size])
+        size = count * target.itemsize
+        target.frombytes(data[offset:offset + size])
         if sys.byteorder != "little":
-            values.byteswap()
+            target.byteswap()
         offset += size
     return offset
 
