@@ -404,7 +404,7 @@ class TrackRunDoFn(beam.DoFn):
             state = stored.load()
             new = state is None
             if state is None:
-                history, latest = self._restore(run_id)
+                history, latest = self._restore(run_id, batch is not None and _follows_earlier(batch))
                 if batch is None and not history:  # marked unreported, but no longer in the tables
                     return
                 state = engine.RunState(run_id)
@@ -542,15 +542,21 @@ class TrackRunDoFn(beam.DoFn):
         return latest.same_figures(next(row for table, row in snapshot_rows(snapshot)
                                         if table == GOODPUT and row["window_s"] == 0))
 
-    def _restore(self, run_id: str) -> tuple[tuple[Batch, ...], LatestSnapshot | None]:
+    def _restore(self, run_id: str,
+                 surely_held: bool = False) -> tuple[tuple[Batch, ...], LatestSnapshot | None]:
         """The history of a run this tracker holds no state for, and its latest snapshot, from
-        the tables (none without them, or for a run they do not hold). A read that fails
-        fails the work item where the runner retries it (``RestoreFailed``); locally it is tried
-        ``RESTORE_ATTEMPTS`` times, then logged and counted, and the run goes on without it."""
+        the tables (none without them, or for a run they do not hold; ``surely_held``: a message
+        that follows earlier ones of its attempt, which the tables are asked for again, rather
+        than trusted not to hold). A read that fails fails the work item where the runner
+        retries it (``RestoreFailed``); locally it is tried ``RESTORE_ATTEMPTS`` times, then
+        logged and counted, and the run goes on without it."""
         history = self.store.history
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:
-                if history is None or not history.holds(run_id):
+                if history is None or not history.holds(run_id, ask_again=surely_held):
+                    if surely_held:
+                        _LOG.info("run %r: its message follows earlier ones, and the tables hold none",
+                                  run_id)
                     return (), None
                 batches, latest = history.load(run_id)
             except Exception as error:
@@ -674,6 +680,11 @@ def _down_before_restart(state: engine.RunState) -> int | None:
 def _starts(state: engine.RunState) -> int:
     """How many of the run's attempts recorded their start: more than one is a restart."""
     return sum(attempt.start_us is not None for attempt in state.attempts.values())
+
+
+def _follows_earlier(batch: Batch) -> bool:
+    """Whether the message comes after earlier ones of its attempt (its seqs do not begin at 0)."""
+    return min([*batch.step_seqs[:1], *(event.seq for event in batch.others)], default=0) > 0
 
 
 def _seq_ranges(batches: Sequence[Batch]) -> str:

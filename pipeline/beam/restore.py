@@ -53,11 +53,14 @@ class RunHistory:
         self._read_at: float | None = None
         self._lock = threading.Lock()
 
-    def holds(self, run_id: str) -> bool:
-        """Whether the run may have events in the tables."""
+    def holds(self, run_id: str, ask_again: bool = False) -> bool:
+        """Whether the run may have events in the tables; with ``ask_again``, the runs they hold
+        are read again before a run is said not to be among them (a run's message that follows
+        earlier ones: those may have been written since the runs were last read)."""
         with self._lock:
             now = self.clock()
-            if self._read_at is None or now - self._read_at >= self.refresh_after_s:
+            stale = self._read_at is None or now - self._read_at >= self.refresh_after_s
+            if stale or (ask_again and self._runs is not None and run_id not in self._runs):
                 self._runs, self._read_at = self.tables.run_ids(), now
             return self._runs is None or run_id in self._runs
 

@@ -21,13 +21,14 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
 from goodput_schemas.wire import workload_run_id
 from pipeline.beam.live import TrackRunsLive
-from pipeline.beam.restore import UnreportedRuns
+from pipeline.beam.restore import RunHistory, UnreportedRuns
 from pipeline.beam.transforms import DeadLetterRows, SnapshotRows, WriteToDuckDB
 from pipeline.core import engine
 from pipeline.core.events import Batch, parse_batch
 from pipeline.emulators.bigquery import BigQueryEmulator
 from pipeline.sinks.raw_events import BigQueryEvents, DuckDBEvents, EventsTables
 from support.beam import SNAPSHOT_TABLES, keyed_stream, query, replay, run_batch, streaming_options, table
+from support.clock import ManualClock
 from support.runs import FIRST_UID, FLEET, batch_of, reused_name, workload_messages
 
 WINDOWS = (300,)
@@ -198,6 +199,34 @@ def test_a_stream_restores_at_its_start_the_runs_whose_latest_events_no_snapshot
     stream(keyed(clean_lines), tmp_path / "never-stopped.duckdb")
     never_stopped = final_rows(tmp_path / "never-stopped.duckdb")
     assert final_rows(tmp_path / "restarted.duckdb") == {run: never_stopped[run] for run in unreported}
+
+
+class RunsTables(DuckDBEvents):
+    """The tables' runs, as a set the test fills, and how many times they were read."""
+
+    def __init__(self) -> None:
+        super().__init__("unused.duckdb")
+        self.runs: set[str] = set()
+        self.reads = 0
+
+    def run_ids(self) -> frozenset[str]:
+        self.reads += 1
+        return frozenset(self.runs)
+
+
+def test_a_message_that_follows_earlier_ones_looks_for_its_run_in_the_tables_again():
+    """The runs the tables hold are read at most every ``refresh_after_s``: a run whose first
+    messages were written since is not among them. A message that follows earlier ones of its
+    attempt has the tables asked again, rather than beginning the run anew without its history
+    (the soak: a run forgotten behind a late backlog, within that time of its first message)."""
+    tables, clock = RunsTables(), ManualClock(0.0)
+    history = RunHistory(tables, refresh_after_s=10.0, clock=clock)
+    assert not history.holds("run") and tables.reads == 1  # its first message: a new run
+    tables.runs.add("run")  # which the tables then hold
+    clock.now = 5.0
+    assert not history.holds("run") and tables.reads == 1  # a run's first message again: trusted
+    assert history.holds("run", ask_again=True) and tables.reads == 2
+    assert history.holds("run", ask_again=True) and tables.reads == 2  # held: not asked again
 
 
 def test_a_run_whose_history_cannot_be_read_goes_on_from_its_message(clean_lines, tmp_path, caplog):
