@@ -186,6 +186,9 @@ class Spool:
         line = _line(record)
         self._busy = True
         try:
+            # Before anything: a full spool drops every event, and would not write the open
+            # segment again, whose events a kill would then lose uncounted.
+            self._keep_open_on_disk()
             if not self._make_room(len(line)):
                 self.dropped_events += 1
                 return False
@@ -193,8 +196,7 @@ class Spool:
                 self.seal()
                 self._open = self._new_segment(record[0])
             self._write(self._open, line)
-            if os.fstat(self._open.fd).st_nlink == 0 and not self._rewrite(self._open):
-                self._abandon_open()
+            self._keep_open_on_disk()
             return True
         finally:
             self._busy = False
@@ -234,6 +236,11 @@ class Spool:
         segment, self._open = self._open, None
         if segment is not None:
             self._seal(segment)
+
+    def _keep_open_on_disk(self) -> None:
+        """Writes the open segment again if someone removed it (else it is lost, counted)."""
+        if self._open is not None and os.fstat(self._open.fd).st_nlink == 0 and not self._rewrite(self._open):
+            self._abandon_open()
 
     def _abandon_open(self) -> None:
         """Closes the open segment, lost (counted) with the file someone removed."""
