@@ -287,8 +287,9 @@ class StoredRun:
 
     def _read_archive(self) -> list[bytes]:
         chunks = list(self.archive.read())
-        self.store.read.inc(sum(map(len, chunks)))
-        self.store.decoded.grow(self.run_id, ARCHIVE_IN_MEMORY * sum(map(len, chunks)))
+        size = sum(map(len, chunks))
+        self.store.read.inc(size)
+        self.store.decoded.grow(self.run_id, ARCHIVE_IN_MEMORY * size)
         return chunks
 
     def append(self, batch: Batch, state: engine.RunState) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.columns import Column
+from pipeline.core.columns import ArchiveMissing, Column
 from pipeline.core.detect import Detector, HostScorer
 from pipeline.core.engine import Attempt, RunState
 from pipeline.core.events import Batch, Event
@@ -160,11 +160,11 @@ class Archive:
         """The sealed values of an attempt's step column ``index`` (numbers, times, seqs)."""
         if self._columns is None:
             if self.read is None:
-                raise LookupError("the run's sealed steps are asked for, and it has no archive of them")
+                raise ArchiveMissing("the run's sealed steps are asked for, and it has no archive of them")
             self._columns = _chunks_by_attempt(self.read())
         found = self._columns.get(attempt_id)
         if found is None:
-            raise LookupError(f"the archive holds no step of attempt {attempt_id!r}")
+            raise ArchiveMissing(f"the archive holds no step of attempt {attempt_id!r}")
         return found[index]
 
 
